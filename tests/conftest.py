@@ -6,3 +6,22 @@ import torch
 
 # Tests are small; more threads than cores only adds contention on the 2-core CI machine.
 torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
+
+
+from pathlib import Path  # noqa: E402
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+@pytest.fixture(scope="session")
+def wordnet_small() -> dict[str, np.ndarray]:
+    """800 real WordNet synsets (16 fine classes × 50), cut by ``python -m bench.make_fixtures``.
+
+    Keys: ``synset_id``, ``lexname``, ``label``, ``classes``, ``{gloss,lemma}.<model>`` (800×d) and
+    ``class_{gloss,lemma}.<model>`` (16×d, the class names' embeddings); features as float32.
+    """
+    with np.load(FIXTURES / "wordnet_small.npz") as f:
+        return {k: (f[k].astype(np.float32) if f[k].dtype == np.float16 else f[k]) for k in f.files}
