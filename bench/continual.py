@@ -49,7 +49,7 @@ from app.ml.hmcl_metrics import (
     paired_recall_at_k,
     symmetric_recall_at_k,
 )
-from bench.wordnet import OLD_MODEL, REPO_ROOT, fine_labels, load_wordnet
+from bench.wordnet import OLD_MODEL, REPO_ROOT, WordNetData, fine_labels, load_wordnet
 
 # The task stream: lexicographer files grouped by theme, in this fixed order.
 TASK_GROUPS: tuple[tuple[str, ...], ...] = (
@@ -99,11 +99,27 @@ class Config:
     params: dict[str, dict[str, Any]]
 
 
-def build_tasks(items_per_task: int, seed: int) -> list[Task]:
-    """Each task: up to ``items_per_task`` labelled synsets of its lexnames, split 60/40 by seed."""
+@dataclass
+class Corpus:
+    """The WordNet-noun rows with a fine label, their features, and where class names live."""
+
+    data: WordNetData
+    ancestors: WordNetData
+    keep: np.ndarray
+    labels: list[str]
+
+
+def load_corpus() -> Corpus:
     data = load_wordnet(fields=MODALITIES, models=(ENCODER,))
     ancestors = load_wordnet(fields=("lemma",), models=(ENCODER,), prefix="ancestors.")
     keep, labels = fine_labels(data.meta)
+    return Corpus(data, ancestors, keep, labels)
+
+
+def build_tasks(corpus: Corpus, items_per_task: int, seed: int) -> list[Task]:
+    """Each task: up to ``items_per_task`` labelled synsets of its lexnames (0: all of them),
+    split 60/40 by seed."""
+    data, ancestors, keep, labels = corpus.data, corpus.ancestors, corpus.keep, corpus.labels
     where = {m["synset_id"]: ("main", i) for i, m in enumerate(data.meta)}
     where.update({m["synset_id"]: ("anc", i) for i, m in enumerate(ancestors.meta)})
     rng = np.random.default_rng(seed)
@@ -113,7 +129,7 @@ def build_tasks(items_per_task: int, seed: int) -> list[Task]:
             [i for i, lab in zip(keep, labels, strict=True) if lab.split("/")[0] in group]
         )
         row_labels = {int(i): lab for i, lab in zip(keep, labels, strict=True)}
-        chosen = rng.permutation(rows)[:items_per_task]
+        chosen = rng.permutation(rows)[: items_per_task or None]
         cut = round(0.6 * len(chosen))
         train, test = chosen[:cut], chosen[cut:]
         classes = sorted({row_labels[int(i)] for i in test})
@@ -296,9 +312,13 @@ def render_markdown(result: Mapping[str, Any]) -> str:
     lines = [
         f"Command: `{result['command']}` ({result['date']}, {result['seconds']:.0f} s, "
         f"torch {result['torch']}, {result['threads']} thread(s)). "
-        f"{len(TASK_GROUPS)} tasks × {result['config']['items_per_task']} synsets (60 % train), "
-        f"encoder {ENCODER} for lemma and gloss, {result['config']['epochs']} epochs per task, "
-        f"seeds {list(result['config']['seeds'])}; mean ± sd over seeds.",
+        f"{len(TASK_GROUPS)} tasks (train/test pairs, classes: "
+        + ", ".join(
+            f"{t['name']} {t['train']}/{t['test']}, {t['classes']}" for t in result["tasks"]
+        )
+        + f"), encoder {ENCODER} for lemma and gloss, {result['config']['epochs']} epochs per "
+        f"task (one AdamW step each), seeds {list(result['config']['seeds'])}; mean ± sd over "
+        "seeds. Overall = mean over t of the mean performance on tasks 1…t right after task t.",
         "",
         "Recall@5 (symmetric lemma↔gloss) and gloss→class accuracy, continual figures:",
         "",
@@ -402,7 +422,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     cfg = Config(
         quick=quick,
         seeds=tuple(args.seeds or (0, 1, 2)),
-        items_per_task=args.items_per_task or (600 if quick else 2000),
+        items_per_task=args.items_per_task
+        if args.items_per_task is not None
+        else (600 if quick else 0),
         epochs=args.epochs or (20 if quick else ContinualParams().epochs),
         timing_repeats=args.timing_repeats or (10 if quick else 40),
         methods=tuple(args.methods),
@@ -412,8 +434,19 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         cfg.params[m] = {"epochs": cfg.epochs, **args.params}
     tic = time.perf_counter()
     per_seed: dict[str, list[dict]] = {m: [] for m in cfg.methods}
+    corpus = load_corpus()
+    task_sizes: list[dict[str, Any]] = []
     for seed in cfg.seeds:
-        tasks = build_tasks(cfg.items_per_task, seed)
+        tasks = build_tasks(corpus, cfg.items_per_task, seed)
+        task_sizes = task_sizes or [
+            {
+                "name": t.name,
+                "train": len(t.train[QUERY]),
+                "test": len(t.test[QUERY]),
+                "classes": len(t.class_names),
+            }
+            for t in tasks
+        ]
         for m in cfg.methods:
             run = run_method(m, tasks, cfg.params[m], seed)
             per_seed[m].append(run)
@@ -425,7 +458,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                 flush=True,
             )
     timing = time_steps(
-        build_tasks(cfg.items_per_task, cfg.seeds[0]), cfg.params, cfg.timing_repeats, cfg.seeds[0]
+        build_tasks(corpus, cfg.items_per_task, cfg.seeds[0]),
+        cfg.params,
+        cfg.timing_repeats,
+        cfg.seeds[0],
     )
     command = "python -m bench.continual " + " ".join(argv if argv is not None else sys.argv[1:])
     result = {
@@ -436,6 +472,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "python": platform.python_version(),
         "threads": args.threads,
         "config": {**cfg.__dict__, "task_groups": TASK_GROUPS},
+        "tasks": task_sizes,
         "summary": summarise(per_seed),
         "per_seed": per_seed,
         "timing": timing,
