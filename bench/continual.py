@@ -421,7 +421,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     quick = args.quick
     cfg = Config(
         quick=quick,
-        seeds=tuple(args.seeds or (0, 1, 2)),
+        seeds=tuple(args.seeds or ((0, 1, 2) if quick else (0, 1, 2, 3, 4))),
         items_per_task=args.items_per_task
         if args.items_per_task is not None
         else (600 if quick else 0),
