@@ -75,7 +75,8 @@ QUERY, GALLERY = "lemma", "gloss"
 ENCODER = OLD_MODEL
 RESULTS = REPO_ROOT / "bench/results"
 BENCHMARKS_MD = REPO_ROOT / "BENCHMARKS.md"
-START, END = "<!-- bench.continual:start -->", "<!-- bench.continual:end -->"
+SECTION = "bench.continual"
+START, END = f"<!-- {SECTION}:start -->", f"<!-- {SECTION}:end -->"
 DRIFT_ANCHORS = 300  # held-out items per old task used for the drift measures
 
 
@@ -333,8 +334,12 @@ def render_markdown(result: Mapping[str, Any]) -> str:
         )
     lines += [
         "",
-        "Drift on old tasks' held-out items (version at the task's end → final version), and the "
-        "reduction against `finetune` (1 − method / finetune, on the seed means):",
+        f"Drift (×10⁻³) of old tasks' held-out items (the first {DRIFT_ANCHORS} per task), version "
+        f"at the task's end → final version, averaged over tasks 1–{len(TASK_GROUPS) - 1}: radial = "
+        "mean |Δx₀|, angular "
+        "= mean |Δ| of the within-modality cosine Gram matrix, cross-modal = the same for the "
+        "lemma–gloss block, paired distance = mean |Δd(lemma_i, gloss_i)|; reduction = "
+        "1 − method / `finetune` on the seed means:",
         "",
         "| method | radial | angular | cross-modal | paired distance | reduction (r / a / c / p) |",
         "|---|---|---|---|---|---|",
@@ -346,7 +351,7 @@ def render_markdown(result: Mapping[str, Any]) -> str:
             red.append(f"{100 * (1 - s[m][f'drift.{k}']['mean'] / base):.0f} %")
         lines.append(
             f"| {m} | "
-            + " | ".join(_pm(s[m][f"drift.{k}"], digits=4) for k in DRIFT_MEASURES)
+            + " | ".join(_pm(s[m][f"drift.{k}"], scale=1e3, digits=2) for k in DRIFT_MEASURES)
             + f" | {' / '.join(red)} |"
         )
     lines += [
@@ -387,12 +392,19 @@ def render_markdown(result: Mapping[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_section(markdown: str, path: Path = BENCHMARKS_MD) -> None:
-    """Replace only this benchmark's section of BENCHMARKS.md (other benchmarks own the rest)."""
+def write_section(
+    markdown: str,
+    path: Path = BENCHMARKS_MD,
+    section: str = SECTION,
+    title: str = "Continual upgrades (HMCL)",
+) -> None:
+    """Replace only this benchmark's section of BENCHMARKS.md (other benchmarks own the rest),
+    between ``<!-- {section}:start -->`` and ``<!-- {section}:end -->``; append it if absent."""
     text = path.read_text() if path.exists() else "# Benchmarks\n"
-    block = f"{START}\n## Continual upgrades (HMCL)\n\n{markdown}{END}"
-    if START in text and END in text:
-        text = re.sub(re.escape(START) + r".*?" + re.escape(END), lambda _: block, text, flags=re.S)
+    start, end = f"<!-- {section}:start -->", f"<!-- {section}:end -->"
+    block = f"{start}\n## {title}\n\n{markdown}{end}"
+    if start in text and end in text:
+        text = re.sub(re.escape(start) + r".*?" + re.escape(end), lambda _: block, text, flags=re.S)
     else:
         text = text.rstrip("\n") + "\n\n" + block + "\n"
     path.write_text(text)
@@ -415,6 +427,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", type=Path, default=None, help="results JSON path")
     parser.add_argument("--no-markdown", action="store_true", help="do not touch BENCHMARKS.md")
+    parser.add_argument(
+        "--section",
+        default=SECTION,
+        help="BENCHMARKS.md section (marker name) to write; a variant run keeps its own section",
+    )
+    parser.add_argument("--title", default="Continual upgrades (HMCL)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
 
@@ -483,7 +501,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     markdown = render_markdown(result)
     print(markdown)
     if not args.no_markdown:
-        write_section(markdown)
+        write_section(markdown, section=args.section, title=args.title)
     return result
 
 

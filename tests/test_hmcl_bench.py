@@ -40,6 +40,10 @@ def test_section_replaces_only_its_own_block(tmp_path) -> None:
     assert text.count(START) == 1 and text.count(END) == 1
     assert "second" in text and "first" not in text
     assert "<!-- bench.compat:start -->\nother table\n<!-- bench.compat:end -->" in text
+    write_section("variant\n", path, section="bench.continual.stress", title="Stress")
+    write_section("third\n", path)
+    text = path.read_text()
+    assert "variant" in text and "third" in text and "second" not in text
     write_section("new file\n", tmp_path / "absent.md")
     assert START in (tmp_path / "absent.md").read_text()
 

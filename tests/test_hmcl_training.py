@@ -276,3 +276,19 @@ def test_all_methods_run(wordnet_small: dict, first_task) -> None:
             method, first_task.state, _tasks(wordnet_small)[1], params={"epochs": 1}
         )
         assert result.report["method"] == method and result.state.tasks_seen == 2
+
+
+def test_modalities_from_different_encoders_and_any_order(wordnet_small: dict) -> None:
+    """Heads of different input sizes (MPNet lemma 768, MiniLM gloss 384) share one output
+    space; a later task may list the modalities in another order."""
+    rows = slice(0, 200)
+    task = {
+        "lemma": wordnet_small["lemma.all-mpnet-base-v2"][rows],
+        "gloss": wordnet_small[f"gloss.{MINILM}"][rows],
+    }
+    first = run_continual_task("finetune", None, task, params={"epochs": 2, "dim": 96})
+    assert first.model.input_dims == {"lemma": 768, "gloss": 384}
+    assert first.model.embed(task["lemma"], "lemma").shape == (200, 96)
+    swapped = {"gloss": task["gloss"], "lemma": task["lemma"]}
+    second = run_continual_task("hmcl-mr", first.state, swapped, params={"epochs": 2})
+    assert second.model.modalities == ("lemma", "gloss")

@@ -1,4 +1,4 @@
-"""HMCL: admissible continual updates of Lorentz linear heads (``docs/algorithms.md`` §4).
+"""HMCL: admissible continual updates of Lorentz linear heads (arXiv 2609.29329; algorithms §4).
 
 Each modality m has a frozen encoder whose features e are lifted onto the hyperboloid,
 z = (z₀, z_s) with z_s = exp₀(s·e/‖e‖) (``space.EuclideanLift``), and a bias-free Lorentz linear
@@ -21,9 +21,13 @@ basis V_m and the least-squares map B_m are derived from it and the current head
 start (B_m = V_m Λ⁻¹ V_mᵀ Σ x zᵀ Wᵐᵀ is exact given the moments). No raw feature is kept, so the
 state's size does not depend on the number of tasks.
 
-Each model version records the orthogonal R with y_new ≈ R·y_parent on the old data (fitted by
-orthogonal Procrustes from the same moments, or exp of the anchored sum of Ω); a query embedded by
-version j reaches a gallery of an ancestor i through ``map_query_to_ancestor``.
+Each model version records the orthogonal R with y_new ≈ R·y_parent on the old data, fitted by
+orthogonal Procrustes from the same moments (the default for CA), or exp of the anchored sum of Ω.
+The latter is only first order, and where H is nearly singular the Lyapunov solution is large in
+directions the fitted old outputs barely span while the real outputs do not vanish there: measured
+on WordNet it explains the old rows' motion worse than no rotation at all, so it stays an option
+whose residual every report shows. A query embedded by version j reaches a gallery of an ancestor
+i through ``map_query_to_ancestor``.
 """
 
 from __future__ import annotations
@@ -608,7 +612,10 @@ class ContinualState:
             or payload.pop("format", None) != STATE_FORMAT
         ):
             raise ValueError("not a nobackfill continual state (unknown type or format)")
-        return cls(**payload)
+        try:
+            return cls(**payload)
+        except TypeError as exc:  # missing or extra fields: a damaged or foreign blob
+            raise ValueError(f"malformed continual state: {exc}") from exc
 
 
 @dataclass
