@@ -27,7 +27,7 @@ import re
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -321,6 +321,10 @@ def render_markdown(result: Mapping[str, Any]) -> str:
         f"task (one AdamW step each), seeds {list(result['config']['seeds'])}; mean ± sd over "
         "seeds. Overall = mean over t of the mean performance on tasks 1…t right after task t.",
         "",
+        "Parameters (every method; `app.ml.hmcl.ContinualParams` with the command's overrides): "
+        + ", ".join(f"{k} {v}" for k, v in result["params"].items())
+        + ".",
+        "",
         "Recall@5 (symmetric lemma↔gloss) and gloss→class accuracy, continual figures:",
         "",
         "| method | R@5 final | R@5 BWT | R@5 Overall | acc final | acc BWT | acc Overall |",
@@ -491,6 +495,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "threads": args.threads,
         "config": {**cfg.__dict__, "task_groups": TASK_GROUPS},
         "tasks": task_sizes,
+        "params": {
+            k: v
+            for k, v in asdict(ContinualParams.from_dict(cfg.params[cfg.methods[0]])).items()
+            if k not in ("rotation", "apex_modality")
+        },
         "summary": summarise(per_seed),
         "per_seed": per_seed,
         "timing": timing,

@@ -108,6 +108,7 @@ def test_one_small_stream_produces_every_figure(wordnet_small: dict) -> None:
         "tasks": [{"name": t.name, "train": 1, "test": 1, "classes": 1} for t in tasks],
         "summary": summary,
         "timing": timing,
+        "params": {"lr": 5e-4},
     }
     markdown = render_markdown(result)
     assert "| hmcl-ca |" in markdown and "| finetune |" in markdown

@@ -142,28 +142,32 @@ def test_ca_constraint_holds_on_real_features(wordnet_small: dict) -> None:
     _assert_constraint(feats, heads, deltas, corrected, omega.dense())
 
 
-def test_ca_constraint_holds_on_the_protected_part_with_partial_energy(wordnet_small: dict) -> None:
+@pytest.mark.parametrize("full_map", [False, True])
+def test_ca_constraint_holds_on_the_protected_part_with_partial_energy(
+    wordnet_small: dict, full_map: bool
+) -> None:
     """ρ < 1 over all 800 real rows, with a trained-looking w₀ ≠ 0: exact on X_p = X V Vᵀ with
-    outputs X_p B_m (the least-squares map the correction protects)."""
+    outputs X_p B_m, B_m the least-squares map (of X_p, or of all of X with ``full_map``)."""
     feats = _real_features(wordnet_small, slice(None))
     g = _gen(4)
     heads = _near_identity_heads(g, time_weight=0.1)
     deltas = {m: torch.randn(384, 385, generator=g, dtype=torch.float64) for m in heads}
-    geometry = protected_geometry(_moments(feats), heads, energy=0.7, min_rank=8)
+    geometry = protected_geometry(_moments(feats), heads, 0.7, 8, full_map=full_map)
     corrected, omega = closest_admissible_correction(deltas, geometry)
     dense = omega.dense()
     for m in MODALITIES:
         basis = geometry.bases[m]
         assert 8 <= basis.shape[1] < 384
         protected = feats[m] @ basis @ basis.T
-        outputs = protected @ (basis @ geometry.coefficients[m])
+        outputs = protected @ geometry.least_squares_map(m)
         lhs = protected @ corrected[m][:, 1:].T
         rhs = outputs @ dense.T
         assert float((lhs - rhs).abs().max()) < 1e-6 * float(lhs.abs().max())
-        # B_m is the least-squares map: its residual is orthogonal to the protected features.
+        # B_m is the least-squares map: its residual is orthogonal to the features it maps.
+        fitted_on = feats[m] if full_map else protected
         y = _lifted(feats[m]) @ heads[m].T
-        normal = protected.T @ (y - outputs)
-        assert float(normal.abs().max()) < 1e-8 * float((protected.T @ y).abs().max())
+        normal = fitted_on.T @ (y - fitted_on @ geometry.least_squares_map(m))
+        assert float(normal.abs().max()) < 1e-8 * float((fitted_on.T @ y).abs().max())
 
 
 def test_mr_equals_ca_with_rotation_forced_to_zero(wordnet_small: dict) -> None:
@@ -224,32 +228,33 @@ def _brute_force(
     )
 
 
+@pytest.mark.parametrize("full_map", [False, True])
 @pytest.mark.parametrize(
     ("rows", "in_dim", "dim", "seed"), [(3, 5, 4, 0), (2, 6, 6, 1), (4, 7, 3, 2)]
 )
 def test_closed_form_matches_brute_force_constrained_least_squares(
-    rows: int, in_dim: int, dim: int, seed: int
+    rows: int, in_dim: int, dim: int, seed: int, full_map: bool
 ) -> None:
     feats, heads, deltas = _random_problem(rows, in_dim, dim, seed)
-    geometry = protected_geometry(_moments(feats), heads, energy=1.0, min_rank=0)
+    geometry = protected_geometry(_moments(feats), heads, 1.0, 0, full_map=full_map)
     corrected, omega = closest_admissible_correction(deltas, geometry)
     brute, brute_omega = _brute_force(feats, heads, deltas)
     for m in MODALITIES:
         assert torch.allclose(corrected[m][:, 1:], brute[m], atol=1e-8)
     # Ω is unique on the range of H (the part that moves old outputs); compare Ω B_mᵀ there.
     for m in MODALITIES:
-        b = geometry.bases[m] @ geometry.coefficients[m]
+        b = geometry.least_squares_map(m)
         assert torch.allclose(omega.dense() @ b.T, brute_omega @ b.T, atol=1e-8)
 
 
-def test_low_rank_generator_equals_dense_lyapunov_solution() -> None:
-    for rows, dim, seed in [(30, 8, 0), (3, 10, 1)]:  # H full rank / rank-deficient
+@pytest.mark.parametrize("full_map", [False, True])
+def test_low_rank_generator_equals_dense_lyapunov_solution(full_map: bool) -> None:
+    # H full rank / nearly full (whole eigenbasis) / low rank (range only, with the Q⊥ terms)
+    for rows, dim, seed in [(30, 8, 0), (3, 10, 1), (2, 12, 2)]:
         feats, heads, deltas = _random_problem(rows, 12, dim, seed)
-        geometry = protected_geometry(_moments(feats), heads, energy=1.0, min_rank=0)
+        geometry = protected_geometry(_moments(feats), heads, 0.6, 2, full_map=full_map)
         h_matrix = sum(c.T @ c for c in geometry.coefficients.values())
-        f_matrix = sum(
-            deltas[m][:, 1:] @ geometry.bases[m] @ geometry.coefficients[m] for m in MODALITIES
-        )
+        f_matrix = sum(deltas[m][:, 1:] @ geometry.least_squares_map(m) for m in MODALITIES)
         rhs = f_matrix - f_matrix.T
         dense = solve_skew_lyapunov(h_matrix, rhs)
         low_rank = shared_rotation_generator(deltas, geometry).dense()
@@ -257,6 +262,11 @@ def test_low_rank_generator_equals_dense_lyapunov_solution() -> None:
         assert torch.allclose(low_rank, -low_rank.T, atol=1e-12)
         if geometry.h_vectors.shape[1] == dim:
             assert torch.allclose(low_rank @ h_matrix + h_matrix @ low_rank, rhs, atol=1e-9)
+        # The correction through the factors equals the one through dense Ω.
+        factored, _ = closest_admissible_correction(deltas, geometry)
+        through_dense, _ = closest_admissible_correction(deltas, geometry, low_rank)
+        for m in MODALITIES:
+            assert torch.allclose(factored[m], through_dense[m], atol=1e-9)
 
 
 def _geometry_change(

@@ -10,7 +10,7 @@ their head outputs: Δw₀ᵐ = 0 and X_m ΔW_sᵐᵀ = Y_m Ωᵀ for one skew �
 After every AdamW step the realized displacement δᵐ = W̃ᵐ − Wᵐ is replaced by the closest
 admissible one (the moments stay as AdamW left them):
 - ``hmcl-mr`` (Ω = 0): δ_sᵐ ← δ_sᵐ(I − P_m), δ₀ᵐ ← 0, P_m = V_m V_mᵀ the protected subspace;
-- ``hmcl-ca``: δ_sᵐ ← δ_sᵐ(I − P_m) + Ω B_mᵀ, δ₀ᵐ ← 0, B_m = X_m⁺Y_m restricted to span V_m and
+- ``hmcl-ca``: δ_sᵐ ← δ_sᵐ(I − P_m) + Ω B_mᵀ, δ₀ᵐ ← 0, B_m = X_m⁺Y_m the least-squares map and
   Ω the skew solution of ΩH + HΩ = F − Fᵀ, H = Σ B_mᵀB_m, F = Σ δ_sᵐ B_m;
 then task anchoring W ← βW_task_start + (1 − β)(W + δ*). ``finetune`` (plain AdamW) and ``ewc``
 (AdamW on the loss plus a diagonal-Fisher penalty) are the baselines, on the same schedule.
@@ -18,8 +18,12 @@ then task anchoring W ← βW_task_start + (1 − β)(W + δ*). ``finetune`` (pl
 The continual state keeps, per modality, only the accumulated **uncentred** second moment of the
 old lifted features, Σ z zᵀ ((D+1)×(D+1)), its row count, and EWC's diagonal Fisher; the protected
 basis V_m and the least-squares map B_m are derived from it and the current head at each task
-start (B_m = V_m Λ⁻¹ V_mᵀ Σ x zᵀ Wᵐᵀ is exact given the moments). No raw feature is kept, so the
+start (B_m = (Σ x xᵀ)⁺ Σ x zᵀ Wᵐᵀ is exact given the moments). No raw feature is kept, so the
 state's size does not depend on the number of tasks.
+
+B_m maps all of X (``least_squares_map="full"``, the default, as written in the method) or only
+its protected part X V Vᵀ (``"protected"``): the latter rotates only the protected-feature part
+of each old output, which measured more drift in ``bench.continual`` for a cheaper step.
 
 Each model version records the orthogonal R with y_new ≈ R·y_parent on the old data, fitted by
 orthogonal Procrustes from the same moments (the default for CA), or exp of the anchored sum of Ω.
@@ -187,34 +191,52 @@ def protected_subspace(
 class ProtectedGeometry:
     """What the corrections need for one task, derived once at its start.
 
-    Per modality: the protected basis V_m (D×r_m) and the coefficients C_m (r_m×d) of the
-    least-squares map B_m = V_m C_m = X_m⁺ Y_m restricted to span V_m. Shared: the range of
-    H = Σ B_mᵀB_m = Σ C_mᵀC_m as eigenvectors U (d×R) with eigenvalues h > 0, and C_m U.
+    Per modality: the protected basis V_m (D×r_m) and the least-squares map B_m = V_b C_m
+    (V_b = V_m for the map of the protected part X_p⁺Y, ``None`` = the standard basis for X⁺Y).
+    Shared: eigenvectors U of H = Σ B_mᵀB_m with eigenvalues h, and C_m U. When H is nearly
+    full rank U is its whole eigenbasis (h may hold zeros) and ``lyapunov_weights`` holds
+    1/(h_i + h_j), 0 where both vanish; otherwise U spans only the range (h > 0).
     """
 
     bases: dict[str, Tensor]
+    map_bases: dict[str, Tensor | None]
     coefficients: dict[str, Tensor]
     h_vectors: Tensor
     h_values: Tensor
     coefficients_in_h_basis: dict[str, Tensor]
     captured_energy: dict[str, float]
+    lyapunov_weights: Tensor | None = None
+
+    def least_squares_map(self, name: str) -> Tensor:
+        """B_m = V_b C_m (D×d)."""
+        map_basis = self.map_bases[name]
+        coef = self.coefficients[name]
+        return coef if map_basis is None else map_basis @ coef
 
     def to(self, dtype: torch.dtype) -> ProtectedGeometry:
         """A copy in another float type (derived in float64, applied in the weights' type)."""
+        bases = {k: v.to(dtype) for k, v in self.bases.items()}
         return ProtectedGeometry(
-            {k: v.to(dtype) for k, v in self.bases.items()},
+            bases,
+            # keep "the map basis is the protected basis" visible: the correction uses it
+            {
+                k: bases[k] if v is self.bases[k] else (None if v is None else v.to(dtype))
+                for k, v in self.map_bases.items()
+            },
             {k: v.to(dtype) for k, v in self.coefficients.items()},
             self.h_vectors.to(dtype),
             self.h_values.to(dtype),
             {k: v.to(dtype) for k, v in self.coefficients_in_h_basis.items()},
             dict(self.captured_energy),
+            None if self.lyapunov_weights is None else self.lyapunov_weights.to(dtype),
         )
 
 
 def least_squares_coefficients(
     second_moment_lifted: Tensor, basis: Tensor, eigenvalues: Tensor, head: Tensor
 ) -> Tensor:
-    """C with B = V C = X_p⁺ Y, for X_p = X V Vᵀ and Y = Z Wᵀ the old head outputs.
+    """C with B = V C = X_p⁺ Y, for X_p = X V Vᵀ and Y = Z Wᵀ the old head outputs (V spanning
+    X's whole numerical row space gives X⁺Y).
 
     From moments only: B = V Λ⁻¹ Vᵀ (Σ x zᵀ) Wᵀ, Λ = Vᵀ(Σ x xᵀ)V (diagonal, V are eigenvectors).
     """
@@ -228,25 +250,55 @@ def protected_geometry(
     energy: float,
     min_rank: int,
     rank_tol: float = RANK_TOL,
+    full_map: bool = False,
 ) -> ProtectedGeometry:
     """Protected bases, least-squares maps and H's eigenbasis from lifted second moments Σ z zᵀ
-    (computed in float64 whatever the inputs' type)."""
-    bases, coefs, captured = {}, {}, {}
+    (computed in float64 whatever the inputs' type).
+
+    ``full_map=False``: B_m = X_p⁺Y on the protected part X_p = X V Vᵀ (span V_b = span V).
+    ``full_map=True``: B_m = X⁺Y on all of X (V_b = X's whole numerical row space), so the
+    rotation term moves every old output, not only its protected-feature part.
+    """
+    bases, map_bases, coefs, captured = {}, {}, {}, {}
     dim = next(iter(heads.values())).shape[0]
     h_matrix = torch.zeros(dim, dim, dtype=torch.float64)
     for name, moment in second_moments.items():
         moment = moment.double()
         basis, evals, frac = protected_subspace(moment[1:, 1:], energy, min_rank, rank_tol)
-        coef = least_squares_coefficients(moment, basis, evals, heads[name].double())
-        bases[name], coefs[name], captured[name] = basis, coef, frac
+        head = heads[name].double()
+        map_basis: Tensor | None
+        if full_map:
+            # B = X⁺Y = V_all Λ⁻¹ V_allᵀ Σ x zᵀ Wᵀ, stored as one D×d matrix (V_b = I).
+            all_basis, all_evals, _ = protected_subspace(moment[1:, 1:], 1.0, 0, rank_tol)
+            coef = all_basis @ least_squares_coefficients(moment, all_basis, all_evals, head)
+            map_basis = None
+        else:
+            coef = least_squares_coefficients(moment, basis, evals, head)
+            map_basis = basis
+        bases[name], map_bases[name], coefs[name], captured[name] = basis, map_basis, coef, frac
         h_matrix += coef.T @ coef
     h_vals, h_vecs = torch.linalg.eigh(h_matrix)
     h_max = float(h_vals.max()) if h_vals.numel() else 0.0
     # H = 0 (nothing protected) keeps nothing: there is no rotation to solve for.
     keep = h_vals > rank_tol * h_max if h_max > 0 else torch.zeros_like(h_vals, dtype=torch.bool)
+    weights = None
+    if 2 * int(keep.sum()) > dim:
+        # Nearly full rank: solving in the whole eigenbasis costs the same as the range alone,
+        # and skips the Q⊥ terms; pairs of null directions get Ω̃_ij = 0 (minimum norm).
+        h_vals = torch.where(keep, h_vals, torch.zeros_like(h_vals))
+        denom = h_vals[:, None] + h_vals[None, :]
+        weights = torch.where(denom > 0, 1.0 / torch.where(denom > 0, denom, 1.0), 0.0)
+        keep = torch.ones_like(keep)
     u = h_vecs[:, keep]
     return ProtectedGeometry(
-        bases, coefs, u, h_vals[keep], {k: c @ u for k, c in coefs.items()}, captured
+        bases,
+        map_bases,
+        coefs,
+        u,
+        h_vals[keep],
+        {k: c @ u for k, c in coefs.items()},
+        captured,
+        weights,
     )
 
 
@@ -268,55 +320,76 @@ def solve_skew_lyapunov(h_matrix: Tensor, rhs: Tensor, rank_tol: float = RANK_TO
 @dataclass
 class SkewGenerator:
     """Ω = U A Uᵀ + U G − GᵀUᵀ: a skew matrix that vanishes on the null space of H (U: d×R
-    orthonormal, A: R×R skew, G: R×d with G U = 0). Kept factored: forming Ω costs O(d²R)."""
+    orthonormal, A: R×R skew, G: R×d with G U = 0, ``None`` when R = d and Q⊥ = 0). Kept
+    factored: forming Ω costs O(d²R) that the correction does not need."""
 
     basis: Tensor
     inner: Tensor
-    outer: Tensor
+    outer: Tensor | None
 
     def dense(self) -> Tensor:
         u, g = self.basis, self.outer
-        return u @ self.inner @ u.T + u @ g - g.T @ u.T
+        omega = u @ self.inner @ u.T
+        return omega if g is None else omega + u @ g - g.T @ u.T
 
     def times_transpose(self, coefficients: Tensor, coefficients_in_basis: Tensor) -> Tensor:
         """Ω Cᵀ from C (r×d) and C U (r×R), in O(dRr)."""
         u, g = self.basis, self.outer
+        if g is None:
+            return u @ (self.inner @ coefficients_in_basis.T)
         return u @ (self.inner @ coefficients_in_basis.T + g @ coefficients.T) - g.T @ (
             coefficients_in_basis.T
         )
 
     def scaled_sum(self, other: SkewGenerator, scale: float) -> SkewGenerator:
         """scale · (self + other), both on the same basis (the anchored sum of a task's Ω)."""
-        return SkewGenerator(
-            self.basis, scale * (self.inner + other.inner), scale * (self.outer + other.outer)
-        )
+        outer = None
+        if self.outer is not None or other.outer is not None:
+            zero = self.basis.new_zeros(self.basis.shape[1], self.basis.shape[0])
+            mine = zero if self.outer is None else self.outer
+            theirs = zero if other.outer is None else other.outer
+            outer = scale * (mine + theirs)
+        return SkewGenerator(self.basis, scale * (self.inner + other.inner), outer)
 
     @classmethod
     def zeros(cls, basis: Tensor) -> SkewGenerator:
         rank, dim = basis.shape[1], basis.shape[0]
-        return cls(basis, basis.new_zeros(rank, rank), basis.new_zeros(rank, dim))
+        outer = None if rank == dim else basis.new_zeros(rank, dim)
+        return cls(basis, basis.new_zeros(rank, rank), outer)
+
+
+def _map_features(spatial_step: Tensor, map_basis: Tensor | None) -> Tensor:
+    """δ_s V_b, or δ_s itself when the map lives in the standard basis (V_b = I)."""
+    return spatial_step if map_basis is None else spatial_step @ map_basis
 
 
 def shared_rotation_generator(
     deltas: Mapping[str, Tensor], geometry: ProtectedGeometry
 ) -> SkewGenerator:
-    """The skew Ω of the closest admissible update: ΩH + HΩ = F − Fᵀ, F = Σ δ_sᵐ B_m (low rank).
+    """The skew Ω of the closest admissible update: ΩH + HΩ = F − Fᵀ, F = Σ δ_sᵐ B_m.
 
-    With U (d×R) the range of H, h its eigenvalues, Q⊥ = I − UUᵀ (h = 0 there) and K = F − Fᵀ:
-    Ω = U A Uᵀ + U G − GᵀUᵀ, A_ij = (UᵀKU)_ij / (h_i + h_j), G = diag(1/h) UᵀK Q⊥ — the dense
-    eigenbasis solution, at O(dDr + dR²) per step instead of O(d³). Only KU is needed:
-    KU = Σ (δ_sV)(CU) − Σ Cᵀ((δ_sV)ᵀU).
+    In H's eigenbasis U with K = F − Fᵀ: Ω̃ = UᵀΩU has Ω̃_ij = (UᵀKU)_ij / (h_i + h_j), 0 where
+    h_i + h_j = 0 (``solve_skew_lyapunov``), with no eigen-solve per step. With B_m = V_b C_m:
+    FU = Σ (δ_sV_b)(C_mU) and UᵀKU = UᵀFU − (UᵀFU)ᵀ.
+    - U the whole eigenbasis (``lyapunov_weights`` set): Ω = U Ω̃ Uᵀ.
+    - U the range only (d×R, h > 0; Q⊥ = I − UUᵀ): Ω = U A Uᵀ + U G − GᵀUᵀ with A = Ω̃ and
+      G = diag(1/h) UᵀK Q⊥ = diag(1/h)(−(KU)ᵀ − (UᵀKU)Uᵀ) (UᵀK = −(KU)ᵀ for skew K), where
+      KU = FU − Σ C_mᵀ((δ_sV_b)ᵀU): O(dDr_b + dR²) per step instead of O(d³).
     """
-    u, h = geometry.h_vectors, geometry.h_values
-    k_u = torch.zeros_like(u)
+    u, h, weights = geometry.h_vectors, geometry.h_values, geometry.lyapunov_weights
+    f_u = torch.zeros_like(u)
+    ft_u = torch.zeros_like(u)
     for name, delta in deltas.items():
-        dv = delta[:, 1:] @ geometry.bases[name]  # δ_s V, d×r
-        k_u += dv @ geometry.coefficients_in_h_basis[name]
-        k_u -= geometry.coefficients[name].T @ (dv.T @ u)
-    ut_k_u = u.T @ k_u  # R×R, skew
+        dv = _map_features(delta[:, 1:], geometry.map_bases[name])  # δ_s V_b, d×r_b
+        f_u += dv @ geometry.coefficients_in_h_basis[name]
+        if weights is None:  # FᵀU only feeds G
+            ft_u += geometry.coefficients[name].T @ (dv.T @ u)
+    ut_f_u = u.T @ f_u
+    ut_k_u = ut_f_u - ut_f_u.T  # R×R, skew
+    if weights is not None:
+        return SkewGenerator(u, ut_k_u * weights, None)
     inner = ut_k_u / (h[:, None] + h[None, :])
-    # UᵀK = −(KU)ᵀ because K is skew, so UᵀK Q⊥ = −(KU)ᵀ − (UᵀKU)Uᵀ.
-    outer = (-k_u.T - ut_k_u @ u.T) / h[:, None]
+    outer = (-(f_u - ft_u).T - ut_k_u @ u.T) / h[:, None]
     return SkewGenerator(u, inner, outer)
 
 
@@ -333,6 +406,31 @@ def minimal_rotation_correction(
     return out
 
 
+def _rotation_terms(
+    omega: Tensor | SkewGenerator, geometry: ProtectedGeometry, names: Sequence[str]
+) -> dict[str, Tensor]:
+    """Ω C_mᵀ (d×r_b) for every modality, the cheaper way: through dense Ω (O(d²R + d²r_b))
+    or through its factors (O(R²r_b + dRr_b) per modality)."""
+    if isinstance(omega, SkewGenerator) and omega.outer is None:
+        # Ω Cᵀ = U A (CU)ᵀ: one d×R×R product shared by all modalities.
+        u_inner = omega.basis @ omega.inner
+        return {m: u_inner @ geometry.coefficients_in_h_basis[m].T for m in names}
+    if isinstance(omega, SkewGenerator):
+        dim, rank = omega.basis.shape
+        ranks = [geometry.coefficients[m].shape[0] for m in names]
+        dense_cost = 2 * dim * dim * rank + sum(dim * dim * r for r in ranks)
+        factored_cost = sum(rank * rank * r + 3 * rank * dim * r for r in ranks)
+        if factored_cost < dense_cost:
+            return {
+                m: omega.times_transpose(
+                    geometry.coefficients[m], geometry.coefficients_in_h_basis[m]
+                )
+                for m in names
+            }
+        omega = omega.dense()
+    return {m: omega @ geometry.coefficients[m].T for m in names}
+
+
 def closest_admissible_correction(
     deltas: Mapping[str, Tensor],
     geometry: ProtectedGeometry,
@@ -346,15 +444,17 @@ def closest_admissible_correction(
     """
     if omega is None:
         omega = shared_rotation_generator(deltas, geometry)
+    rotation_terms = _rotation_terms(omega, geometry, list(deltas))
     out = {}
     for name, delta in deltas.items():
-        spatial, basis, coef = delta[:, 1:], geometry.bases[name], geometry.coefficients[name]
-        if isinstance(omega, SkewGenerator):
-            omega_ct = omega.times_transpose(coef, geometry.coefficients_in_h_basis[name])
+        spatial, basis = delta[:, 1:], geometry.bases[name]
+        map_basis, omega_ct = geometry.map_bases[name], rotation_terms[name]
+        if map_basis is basis:
+            # δ_s − (δ_sV)Vᵀ + (ΩCᵀ)Vᵀ with one d×r×D product: Ω B_mᵀ = Ω Cᵀ Vᵀ.
+            corrected = spatial + (omega_ct - spatial @ basis) @ basis.T
         else:
-            omega_ct = omega @ coef.T
-        # δ_s − (δ_sV)Vᵀ + (ΩCᵀ)Vᵀ with one d×r×D product: Ω B_mᵀ = Ω Cᵀ Vᵀ.
-        corrected = spatial + (omega_ct - spatial @ basis) @ basis.T
+            rotation = omega_ct if map_basis is None else omega_ct @ map_basis.T
+            corrected = spatial - (spatial @ basis) @ basis.T + rotation
         out[name] = torch.cat([torch.zeros_like(delta[:, :1]), corrected], dim=1)
     return out, omega
 
@@ -497,6 +597,7 @@ class ContinualParams:
     energy: float = 0.8  # ρ
     min_rank: int = 8  # k_min
     anchor: float = 0.1  # β
+    least_squares_map: str = "full"  # B_m = X⁺Y ("full") or X_p⁺Y on X_p = XVVᵀ ("protected")
     ewc_lambda: float = 1.0
     fisher_batch_size: int = 256
     rotation: str | None = None  # None: DEFAULT_ROTATION[method]
@@ -521,7 +622,7 @@ class ContinualParams:
                 if name not in ("rotation", "apex_modality", "dim"):
                     raise ValueError(f"parameter {name!r} must not be null")
                 clean[name] = None
-            elif name in ("rotation", "apex_modality"):
+            elif name in ("rotation", "apex_modality", "least_squares_map"):
                 if not isinstance(value, str):
                     raise ValueError(f"parameter {name!r} must be a string")
                 clean[name] = value
@@ -553,6 +654,10 @@ class ContinualParams:
             (
                 self.rotation is None or self.rotation in ROTATION_FITS,
                 f"rotation must be one of {list(ROTATION_FITS)}",
+            ),
+            (
+                self.least_squares_map in ("protected", "full"),
+                "least_squares_map must be 'protected' or 'full'",
             ),
             (self.curv > 0, "curv must be > 0"),
             (self.lift_scale > 0, "lift_scale must be > 0"),
@@ -778,7 +883,11 @@ class TaskTrainer:
         self.generator_sum: SkewGenerator | None = None
         if method in ("hmcl-ca", "hmcl-mr") and self.has_old_data:
             geometry = protected_geometry(
-                state.second_moments, self.task_start, self.params.energy, self.params.min_rank
+                state.second_moments,
+                self.task_start,
+                self.params.energy,
+                self.params.min_rank,
+                full_map=self.params.least_squares_map == "full",
             )
             # Derived in float64; applied in the weights' float32: the correction's rounding
             # (≈1e-7 relative) is far below the AdamW step it corrects.
@@ -851,9 +960,8 @@ class TaskTrainer:
         if self.method == "hmcl-ca":
             corrected, omega = closest_admissible_correction(deltas, self.geometry)
             assert isinstance(omega, SkewGenerator)
-            omega64 = SkewGenerator(
-                self.generator_sum.basis, omega.inner.double(), omega.outer.double()
-            )
+            outer = None if omega.outer is None else omega.outer.double()
+            omega64 = SkewGenerator(self.generator_sum.basis, omega.inner.double(), outer)
             self.generator_sum = self.generator_sum.scaled_sum(omega64, 1.0 - beta)
         else:
             corrected = minimal_rotation_correction(deltas, self.geometry.bases)
