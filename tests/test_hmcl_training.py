@@ -229,6 +229,10 @@ def test_bad_features_are_value_errors(wordnet_small: dict, first_task) -> None:
         run_continual_task("finetune", first_task.state, task, params={"curv": 1.0})
     with pytest.raises(ValueError, match="labels"):
         run_continual_task("finetune", None, task, labels=np.zeros(3))
+    with pytest.raises(ValueError, match="eval task 'old'"):
+        run_continual_task(
+            "finetune", first_task.state, task, eval_tasks={"old": {"lemma": task["lemma"]}}
+        )
 
 
 def test_labels_keep_same_label_rows_from_being_negatives() -> None:

@@ -1060,14 +1060,34 @@ class TaskTrainer:
             report["eval_tasks"] = self._evaluate_old_tasks(eval_tasks, rotation)
         return report
 
+    def validate_eval_tasks(
+        self, eval_tasks: Mapping[str, Mapping[str, np.ndarray]]
+    ) -> dict[str, dict[str, Tensor]]:
+        """Earlier tasks' paired features as tensors; ValueError unless they fit the model."""
+        out = {}
+        for task_name, feats in eval_tasks.items():
+            try:
+                tensors, _ = _validate_task(feats, None)
+            except ValueError as exc:
+                raise ValueError(f"eval task {task_name!r}: {exc}") from exc
+            if set(tensors) != set(self.features):
+                raise ValueError(
+                    f"eval task {task_name!r}: modalities {sorted(tensors)}, "
+                    f"expected {sorted(self.features)}"
+                )
+            for name, x in tensors.items():
+                if x.shape[1] != self.model.input_dims[name]:
+                    raise ValueError(f"eval task {task_name!r}: wrong width for {name!r}")
+            out[task_name] = tensors
+        return out
+
     def _evaluate_old_tasks(
         self, eval_tasks: Mapping[str, Mapping[str, np.ndarray]], rotation: Tensor
     ) -> dict[str, Any]:
         parent_model = self.parent.model()
         rot = rotation.numpy()
         out: dict[str, Any] = {}
-        for task_name, feats in eval_tasks.items():
-            tensors, _ = _validate_task(feats, None)
+        for task_name, tensors in self.validate_eval_tasks(eval_tasks).items():
             before = {m: parent_model.embed(tensors[m], m) for m in self.features}
             after = {m: self.model.embed(tensors[m], m) for m in self.features}
             names = list(self.features)
@@ -1109,8 +1129,9 @@ def run_continual_task(
     step and ``hooks.report(epoch, epochs, loss)`` called after it. Unknown methods and bad
     parameters raise ``ValueError``.
     """
-    torch.manual_seed(seed)
     trainer = TaskTrainer(method, base_state, task_features, labels, params=params, seed=seed)
+    if eval_tasks:
+        trainer.validate_eval_tasks(eval_tasks)  # fail before training, not after
     epochs = trainer.params.epochs
     for epoch in range(epochs):
         hooks.check()
