@@ -24,6 +24,7 @@ import argparse
 import json
 import platform
 import re
+import shlex
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -485,7 +486,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         cfg.timing_repeats,
         cfg.seeds[0],
     )
-    command = "python -m bench.continual " + " ".join(argv if argv is not None else sys.argv[1:])
+    # shlex.join quotes the JSON of --params so the recorded command runs as written.
+    command = "python -m bench.continual " + shlex.join(argv if argv is not None else sys.argv[1:])
     result = {
         "command": command.strip(),
         "date": time.strftime("%Y-%m-%d"),
