@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import re
 import shlex
 import sys
 import time
@@ -50,6 +49,7 @@ from app.ml.hmcl_metrics import (
     paired_recall_at_k,
     symmetric_recall_at_k,
 )
+from bench.report import replace_section
 from bench.wordnet import OLD_MODEL, REPO_ROOT, WordNetData, fine_labels, load_wordnet
 
 # The task stream: lexicographer files grouped by theme, in this fixed order.
@@ -75,9 +75,7 @@ MODALITIES = ("lemma", "gloss")  # lemma first: the concept's name is the entail
 QUERY, GALLERY = "lemma", "gloss"
 ENCODER = OLD_MODEL
 RESULTS = REPO_ROOT / "bench/results"
-BENCHMARKS_MD = REPO_ROOT / "BENCHMARKS.md"
 SECTION = "bench.continual"
-START, END = f"<!-- {SECTION}:start -->", f"<!-- {SECTION}:end -->"
 DRIFT_ANCHORS = 300  # held-out items per old task used for the drift measures
 
 
@@ -397,24 +395,6 @@ def render_markdown(result: Mapping[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_section(
-    markdown: str,
-    path: Path = BENCHMARKS_MD,
-    section: str = SECTION,
-    title: str = "Continual upgrades (HMCL)",
-) -> None:
-    """Replace only this benchmark's section of BENCHMARKS.md (other benchmarks own the rest),
-    between ``<!-- {section}:start -->`` and ``<!-- {section}:end -->``; append it if absent."""
-    text = path.read_text() if path.exists() else "# Benchmarks\n"
-    start, end = f"<!-- {section}:start -->", f"<!-- {section}:end -->"
-    block = f"{start}\n## {title}\n\n{markdown}{end}"
-    if start in text and end in text:
-        text = re.sub(re.escape(start) + r".*?" + re.escape(end), lambda _: block, text, flags=re.S)
-    else:
-        text = text.rstrip("\n") + "\n\n" + block + "\n"
-    path.write_text(text)
-
-
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small tasks, few epochs (≤ 3 min)")
@@ -512,7 +492,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     markdown = render_markdown(result)
     print(markdown)
     if not args.no_markdown:
-        write_section(markdown, section=args.section, title=args.title)
+        replace_section(args.section, args.title, markdown)
     return result
 
 

@@ -7,14 +7,11 @@ import numpy as np
 import pytest
 
 from bench.continual import (
-    END,
-    START,
     Task,
     continual_figures,
     render_markdown,
     run_method,
     summarise,
-    write_section,
 )
 
 MINILM = "all-MiniLM-L6-v2"
@@ -27,25 +24,6 @@ def test_continual_figures_on_a_known_matrix() -> None:
     assert figures["final"] == pytest.approx(0.5)
     assert figures["bwt"] == pytest.approx(((0.3 - 0.5) + (0.5 - 0.6)) / 2)
     assert figures["overall"] == pytest.approx((0.5 + 0.5 + 0.5) / 3)
-
-
-def test_section_replaces_only_its_own_block(tmp_path) -> None:
-    path = tmp_path / "BENCHMARKS.md"
-    path.write_text(
-        "# Benchmarks\n\n<!-- bench.compat:start -->\nother table\n<!-- bench.compat:end -->\n"
-    )
-    write_section("first\n", path)
-    write_section("second\n", path)
-    text = path.read_text()
-    assert text.count(START) == 1 and text.count(END) == 1
-    assert "second" in text and "first" not in text
-    assert "<!-- bench.compat:start -->\nother table\n<!-- bench.compat:end -->" in text
-    write_section("variant\n", path, section="bench.continual.stress", title="Stress")
-    write_section("third\n", path)
-    text = path.read_text()
-    assert "variant" in text and "third" in text and "second" not in text
-    write_section("new file\n", tmp_path / "absent.md")
-    assert START in (tmp_path / "absent.md").read_text()
 
 
 def _fixture_tasks(wordnet_small: dict) -> list[Task]:
