@@ -395,6 +395,31 @@ def render_markdown(result: Mapping[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+SWEEP_LRS = (1e-4, 2e-4, 5e-4, 1e-3, 2e-3)
+SWEEP_EPOCHS = (10, 20, 40)
+
+
+def sweep_first_task(corpus: Corpus, seeds: Sequence[int]) -> dict[str, Any]:
+    """Held-out recall@5 after the first task alone, over lr × epochs: the schedule's choice.
+
+    Every method trains the first task identically (nothing is protected yet), so this picks
+    lr and epochs without looking at any continual figure.
+    """
+    grid = []
+    for lr in SWEEP_LRS:
+        for epochs in SWEEP_EPOCHS:
+            recalls = []
+            for seed in seeds:
+                task = build_tasks(corpus, 0, seed)[0]
+                result = run_continual_task(
+                    "finetune", None, task.train, params={"lr": lr, "epochs": epochs}, seed=seed
+                )
+                recalls.append(evaluate(result.model, task)[0])
+            grid.append({"lr": lr, "epochs": epochs, "recall_at_5": recalls})
+            print(f"lr {lr:g} epochs {epochs}: R@5 {np.mean(recalls):.3f}", flush=True)
+    return {"task": TASK_GROUPS[0], "seeds": list(seeds), "grid": grid}
+
+
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small tasks, few epochs (≤ 3 min)")
@@ -418,8 +443,19 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         help="BENCHMARKS.md section (marker name) to write; a variant run keeps its own section",
     )
     parser.add_argument("--title", default="Continual upgrades (HMCL)")
+    parser.add_argument(
+        "--sweep-first-task",
+        action="store_true",
+        help="only the lr × epochs sweep on the first task (writes continual_first_task_sweep.json)",
+    )
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
+    if args.sweep_first_task:
+        sweep = sweep_first_task(load_corpus(), tuple(args.seeds or (0, 1, 2)))
+        out = args.out or RESULTS / "continual_first_task_sweep.json"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(sweep, indent=1))
+        return sweep
 
     quick = args.quick
     cfg = Config(

@@ -584,7 +584,8 @@ class ContinualParams:
     Defaults: AdamW without weight decay, one accumulated step per epoch over batches of 1024,
     curvature 0.1, lr 5e-4 (the paper's); ρ = 0.8 (the top of the paper's range), β = 0.1 and
     k_min = 8 inside theirs. lr and 20 epochs were chosen on the first WordNet task's held-out
-    recall, where every method trains alike (nothing is protected yet). The least-squares map of
+    recall, where every method trains alike (nothing is protected yet;
+    ``python -m bench.continual --sweep-first-task``). The least-squares map of
     all old features measured less drift than that of their protected part
     (``bench/results/continual_quick.json`` against ``continual_quick_protected_map.json``).
     """
