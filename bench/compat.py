@@ -84,7 +84,7 @@ SCENARIOS = (
 # Settings shared by every head, before validation picks among BASE_GRID.
 COMMON = {"epochs": 15, "dropout": 0.1, "min_steps": 0}
 BASE_GRID = [{"hidden_dim": h, "base_temperature": t} for h in (0, 1024) for t in (0.05, 0.1)]
-LIFT_SCALES = (0.1, 0.3, 1.0)
+LIFT_SCALES = (0.3, 1.0)
 COMPAT_WEIGHTS = (0.3, 1.0, 3.0)
 OLD_PROTO_WEIGHTS = (0.0, 3.0)
 # HBCT's ablation rows (paper loss, each uncertainty source, raw RINCE) run where the bar is set.
@@ -238,9 +238,9 @@ def select_settings(scenario: Scenario, split: Split) -> dict[str, Any]:
 
     chosen: dict[str, dict[str, Any]] = {}
 
-    # 2. HBCT: lift scale (external only) × old-prototype weight at λ = 1, then λ.
-    def try_hbct(scale: float, proto: float, lam: float) -> tuple[tuple[bool, float], dict]:
-        params = {**params0, "uncertainty": "knn", "old_proto_weight": proto, "compat_weight": lam}
+    # 2. HBCT, coordinate search: lift scale (external only) × old-prototype weight at λ = 1,
+    #    then λ, then a heavier prototype weight, then the uncertainty source.
+    def try_hbct(scale: float, params: dict[str, Any]) -> tuple[tuple[bool, float], dict]:
         r = evaluate("hbct", params, new, old_by_scale[scale], labels, fit, val, 0)
         score = _selection_score(r, old_old(scale), ind_ind)
         trials.append(
@@ -248,13 +248,21 @@ def select_settings(scenario: Scenario, split: Split) -> dict[str, Any]:
         )
         return score, params
 
-    candidates = [(*try_hbct(s, w, 1.0), s) for s in scales for w in OLD_PROTO_WEIGHTS]
+    start = {**params0, "uncertainty": "auto", "compat_weight": 1.0}
+    candidates = [
+        (*try_hbct(s, {**start, "old_proto_weight": w}), s)
+        for s in scales
+        for w in OLD_PROTO_WEIGHTS
+    ]
     score, params, lift_scale = max(candidates, key=lambda c: c[0])
-    for lam in COMPAT_WEIGHTS:
-        if lam != 1.0:
-            cand = try_hbct(lift_scale, params["old_proto_weight"], lam)
-            if cand[0] > score:
-                score, params = cand
+    for change in (
+        *({"compat_weight": lam} for lam in COMPAT_WEIGHTS if lam != 1.0),
+        {"old_proto_weight": 10.0},
+        {"uncertainty": "none"},
+    ):
+        cand = try_hbct(lift_scale, {**params, **change})
+        if cand[0] > score:
+            score, params = cand
     chosen["hbct"] = params
     _log(f"{scenario.name}: lift scale {lift_scale}, hbct {params}")
 
@@ -290,6 +298,7 @@ def method_rows(
         rows += [
             ("hbct (paper: no old-prototype term)", "hbct", {**hbct, "old_proto_weight": 0.0}),
             ("hbct (q: norm)", "hbct", {**hbct, "uncertainty": "norm"}),
+            ("hbct (q: knn)", "hbct", {**hbct, "uncertainty": "knn"}),
             ("hbct (q: none = InfoNCE)", "hbct", {**hbct, "uncertainty": "none"}),
             ("hbct (raw RINCE)", "hbct", {**hbct, "rince_normalise_rows": False}),
         ]
