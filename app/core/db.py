@@ -10,7 +10,17 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, ClassVar
 
-from sqlalchemy import JSON, BigInteger, DateTime, Engine, Integer, MetaData, create_engine, event
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    DateTime,
+    Engine,
+    Integer,
+    MetaData,
+    TypeDecorator,
+    create_engine,
+    event,
+)
 from sqlalchemy.orm import DeclarativeBase, Session, sessionmaker
 
 from app.core.settings import Settings
@@ -30,21 +40,34 @@ NAMING_CONVENTION = {
 BigIntPK = BigInteger().with_variant(Integer(), "sqlite")
 
 
+def as_utc(moment: datetime) -> datetime:
+    """SQLite hands back naive datetimes (stored as UTC); PostgreSQL aware ones."""
+    return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """Timezone-aware UTC on the way in and out (SQLite stores and returns naive values)."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Any) -> datetime | None:
+        return None if value is None else as_utc(value)
+
+    def process_result_value(self, value: datetime | None, dialect: Any) -> datetime | None:
+        return None if value is None else as_utc(value)
+
+
 class Base(DeclarativeBase):
     metadata = MetaData(naming_convention=NAMING_CONVENTION)
     type_annotation_map: ClassVar[dict[Any, Any]] = {
         dict[str, Any]: JSON,
-        datetime: DateTime(timezone=True),
+        datetime: UTCDateTime(),
     }
 
 
 def utcnow() -> datetime:
     return datetime.now(UTC)
-
-
-def as_utc(moment: datetime) -> datetime:
-    """SQLite hands back naive datetimes (stored as UTC); PostgreSQL aware ones."""
-    return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
 
 
 def new_id(prefix: str) -> str:

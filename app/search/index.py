@@ -120,20 +120,24 @@ class LorentzIndex:
         self._gpu_lock = threading.Lock()
 
     # -- structure ------------------------------------------------------------------------------
-    def _empty_faiss(self) -> faiss.IndexIDMap2:
+    def _empty_faiss(self) -> faiss.Index:
+        """``IndexIDMap2`` over a flat or HNSW inner-product index; IVF keeps ids itself (its
+        inverted lists store them), which is also the only way its removals stay correct: an
+        ``IndexIDMap`` compacts its id table on removal while IVF keeps its internal ids."""
         d = self.dim + 1
-        if self.kind == "flat":
-            base = faiss.IndexFlatIP(d)
-        elif self.kind == "hnsw":
-            base = faiss.IndexHNSWFlat(d, self.params["m"], faiss.METRIC_INNER_PRODUCT)
-            base.hnsw.efConstruction = self.params["ef_construction"]
-            base.hnsw.efSearch = self.params["ef_search"]
-        else:
+        if self.kind == "ivf":
             n = len(self._ids)
             # FAISS wants ≥ 39 training points per list; fewer lists beat a degenerate training.
             nlist = max(1, min(self.params["nlist"], n // 39))
-            base = faiss.IndexIVFFlat(faiss.IndexFlatIP(d), d, nlist, faiss.METRIC_INNER_PRODUCT)
-            base.nprobe = min(self.params["nprobe"], nlist)
+            ivf = faiss.IndexIVFFlat(faiss.IndexFlatIP(d), d, nlist, faiss.METRIC_INNER_PRODUCT)
+            ivf.nprobe = min(self.params["nprobe"], nlist)
+            return ivf
+        if self.kind == "flat":
+            base = faiss.IndexFlatIP(d)
+        else:
+            base = faiss.IndexHNSWFlat(d, self.params["m"], faiss.METRIC_INNER_PRODUCT)
+            base.hnsw.efConstruction = self.params["ef_construction"]
+            base.hnsw.efSearch = self.params["ef_search"]
         return faiss.IndexIDMap2(base)
 
     def _rebuild_faiss(self) -> None:
