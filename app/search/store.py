@@ -83,8 +83,8 @@ class IndexStore:
             return None
         try:
             index = LorentzIndex.from_bytes(path.read_bytes(), use_gpu=self.use_gpu)
-        except (ValueError, OSError, KeyError) as exc:
-            log.warning("index file %s unreadable (%s); rebuilding", path.name, exc)
+        except Exception as exc:  # any unreadable file (torn zip, bad header, …) is rebuilt
+            log.warning("index file %s unreadable (%r); rebuilding", path.name, exc)
             return None
         if index.dim != spec.dim or index.kind != spec.kind or index.params != spec.params:
             log.warning("index file %s has another shape; rebuilding", path.name)
