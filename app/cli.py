@@ -6,7 +6,7 @@ import argparse
 import sys
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="nobackfill", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="run the HTTP API (settings from NOBACKFILL_*)")
@@ -16,7 +16,11 @@ def main(argv: list[str] | None = None) -> int:
     create = sub.add_parser("create-key", help="print a new API key (creates the tenant if new)")
     create.add_argument("--tenant", required=True, help="tenant name")
     create.add_argument("--name", default="", help="a label for the key")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
 
     from app.core.settings import get_settings
 
