@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv test lint serve bench-quick clean
+.PHONY: venv test lint serve bench-quick clean data
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -22,6 +22,11 @@ lint: $(STAMP)
 
 test: $(STAMP) lint
 	$(BIN)/python -m pytest
+
+# Rebuild the WordNet benchmark data into data/wordnet from public sources (bench/README.md).
+data: $(STAMP)
+	$(BIN)/python -m pip install -q -e '.[data]'
+	$(BIN)/python -m bench.build_wordnet
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache
