@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 
 import numpy as np
 import pytest
@@ -11,8 +12,12 @@ from fastapi.testclient import TestClient
 from sqlalchemy import update
 
 from app.galleries.models import Gallery
+from app.upgrades import backbone
+from tests.service.celery_worker import wait_for_job
 from tests.service.conftest import snapshot, stop_client
 from tests.service.test_galleries_api import make_gallery, seed_vectors
+from tests.service.test_jobs import slow_trainer
+from tests.service.test_upgrades_api import paired_setup
 
 
 def top_ids(client: TestClient, gallery_id: str, queries: np.ndarray, k: int = 3) -> list:
@@ -91,3 +96,21 @@ def test_index_files_follow_committed_versions(client: TestClient) -> None:
     ]
     assert client.delete(f"/v1/galleries/{gallery_id}").status_code == 204
     assert list(index_dir.glob(f"{gallery_id}.*")) == []
+
+
+def test_a_job_interrupted_by_a_restart_resumes(make_client, monkeypatch) -> None:
+    """Embedded mode: stopping the API hands a running job back to the queue; the next start
+    runs it to the end."""
+    real_train, started = backbone.train, threading.Event()
+    monkeypatch.setattr(backbone, "train", slow_trainer(10_000, started))
+    client = make_client(job_runner="thread")
+    _, dataset_id = paired_setup(client)
+    job_id = client.post("/v1/upgrades", json={"dataset_id": dataset_id, "method": "procrustes"})
+    job_id = job_id.json()["id"]
+    assert started.wait(30)
+    stop_client(client)
+
+    monkeypatch.setattr(backbone, "train", real_train)
+    restarted = make_client(job_runner="thread")
+    job = wait_for_job(restarted, job_id, timeout=120)
+    assert job["status"] == "succeeded" and job["attempts"] == 1, job
