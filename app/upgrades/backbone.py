@@ -3,7 +3,6 @@ train, and report the trained model beside the Procrustes adapter fitted on the 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -14,29 +13,13 @@ from app.datasets.models import Dataset, DatasetItem
 from app.datasets.service import load_items
 from app.galleries.models import Gallery, GalleryVector
 from app.galleries.service import lift_of
-from app.ml.models import EmbeddingModel
 from app.ml.training import TrainingHooks
 from app.ml.upgrade import BACKBONE_METHODS, UpgradeData, run_backbone_upgrade
+from app.upgrades.trained import TrainedOutput
 
 METHODS: tuple[str, ...] = tuple(BACKBONE_METHODS)
 BASELINE = "procrustes"
 MIN_ITEMS = 10
-
-
-@dataclass
-class TrainedOutput:
-    """What a finished trainer hands back to the job runner to store."""
-
-    model: EmbeddingModel
-    report: dict[str, Any]
-    params: dict[str, Any]
-    kind: str
-    space: dict[str, Any] = field(default_factory=dict)
-    parent_id: str | None = None
-    root_id: str | None = None
-    depth: int = 0
-    rotation: np.ndarray | None = None
-    state: bytes | None = None
 
 
 def check_params(method: str, params: dict[str, Any]) -> None:

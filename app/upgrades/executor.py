@@ -31,8 +31,8 @@ from app.ml.training import TrainingCancelled, TrainingHooks
 from app.models.models import TrainedModel
 from app.models.service import artifact_file, store_artifact
 from app.upgrades import backbone
-from app.upgrades.backbone import TrainedOutput
 from app.upgrades.models import CANCELLED, FAILED, QUEUED, RUNNING, SUCCEEDED, UpgradeJob
+from app.upgrades.trained import TrainedOutput
 
 log = logging.getLogger(__name__)
 # How often the cancel flag is read from the database at most (the trainer polls per epoch).

@@ -14,7 +14,7 @@ from tests.service.test_upgrades_api import paired_setup
 
 @pytest.fixture
 def trained(client: TestClient) -> tuple[str, str]:
-    """(gallery id, model id) of a procrustes upgrade on 30 paired items (inline runner)."""
+    """(gallery id, model id) of a procrustes upgrade on 60 paired items (inline runner)."""
     gallery_id, dataset_id = paired_setup(client)
     job = client.post("/v1/upgrades", json={"dataset_id": dataset_id, "method": "procrustes"})
     done = client.get(job.headers["location"]).json()
@@ -22,7 +22,7 @@ def trained(client: TestClient) -> tuple[str, str]:
     return gallery_id, done["model_id"]
 
 
-FEATURES = np.random.default_rng(1).normal(size=(30, 6))  # what paired_setup uploaded
+FEATURES = np.random.default_rng(1).normal(size=(60, 6))  # what paired_setup uploaded
 
 
 def test_model_resource_and_embed(client: TestClient, trained: tuple[str, str]) -> None:

@@ -29,7 +29,7 @@ def recorded(client: TestClient):
     state.runner = real
 
 
-def paired_setup(client: TestClient, n: int = 30, name: str = "products") -> tuple[str, str]:
+def paired_setup(client: TestClient, n: int = 60, name: str = "products") -> tuple[str, str]:
     gallery_id = make_gallery(client, name=name)
     seed_vectors(client, gallery_id, n=n)
     dataset = make_dataset(client, gallery_id=gallery_id, name=f"{name}-new")
