@@ -44,7 +44,8 @@ def count_paired(session: Session, dataset: Dataset, gallery: Gallery) -> int:
     )
 
 
-def _label_codes(labels: list[str | None]) -> np.ndarray | None:
+def label_codes(labels: list[str | None]) -> np.ndarray | None:
+    """String labels → int64 codes (sorted names); None unless every item has a label."""
     if not labels or any(label is None for label in labels):
         return None
     classes = sorted(set(labels))
@@ -73,9 +74,9 @@ def load_inputs(session: Session, dataset: Dataset, gallery: Gallery) -> tuple[U
     old = np.frombuffer(b"".join(stored[i][0] for i in paired_ids), dtype="<f4").reshape(
         len(paired_ids), gallery.dim
     )
-    labels = _label_codes([item_labels[n] for n in keep])
+    labels = label_codes([item_labels[n] for n in keep])
     if labels is None:
-        labels = _label_codes([stored[i][1] for i in paired_ids])
+        labels = label_codes([stored[i][1] for i in paired_ids])
     data = UpgradeData(new_features=np.array(features), old_vectors=np.array(old), labels=labels)
     return data, len(paired_ids)
 

@@ -30,7 +30,7 @@ from app.ml.models import model_to_bytes
 from app.ml.training import TrainingCancelled, TrainingHooks
 from app.models.models import TrainedModel
 from app.models.service import artifact_file, store_artifact
-from app.upgrades import backbone
+from app.upgrades import backbone, continual
 from app.upgrades.models import CANCELLED, FAILED, QUEUED, RUNNING, SUCCEEDED, UpgradeJob
 from app.upgrades.trained import TrainedOutput
 
@@ -178,19 +178,25 @@ class _JobHooks:
         return self._cancelled
 
 
-def _train(db: Database, job: UpgradeJob, hooks: TrainingHooks) -> TrainedOutput:
+def _train(
+    db: Database, settings: Settings, job: UpgradeJob, hooks: TrainingHooks
+) -> TrainedOutput:
+    """Read the inputs in a short session, then train without holding one."""
+    if job.method in continual.METHODS:
+        with db.session() as session:
+            inputs = continual.load_inputs(session, settings, job)
+        return continual.train(job, inputs, hooks)
+    if job.method not in backbone.METHODS:
+        raise ValueError(f"unknown method {job.method!r}")
     with db.session() as session:
         dataset = session.get(Dataset, job.dataset_id) if job.dataset_id else None
         if dataset is None:
             raise ValueError("the dataset of this upgrade was deleted")
-        if job.method in backbone.METHODS:
-            gallery = session.get(Gallery, job.gallery_id) if job.gallery_id else None
-            if gallery is None:
-                raise ValueError("the gallery of this upgrade was deleted")
-            data, _ = backbone.load_inputs(session, dataset, gallery)
-            session.expunge(gallery)
-        else:
-            raise ValueError(f"unknown method {job.method!r}")
+        gallery = session.get(Gallery, job.gallery_id) if job.gallery_id else None
+        if gallery is None:
+            raise ValueError("the gallery of this upgrade was deleted")
+        data, _ = backbone.load_inputs(session, dataset, gallery)
+        session.expunge(gallery)
     return backbone.train(
         job.method,
         data,
@@ -284,7 +290,7 @@ def execute(
     monitor = _JobHooks(db, settings, job_id, worker, stop)
     try:
         with monitor as hooks:
-            out = _train(db, job, hooks)
+            out = _train(db, settings, job, hooks)
             hooks.check()
         model_id = _store(db, settings, job, worker, out)
         log.info("upgrade %s succeeded: model %s", job_id, model_id)

@@ -14,15 +14,14 @@ from app.core.settings import Settings
 from app.core.tenancy import get_owned
 from app.datasets.service import get_dataset
 from app.galleries.service import get_gallery
-from app.upgrades import backbone
+from app.models.service import get_model
+from app.upgrades import backbone, continual
 from app.upgrades.models import CANCELLED, QUEUED, RUNNING, TERMINAL, UpgradeJob
 from app.upgrades.schemas import UpgradeCreate
 
-CONTINUAL_METHODS: tuple[str, ...] = ()
-
 
 def all_methods() -> dict[str, list[str]]:
-    return {"backbone": list(backbone.METHODS), "continual": list(CONTINUAL_METHODS)}
+    return {"backbone": list(backbone.METHODS), "continual": list(continual.METHODS)}
 
 
 def get_upgrade(session: Session, tenant_id: str, upgrade_id: str) -> UpgradeJob:
@@ -63,8 +62,16 @@ def create_upgrade(
     dataset = get_dataset(session, tenant_id, request.dataset_id)
     if request.method in backbone.METHODS:
         gallery_id = _validate_backbone(session, tenant_id, request, dataset)
+    elif request.method in continual.METHODS:
+        if request.gallery_id is not None:
+            raise invalid("gallery_id", "continual upgrades search galleries of their lineage")
+        base = (
+            get_model(session, tenant_id, request.base_model_id) if request.base_model_id else None
+        )
+        continual.validate(session, base, dataset, request.params or {})
+        gallery_id = None
     else:
-        choices = [*backbone.METHODS, *CONTINUAL_METHODS]
+        choices = [*backbone.METHODS, *continual.METHODS]
         raise invalid("method", f"unknown method {request.method!r}, expected one of {choices}")
     job = UpgradeJob(
         id=new_id("upg"),
