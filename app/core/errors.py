@@ -9,6 +9,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from sqlalchemy.exc import IntegrityError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 PROBLEM_JSON = "application/problem+json"
@@ -142,6 +143,13 @@ def install_error_handlers(app: FastAPI) -> None:
             str(exc.detail),
             headers=dict(exc.headers or {}),
         )
+        return problem_response(problem, request)
+
+    @app.exception_handler(IntegrityError)
+    async def _integrity(request: Request, exc: IntegrityError) -> JSONResponse:
+        # Two concurrent requests raced for the same unique name, id or Idempotency-Key.
+        log.info("integrity error on %s %s: %s", request.method, request.url.path, exc.orig)
+        problem = conflict("the request conflicts with a concurrent change; retry it")
         return problem_response(problem, request)
 
     @app.exception_handler(Exception)

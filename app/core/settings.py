@@ -17,7 +17,10 @@ class Settings(BaseSettings):
     """Every knob of the service. Defaults are the embedded mode: SQLite under ``data_dir``,
     in-process thread runner, local FAISS, a local API key created on first start."""
 
-    model_config = SettingsConfigDict(env_prefix="NOBACKFILL_", env_file=".env", extra="ignore")
+    # An empty variable counts as unset (compose passes `${NOBACKFILL_BOOTSTRAP_KEY:-}` through).
+    model_config = SettingsConfigDict(
+        env_prefix="NOBACKFILL_", env_file=".env", extra="ignore", env_ignore_empty=True
+    )
 
     # Storage.
     data_dir: Path = Path("data")

@@ -28,6 +28,8 @@ DEFAULT_PARAMS: dict[str, dict[str, int]] = {
 # IVF is retrained once the gallery has grown this many times past its training size.
 IVF_RETRAIN_GROWTH = 4
 FORMAT = 1
+# Float64 values the exact re-rank may hold at once (queries × candidates × dim): 256 MiB.
+RERANK_BUDGET = 2**25
 
 
 def validate_index_params(kind: str, params: dict[str, Any]) -> dict[str, int]:
@@ -227,6 +229,18 @@ class LorentzIndex:
             return out_ids, out_dist
         m = min(self.ntotal, max(overfetch * k, k + min_candidates))
         _, candidates = self._faiss_search(lifted_queries(queries, self.curv), m)
+        found = min(k, m)
+        # The re-rank gathers queries × candidates × dim float64 values: bound that working set.
+        chunk = max(1, RERANK_BUDGET // (m * self.dim))
+        for start in range(0, nq, chunk):
+            rows = slice(start, start + chunk)
+            ids, dist = self._rerank(queries[rows], candidates[rows], found)
+            out_ids[rows, :found], out_dist[rows, :found] = ids, dist
+        return out_ids, out_dist
+
+    def _rerank(
+        self, queries: np.ndarray, candidates: np.ndarray, k: int
+    ) -> tuple[np.ndarray, np.ndarray]:
         valid = candidates >= 0
         positions = np.zeros_like(candidates)
         positions[valid] = [self._position[int(c)] for c in candidates[valid]]
@@ -235,10 +249,7 @@ class LorentzIndex:
         order = np.argsort(dist, axis=1, kind="stable")[:, :k]
         top_dist = np.take_along_axis(dist, order, axis=1)
         top_ids = np.take_along_axis(candidates, order, axis=1)
-        found = min(k, m)
-        out_ids[:, :found] = np.where(np.isfinite(top_dist), top_ids, -1)[:, :found]
-        out_dist[:, :found] = top_dist[:, :found]
-        return out_ids, out_dist
+        return np.where(np.isfinite(top_dist), top_ids, -1), top_dist
 
     # -- serialisation --------------------------------------------------------------------------
     def to_bytes(self) -> bytes:

@@ -82,3 +82,10 @@ def test_cli_creates_a_key_for_a_tenant(make_client, make_settings) -> None:
     assert created.status_code == 201
     # The test tenant does not see acme's gallery.
     assert client.get("/v1/galleries").json()["items"] == []
+
+
+def test_an_empty_bootstrap_variable_means_none(monkeypatch) -> None:
+    from app.core.settings import Settings
+
+    monkeypatch.setenv("NOBACKFILL_BOOTSTRAP_KEY", "")
+    assert Settings(_env_file=None).bootstrap_key is None

@@ -355,3 +355,15 @@ def test_approximate_index_kinds(client: TestClient, kind: str) -> None:
     assert top == [f"item-{i}" for i in range(10) if i != 3][:3] + top[3:] or len(top) == 10
     assert "item-3" not in {h["id"] for row in found.json()["results"] for h in row}
     assert top[:3] == ["item-0", "item-1", "item-2"]
+
+
+def test_a_lost_race_for_a_name_is_a_conflict(client: TestClient, monkeypatch) -> None:
+    """If two requests pass the name check at once, the database's unique constraint decides:
+    the loser gets 409, not 500 (simulated by skipping the check)."""
+    from app.galleries import service
+
+    make_gallery(client)
+    before = snapshot(client)
+    monkeypatch.setattr(service, "check_name_free", lambda *args: None)
+    problem(client.post("/v1/galleries", json=EXTERNAL), 409)
+    assert snapshot(client) == before

@@ -138,3 +138,17 @@ def test_corrupt_bytes_are_refused() -> None:
     blob = LorentzIndex.build(3, 1.0, "flat", {}, np.array([1]), np.zeros((1, 3))).to_bytes()
     with pytest.raises(Exception):  # noqa: B017 - any failure to parse is fine, never success
         LorentzIndex.from_bytes(blob[: len(blob) // 2])
+
+
+def test_rerank_works_in_bounded_chunks(monkeypatch) -> None:
+    """Many queries are re-ranked in chunks; the answer is the one of a single pass."""
+    import app.search.index as index_module
+
+    points = points_at_radius(200, 8, 2.0, seed=11).astype(np.float32)
+    queries = points_at_radius(37, 8, 2.0, seed=12)
+    index = LorentzIndex.build(8, 1.0, "flat", {}, np.arange(200), points)
+    whole = index.search(queries, 5)
+    monkeypatch.setattr(index_module, "RERANK_BUDGET", 8 * 69 * 3)  # three queries per chunk
+    chunked = index.search(queries, 5)
+    np.testing.assert_array_equal(whole[0], chunked[0])
+    np.testing.assert_array_equal(whole[1], chunked[1])
