@@ -1,5 +1,6 @@
-"""Backbone upgrades against an external gallery: assemble the paired data from the database,
-train, and report the trained model beside the Procrustes adapter fitted on the same split."""
+"""Backbone upgrades against an external gallery: check the request, assemble the paired data
+from the database, train, and report the trained model beside the Procrustes adapter fitted on the
+same split."""
 
 from __future__ import annotations
 
@@ -9,39 +10,68 @@ import numpy as np
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from app.core.errors import invalid
 from app.datasets.models import Dataset, DatasetItem
 from app.datasets.service import load_items
 from app.galleries.models import Gallery, GalleryVector
 from app.galleries.service import lift_of
+from app.ml.compat import LABELLED_ONLY_METHODS, CompatParams
 from app.ml.training import TrainingHooks
-from app.ml.upgrade import BACKBONE_METHODS, UpgradeData, run_backbone_upgrade
+from app.ml.upgrade import (
+    BACKBONE_METHODS,
+    UpgradeData,
+    run_backbone_upgrade,
+    split_for_evaluation,
+)
 from app.upgrades.trained import TrainedOutput
 
 METHODS: tuple[str, ...] = tuple(BACKBONE_METHODS)
-BASELINE = "procrustes"
-MIN_ITEMS = 10
 
 
-def check_params(method: str, params: dict[str, Any]) -> None:
-    """Parameters are the trainer's to judge; here only their JSON shape (a mapping)."""
-    if not isinstance(params, dict):
-        raise TypeError("params must be an object")
-
-
-def count_paired(session: Session, dataset: Dataset, gallery: Gallery) -> int:
+def _paired(dataset: Dataset, gallery: Gallery):
     return (
-        session.scalar(
-            select(func.count())
-            .select_from(DatasetItem)
-            .join(
-                GalleryVector,
-                (GalleryVector.item_id == DatasetItem.item_id)
-                & (GalleryVector.gallery_id == gallery.id),
-            )
-            .where(DatasetItem.dataset_id == dataset.id)
+        select(func.count())
+        .select_from(DatasetItem)
+        .join(
+            GalleryVector,
+            (GalleryVector.item_id == DatasetItem.item_id)
+            & (GalleryVector.gallery_id == gallery.id),
         )
-        or 0
+        .where(DatasetItem.dataset_id == dataset.id)
     )
+
+
+def check_request(
+    session: Session,
+    method: str,
+    params: dict[str, Any],
+    dataset: Dataset,
+    gallery: Gallery,
+    *,
+    seed: int,
+    eval_fraction: float,
+) -> None:
+    """What the trainer would refuse, refused before a job exists (422 naming the field)."""
+    try:
+        CompatParams.from_dict(params)
+    except ValueError as exc:
+        raise invalid("params", str(exc)) from exc
+    paired = session.scalar(_paired(dataset, gallery)) or 0
+    try:
+        split_for_evaluation(paired, eval_fraction, seed)
+    except ValueError as exc:
+        raise invalid(
+            "dataset_id", f"{paired} dataset items have vectors in gallery {gallery.id}: {exc}"
+        ) from exc
+    if method in LABELLED_ONLY_METHODS:
+        unlabelled_items = session.scalar(
+            _paired(dataset, gallery).where(DatasetItem.label.is_(None))
+        )
+        unlabelled_vectors = session.scalar(
+            _paired(dataset, gallery).where(GalleryVector.label.is_(None))
+        )
+        if unlabelled_items and unlabelled_vectors:
+            raise invalid("method", f"{method!r} needs labels (on the dataset or the gallery)")
 
 
 def label_codes(labels: list[str | None]) -> np.ndarray | None:
@@ -67,8 +97,6 @@ def load_inputs(session: Session, dataset: Dataset, gallery: Gallery) -> tuple[U
         )
         stored.update((item_id, (vector, label)) for item_id, vector, label in rows)
     keep = [n for n, item_id in enumerate(ids) if item_id in stored]
-    if len(keep) < MIN_ITEMS:
-        raise ValueError(f"only {len(keep)} dataset items still have gallery vectors")
     paired_ids = [ids[n] for n in keep]
     features = arrays[dataset.modalities[0]][keep]
     old = np.frombuffer(b"".join(stored[i][0] for i in paired_ids), dtype="<f4").reshape(
@@ -91,20 +119,15 @@ def train(
     eval_fraction: float,
     hooks: TrainingHooks,
 ) -> TrainedOutput:
+    """The trainer's report already sets the ``procrustes`` adapter, fitted on the same split,
+    beside the trained model (``report["metrics"]``)."""
     lift = lift_of(gallery)
     outcome = run_backbone_upgrade(
         method, data, lift, params=params, seed=seed, eval_fraction=eval_fraction, hooks=hooks
     )
-    report: dict[str, Any] = {"method": method, "items": len(data.new_features), **outcome.report}
-    if method != BASELINE and "procrustes" not in outcome.report:
-        hooks.check()
-        baseline = run_backbone_upgrade(
-            BASELINE, data, lift, seed=seed, eval_fraction=eval_fraction
-        )
-        report["procrustes"] = baseline.report
     return TrainedOutput(
         model=outcome.model,
-        report=report,
+        report={"paired_items": len(data), **outcome.report},
         params=outcome.params,
         kind="backbone",
         space={

@@ -10,6 +10,7 @@ removed again if that commit does not happen.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import socket
 import threading
@@ -43,6 +44,20 @@ class Claim(Enum):
     CLAIMED = "claimed"  # this call runs the job
     BUSY = "busy"  # another live worker runs it
     DONE = "done"  # nothing to do (finished, cancelled, failed, gone)
+
+
+def json_safe(value: Any) -> Any:
+    """Trainer output as strict JSON: numpy scalars to Python, NaN/±Inf to null (PostgreSQL's
+    JSON type refuses them, and so do strict clients)."""
+    if isinstance(value, dict):
+        return {str(k): json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_safe(v) for v in value]
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
 
 
 def worker_name(runner: str) -> str:
@@ -152,7 +167,7 @@ class _JobHooks:
                 log.exception("upgrade %s: heartbeat failed", self.job_id)
 
     def progress(self, values: dict[str, Any]) -> None:
-        clean = {k: (float(v) if isinstance(v, np.floating) else v) for k, v in values.items()}
+        clean = json_safe(values)
         with self.db.session() as session:
             session.execute(
                 update(UpgradeJob)
@@ -256,8 +271,8 @@ def _store(db: Database, settings: Settings, job: UpgradeJob, worker: str, out: 
                 .values(
                     status=SUCCEEDED,
                     model_id=model_id,
-                    report=out.report,
-                    params={**job.params, **out.params},
+                    report=json_safe(out.report),
+                    params=json_safe({**job.params, **out.params}),
                     finished_at=utcnow(),
                 )
             )

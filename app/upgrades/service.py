@@ -46,13 +46,15 @@ def _validate_backbone(session: Session, tenant_id: str, request: UpgradeCreate,
         raise invalid("gallery_id", "backbone upgrades need an external gallery (old vectors)")
     if len(dataset.modalities) != 1:
         raise invalid("dataset_id", "backbone upgrades take a one-modality dataset")
-    backbone.check_params(request.method, request.params or {})
-    paired = backbone.count_paired(session, dataset, gallery)
-    if paired < backbone.MIN_ITEMS:
-        raise invalid(
-            "dataset_id",
-            f"{paired} dataset items have gallery vectors; at least {backbone.MIN_ITEMS} needed",
-        )
+    backbone.check_request(
+        session,
+        request.method,
+        request.params or {},
+        dataset,
+        gallery,
+        seed=request.seed,
+        eval_fraction=request.eval_fraction,
+    )
     return gallery.id
 
 

@@ -17,7 +17,7 @@ from tests.service.celery_worker import wait_for_job
 from tests.service.conftest import snapshot, stop_client
 from tests.service.test_galleries_api import make_gallery, seed_vectors
 from tests.service.test_jobs import slow_trainer
-from tests.service.test_upgrades_api import paired_setup
+from tests.service.test_upgrades_api import paired_setup, quick_upgrade
 
 
 def top_ids(client: TestClient, gallery_id: str, queries: np.ndarray, k: int = 3) -> list:
@@ -105,7 +105,7 @@ def test_a_job_interrupted_by_a_restart_resumes(make_client, monkeypatch) -> Non
     monkeypatch.setattr(backbone, "train", slow_trainer(10_000, started))
     client = make_client(job_runner="thread")
     _, dataset_id = paired_setup(client)
-    job_id = client.post("/v1/upgrades", json={"dataset_id": dataset_id, "method": "procrustes"})
+    job_id = client.post("/v1/upgrades", json=quick_upgrade(dataset_id))
     job_id = job_id.json()["id"]
     assert started.wait(30)
     stop_client(client)

@@ -80,7 +80,8 @@ def test_backbone_upgrade_flow_on_wordnet(flow_client, wordnet_small) -> None:
     job = wait_for_job(client, created.json()["id"], timeout=600, worker=worker)
     assert job["status"] == "succeeded", job["error"]
     assert job["progress"]["epoch"] == job["progress"]["epochs"]
-    assert "procrustes" in job["report"]
+    metrics = job["report"]["metrics"]
+    assert {"hbct", "procrustes", "independent"} <= set(metrics), metrics  # the gain is visible
 
     model = client.get(f"/v1/models/{job['model_id']}").json()
     assert model["input_dims"] == {"default": new.shape[1]}

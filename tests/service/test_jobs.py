@@ -20,7 +20,7 @@ from app.models.models import TrainedModel
 from app.upgrades import backbone
 from app.upgrades.executor import Claim, execute
 from app.upgrades.models import UpgradeJob
-from tests.service.test_upgrades_api import RecordingRunner, paired_setup
+from tests.service.test_upgrades_api import RecordingRunner, paired_setup, quick_upgrade
 
 
 @pytest.fixture
@@ -28,7 +28,7 @@ def queued_job(client: TestClient) -> str:
     state = client.app.state.service
     real, state.runner = state.runner, RecordingRunner()
     _, dataset_id = paired_setup(client)
-    job = client.post("/v1/upgrades", json={"dataset_id": dataset_id, "method": "procrustes"})
+    job = client.post("/v1/upgrades", json=quick_upgrade(dataset_id))
     assert job.status_code == 202, job.text
     yield job.json()["id"]
     state.runner = real
@@ -112,7 +112,7 @@ def test_trainer_errors_fail_the_job_with_their_text(client: TestClient, queued_
         session.execute(delete(GalleryVector))
     run(client, queued_job)
     job = client.get(f"/v1/upgrades/{queued_job}").json()
-    assert job["status"] == "failed" and "gallery vectors" in job["error"]
+    assert job["status"] == "failed" and "too few" in job["error"]
     assert job["model_id"] is None
 
 
@@ -180,3 +180,12 @@ def test_no_artifact_survives_a_lost_job(client: TestClient, queued_job: str) ->
     assert list(state.settings.artifact_dir.glob("*")) == []
     with state.db.sessions() as session:
         assert session.scalar(select(func.count()).select_from(TrainedModel)) == 0
+
+
+def test_reports_and_progress_are_strict_json() -> None:
+    import numpy as np
+
+    from app.upgrades.executor import json_safe
+
+    raw = {"loss": float("nan"), "best": np.float32(0.5), "per": [float("inf"), np.int64(3)]}
+    assert json_safe(raw) == {"loss": None, "best": 0.5, "per": [None, 3]}

@@ -9,14 +9,14 @@ from fastapi.testclient import TestClient
 
 from tests.service.conftest import field_names, problem, stop_client
 from tests.service.test_galleries_api import EXTERNAL, make_gallery, seed_vectors
-from tests.service.test_upgrades_api import paired_setup
+from tests.service.test_upgrades_api import paired_setup, quick_upgrade
 
 
 @pytest.fixture
 def trained(client: TestClient) -> tuple[str, str]:
     """(gallery id, model id) of a procrustes upgrade on 60 paired items (inline runner)."""
     gallery_id, dataset_id = paired_setup(client)
-    job = client.post("/v1/upgrades", json={"dataset_id": dataset_id, "method": "procrustes"})
+    job = client.post("/v1/upgrades", json=quick_upgrade(dataset_id))
     done = client.get(job.headers["location"]).json()
     assert done["status"] == "succeeded", done
     return gallery_id, done["model_id"]

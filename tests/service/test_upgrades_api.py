@@ -10,6 +10,13 @@ from tests.service.conftest import field_names, problem, snapshot
 from tests.service.test_datasets_api import make_dataset
 from tests.service.test_galleries_api import make_gallery, seed_vectors
 
+# Small networks and few epochs: these tests exercise the service, not the trainers' quality.
+QUICK = {"epochs": 2, "hidden_dim": 16}
+
+
+def quick_upgrade(dataset_id: str, method: str = "procrustes", **extra) -> dict:
+    return {"dataset_id": dataset_id, "method": method, "params": QUICK, **extra}
+
 
 class RecordingRunner:
     """Stands in for the job runner so a job stays queued: records what was submitted."""
@@ -65,7 +72,7 @@ def test_create_queues_with_location_and_replays(
 
 def test_cancel_a_queued_job(client: TestClient, recorded: RecordingRunner) -> None:
     _, dataset_id = paired_setup(client)
-    job = client.post("/v1/upgrades", json={"dataset_id": dataset_id, "method": "procrustes"})
+    job = client.post("/v1/upgrades", json=quick_upgrade(dataset_id))
     cancelled = client.post(f"/v1/upgrades/{job.json()['id']}/cancel")
     assert cancelled.json()["status"] == "cancelled"
     problem(client.post(f"/v1/upgrades/{job.json()['id']}/cancel"), 409)
@@ -81,6 +88,9 @@ def test_cancel_a_queued_job(client: TestClient, recorded: RecordingRunner) -> N
         ({"eval_fraction": 1.0}, "eval_fraction", 422),
         ({"seed": -1}, "seed", 422),
         ({"params": [1, 2]}, "params", 422),
+        ({"params": {"epochs": 0}}, "params", 422),
+        ({"params": {"no_such_knob": 1}}, "params", 422),
+        ({"eval_fraction": 0.01}, "dataset_id", 422),
         ({"surprise": True}, "surprise", 422),
     ],
 )
@@ -109,7 +119,7 @@ def test_backbone_upgrade_needs_a_paired_gallery(
     errors = problem(
         client.post("/v1/upgrades", json={"dataset_id": few, "method": "procrustes"}), 422
     )
-    assert "at least" in errors["detail"]
+    assert "too few" in errors["detail"]
     assert recorded.submitted == []
 
 
@@ -117,3 +127,19 @@ def test_unknown_upgrade_is_404(client: TestClient) -> None:
     problem(client.get("/v1/upgrades/upg_nope"), 404)
     problem(client.post("/v1/upgrades/upg_nope/cancel"), 404)
     problem(client.get("/v1/models/mdl_nope"), 404)
+
+
+def test_label_hungry_methods_need_labels(client: TestClient, recorded: RecordingRunner) -> None:
+    gallery_id = make_gallery(client)
+    vectors = np.random.default_rng(0).normal(size=(60, 4)).tolist()
+    ids = [f"item-{i}" for i in range(60)]
+    client.post(f"/v1/galleries/{gallery_id}/vectors", json={"ids": ids, "vectors": vectors})
+    dataset = make_dataset(client, gallery_id=gallery_id)
+    features = np.random.default_rng(1).normal(size=(60, 6)).tolist()
+    client.post(f"/v1/datasets/{dataset['id']}/items", json={"ids": ids, "features": features})
+    errors = problem(
+        client.post("/v1/upgrades", json={"dataset_id": dataset["id"], "method": "bct"}), 422
+    )
+    assert field_names(errors) == ["method"]
+    unlabelled_ok = client.post("/v1/upgrades", json={"dataset_id": dataset["id"], "method": "l2"})
+    assert unlabelled_ok.status_code == 202, unlabelled_ok.text

@@ -1,0 +1,358 @@
+"""Training a compatible new model against a fixed old embedding space (HBCT and the baselines).
+
+``train_compatible_model(method, new_features, old_points, labels, curv, params, seed, hooks)``
+returns an ``EmbeddingModel`` whose outputs live in the old space's Lorentz frame, so new queries
+search the stored old gallery directly. The old side is given as points in that frame: an external
+gallery lifted by its ``EuclideanLift``, or the outputs of an old head trained here.
+
+Methods (all share the head, optimiser, schedule, data and L_base; only the compatibility terms
+differ):
+- ``independent``: L_base only — the reference "new model without compatibility" (P_com, P_up).
+- ``hbct``: L_base + λ·(L_entail + L_align) (+ ``old_proto_weight``·CE to the lifted old class
+  means, our measured extension; 0 gives the paper's loss); ``hbct-noentail`` drops L_entail.
+- ``l2``, ``bct`` (influence loss through the old classifier = old class means), ``contrastive``
+  (Hot-Refresh n→o and n→n negatives): Euclidean terms on tangent vectors log₀(h).
+- ``procrustes`` (closed form), ``affine`` (low rank 64) and ``mlp-adapter`` (residual, 256
+  hidden): query-side adapters fitted to the old tangent vectors.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from app.ml import losses
+from app.ml.heads import AdapterHead, LorentzHead, _TangentHead, orthogonal_procrustes
+from app.ml.lorentz import exp_map0, log_map0
+from app.ml.models import EmbeddingModel
+from app.ml.training import NO_HOOKS, TrainingHooks
+from app.ml.uncertainty import UNCERTAINTY_SOURCES, old_uncertainty
+
+HYPERBOLIC_METHODS = ("hbct", "hbct-noentail")
+EUCLIDEAN_METHODS = ("l2", "bct", "contrastive")
+ADAPTER_METHODS = ("procrustes", "affine", "mlp-adapter")
+BACKBONE_METHODS: tuple[str, ...] = (
+    "hbct",
+    "hbct-noentail",
+    "independent",
+    *EUCLIDEAN_METHODS,
+    *ADAPTER_METHODS,
+)
+LABELLED_ONLY_METHODS = ("bct",)
+
+
+@dataclass
+class CompatParams:
+    """Hyper-parameters; defaults are the ones ``bench.compat`` selected on a validation split."""
+
+    epochs: int = 40
+    # Small datasets give few steps per epoch: train at least this many optimiser steps.
+    min_steps: int = 300
+    batch_size: int = 512
+    lr: float = 1e-3
+    weight_decay: float = 1e-4
+    hidden_dim: int = 1024
+    dropout: float = 0.1
+    # L_base: prototype CE (labels) or neighbourhood distillation (no labels), temperature τ.
+    base_temperature: float = 0.1
+    # λ: weight of the compatibility terms of every method.
+    compat_weight: float = 1.0
+    # HBCT
+    align_temperature: float = 0.1
+    rince_lambda: float = 0.01
+    rince_normalise_rows: bool = True
+    q_min: float = 0.0
+    uncertainty: str = "norm"
+    knn_k: int = 10
+    cone_min_radius: float = 0.1
+    old_proto_weight: float = 0.0
+    old_proto_temperature: float = 0.1
+    # Euclidean baselines
+    influence_temperature: float = 0.05
+    contrastive_temperature: float = 0.05
+    # Adapters
+    adapter_rank: int = 64
+    adapter_hidden: int = 256
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any] | None) -> CompatParams:
+        """Validated construction: unknown names and out-of-range values raise ``ValueError``."""
+        values = dict(values or {})
+        names = {f.name for f in dataclasses.fields(cls)} - {"extra"}
+        unknown = sorted(set(values) - names)
+        if unknown:
+            raise ValueError(f"unknown parameter(s) {unknown}; known: {sorted(names)}")
+        defaults = cls()
+        typed: dict[str, Any] = {}
+        for name, value in values.items():
+            expected = type(getattr(defaults, name))
+            if expected is float and isinstance(value, int) and not isinstance(value, bool):
+                value = float(value)
+            if not isinstance(value, expected) or (
+                isinstance(value, bool) and expected is not bool
+            ):
+                raise ValueError(f"parameter {name!r} must be {expected.__name__}")
+            typed[name] = value
+        params = cls(**typed)
+        params.validate()
+        return params
+
+    def validate(self) -> None:
+        positive = ["epochs", "batch_size", "lr", "base_temperature", "align_temperature"]
+        positive += ["rince_lambda", "knn_k", "cone_min_radius", "old_proto_temperature"]
+        positive += ["influence_temperature", "contrastive_temperature"]
+        for name in positive:
+            if not getattr(self, name) > 0:
+                raise ValueError(f"parameter {name!r} must be > 0")
+        for name in (
+            "weight_decay",
+            "compat_weight",
+            "old_proto_weight",
+            "hidden_dim",
+            "min_steps",
+        ):
+            if getattr(self, name) < 0:
+                raise ValueError(f"parameter {name!r} must be ≥ 0")
+        if not 0.0 <= self.q_min <= 1.0:
+            raise ValueError("parameter 'q_min' must lie in [0, 1]")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError("parameter 'dropout' must lie in [0, 1)")
+        if self.uncertainty not in UNCERTAINTY_SOURCES:
+            raise ValueError(f"parameter 'uncertainty' must be one of {list(UNCERTAINTY_SOURCES)}")
+        if self.epochs > 10_000 or self.min_steps > 1_000_000:
+            raise ValueError("epochs ≤ 10000 and min_steps ≤ 1000000")
+        if self.batch_size > 65_536 or self.hidden_dim > 65_536:
+            raise ValueError("batch_size ≤ 65536 and hidden_dim ≤ 65536")
+        if self.adapter_rank < 1 or self.adapter_hidden < 1:
+            raise ValueError("adapter_rank and adapter_hidden must be ≥ 1")
+
+    def to_dict(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out.pop("extra")
+        return out
+
+
+def class_means(vectors: Tensor, labels: Tensor, n_classes: int) -> Tensor:
+    """Mean vector per class (rows 0..K−1)."""
+    sums = torch.zeros(n_classes, vectors.shape[1], dtype=vectors.dtype)
+    sums.index_add_(0, labels, vectors)
+    counts = torch.bincount(labels, minlength=n_classes).clamp(min=1).to(vectors.dtype)
+    return sums / counts[:, None]
+
+
+def _check_inputs(
+    method: str, new_features: Tensor, old_points: Tensor, labels: Tensor | None
+) -> None:
+    if method not in BACKBONE_METHODS:
+        raise ValueError(f"unknown method {method!r}, expected one of {list(BACKBONE_METHODS)}")
+    if new_features.ndim != 2 or old_points.ndim != 2:
+        raise ValueError("new_features and old_points must be 2-d")
+    if new_features.shape[0] != old_points.shape[0]:
+        raise ValueError("new_features and old_points must have the same number of rows")
+    if new_features.shape[0] < 2:
+        raise ValueError("need at least 2 training items")
+    if labels is not None and labels.shape[0] != new_features.shape[0]:
+        raise ValueError("labels must have one entry per training item")
+    if labels is None and method in LABELLED_ONLY_METHODS:
+        raise ValueError(f"method {method!r} needs labels")
+    for name, t in (("new_features", new_features), ("old_points", old_points)):
+        if not torch.isfinite(t).all():
+            raise ValueError(f"{name} contains NaN or Inf")
+
+
+def fit_procrustes_adapter(
+    new_features: Tensor, old_points: Tensor, curv: float, rank: int = 0, hidden: int = 0
+) -> AdapterHead:
+    """Adapter whose fixed projection is orthogonal Procrustes from new features to old tangents."""
+    old_tangent = log_map0(old_points, curv)
+    projection, scale = orthogonal_procrustes(new_features, old_tangent)
+    head = AdapterHead(
+        new_features.shape[1],
+        old_points.shape[1],
+        rank=rank,
+        residual_hidden=hidden,
+        curv=curv,
+        init_scale=max(scale, 1e-6),
+    )
+    with torch.no_grad():
+        head.projection.copy_(projection)
+    return head
+
+
+def train_compatible_model(
+    method: str,
+    new_features: np.ndarray | Tensor,
+    old_points: np.ndarray | Tensor,
+    labels: np.ndarray | Tensor | None,
+    curv: float,
+    params: CompatParams | dict[str, Any] | None = None,
+    seed: int = 0,
+    hooks: TrainingHooks = NO_HOOKS,
+) -> EmbeddingModel:
+    """Train ``method``'s new model on paired (new feature, old point) rows. Deterministic in seed."""
+    p = params if isinstance(params, CompatParams) else CompatParams.from_dict(params)
+    x = torch.as_tensor(np.asarray(new_features, dtype=np.float32))
+    old = torch.as_tensor(np.asarray(old_points, dtype=np.float32))
+    y = None if labels is None else torch.as_tensor(np.asarray(labels, dtype=np.int64))
+    _check_inputs(method, x, old, y)
+    torch.manual_seed(seed)
+
+    if method == "procrustes":
+        head = fit_procrustes_adapter(x, old, curv)
+        hooks.report(0, 0, float("nan"))
+        return head.eval()
+    if method in ("affine", "mlp-adapter"):
+        head = fit_procrustes_adapter(
+            x,
+            old,
+            curv,
+            rank=p.adapter_rank if method == "affine" else 0,
+            hidden=p.adapter_hidden if method == "mlp-adapter" else 0,
+        )
+        old_tangent = log_map0(old, curv)
+
+        def adapter_loss(idx: Tensor, model: _TangentHead) -> Tensor:
+            return losses.l2_alignment_loss(model.tangent(x[idx]), old_tangent[idx])
+
+        return _optimise(head, adapter_loss, [], x.shape[0], p, seed, hooks).eval()
+
+    head = LorentzHead(
+        x.shape[1], old.shape[1], hidden_dim=p.hidden_dim, curv=curv, dropout=p.dropout
+    )
+    extra_params: list[torch.nn.Parameter] = []
+    n_classes = int(y.max().item()) + 1 if y is not None else 0
+    if y is not None:
+        prototypes = torch.nn.Parameter(torch.randn(n_classes, old.shape[1]) * old.shape[1] ** -0.5)
+        extra_params.append(prototypes)
+
+    def base_loss(idx: Tensor, points: Tensor) -> Tensor:
+        if y is not None:
+            return losses.prototype_cross_entropy(
+                points, prototypes, y[idx], curv, p.base_temperature
+            )
+        return losses.neighbourhood_distillation(points, x[idx], curv, p.base_temperature)
+
+    compat = _compatibility_term(method, old, y, n_classes, curv, p)
+
+    def total_loss(idx: Tensor, model: _TangentHead) -> Tensor:
+        points = model(x[idx])
+        loss = base_loss(idx, points)
+        if compat is not None:
+            loss = loss + compat(idx, points)
+        return loss
+
+    return _optimise(head, total_loss, extra_params, x.shape[0], p, seed, hooks).eval()
+
+
+def _compatibility_term(
+    method: str, old: Tensor, y: Tensor | None, n_classes: int, curv: float, p: CompatParams
+):
+    """The method's compatibility loss as a function of (batch indices, new points), or None."""
+    if method == "independent":
+        return None
+    old_tangent = log_map0(old, curv)
+    lam = p.compat_weight
+
+    if method in HYPERBOLIC_METHODS:
+        u = old_uncertainty(p.uncertainty, old, curv, None if y is None else y.numpy(), p.knn_k)
+        q = torch.clamp(u, min=p.q_min, max=1.0)
+        with_entailment = method == "hbct"
+        proto = None
+        if p.old_proto_weight > 0 and y is not None:
+            # Lifted class means of the old space: where each class's old gallery items gather.
+            proto = exp_map0(class_means(old_tangent, y, n_classes), curv)
+
+        def hbct_term(idx: Tensor, points: Tensor) -> Tensor:
+            o = old[idx]
+            labels = None if y is None else y[idx]
+            term = losses.rince_alignment_loss(
+                points,
+                o,
+                curv,
+                p.align_temperature,
+                q[idx],
+                p.rince_lambda,
+                labels,
+                p.rince_normalise_rows,
+            )
+            if with_entailment:
+                term = term + losses.entailment_cone_loss(o, points, curv, p.cone_min_radius)
+            out = lam * term
+            if proto is not None and labels is not None:
+                out = out + p.old_proto_weight * losses.prototype_cross_entropy(
+                    points, proto, labels, curv, p.old_proto_temperature
+                )
+            return out
+
+        return hbct_term
+
+    if method == "l2":
+        return lambda idx, points: (
+            lam * losses.l2_alignment_loss(log_map0(points, curv), old_tangent[idx])
+        )
+    if method == "bct":
+        assert y is not None
+        means = class_means(old_tangent, y, n_classes)
+        return lambda idx, points: (
+            lam
+            * losses.influence_loss(log_map0(points, curv), means, y[idx], p.influence_temperature)
+        )
+    if method == "contrastive":
+        return lambda idx, points: (
+            lam
+            * losses.hot_refresh_contrastive_loss(
+                log_map0(points, curv),
+                old_tangent[idx],
+                p.contrastive_temperature,
+                None if y is None else y[idx],
+            )
+        )
+    raise AssertionError(method)
+
+
+def _optimise(
+    model: _TangentHead,
+    loss_fn,
+    extra_params: list[torch.nn.Parameter],
+    n: int,
+    p: CompatParams,
+    seed: int,
+    hooks: TrainingHooks,
+) -> _TangentHead:
+    """AdamW with a cosine schedule over ``p.epochs`` (at least ``p.min_steps`` steps) of shuffled
+    mini-batches."""
+    params = [q for q in model.parameters() if q.requires_grad] + extra_params
+    optimiser = torch.optim.AdamW(params, lr=p.lr, weight_decay=p.weight_decay)
+    batch = min(p.batch_size, n)
+    # Drop the ragged tail: in-batch negatives need a full batch.
+    steps_per_epoch = max(1, n // batch)
+    epochs = max(p.epochs, math.ceil(p.min_steps / steps_per_epoch))
+    total = epochs * steps_per_epoch
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimiser, lambda s: 0.5 * (1 + math.cos(math.pi * min(s, total) / total))
+    )
+    generator = torch.Generator().manual_seed(seed)
+    model.train()
+    for epoch in range(1, epochs + 1):
+        hooks.check()
+        order = torch.randperm(n, generator=generator)
+        running = 0.0
+        for step in range(steps_per_epoch):
+            idx = order[step * batch : (step + 1) * batch]
+            loss = loss_fn(idx, model)
+            if not torch.isfinite(loss):
+                raise FloatingPointError(f"loss became {loss.item()} at epoch {epoch}")
+            optimiser.zero_grad(set_to_none=True)
+            loss.backward()
+            optimiser.step()
+            schedule.step()
+            running += loss.item()
+        hooks.report(epoch, epochs, running / steps_per_epoch)
+    return model
