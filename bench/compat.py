@@ -61,6 +61,7 @@ CURV = 1.0
 METRICS = ("cmc1", "map")
 P_UP_FLOOR = -0.01
 RESULTS = REPO_ROOT / "bench/results/compat.json"
+OLD_HEAD_SEED = 1000
 SECTION = "bench.compat"
 
 
@@ -86,6 +87,8 @@ BASE_GRID = [{"hidden_dim": h, "base_temperature": t} for h in (0, 1024) for t i
 LIFT_SCALES = (0.1, 0.3, 1.0)
 COMPAT_WEIGHTS = (0.3, 1.0, 3.0)
 OLD_PROTO_WEIGHTS = (0.0, 3.0)
+# HBCT's ablation rows (paper loss, each uncertainty source, raw RINCE) run where the bar is set.
+ABLATION_SCENARIOS = ("new-architecture", "external")
 
 
 @dataclass
@@ -147,7 +150,10 @@ def old_points_for(
         _dense(split.labels[items]),
         CURV,
         {**COMMON, **base},
-        seed=0,
+        # Not one of the method seeds: a new head initialised like the old one starts out
+        # compatible by accident (measured: one seed's independent head reached new→old CMC@1
+        # 0.66 in extended-data), which would flatter every method.
+        seed=OLD_HEAD_SEED,
     )
     return old_head.embed(old_features)
 
@@ -185,9 +191,10 @@ def _p(result: dict, old_old: dict, ind_ind: dict) -> tuple[dict, dict]:
 
 
 def _selection_score(result: dict, old_old: dict, ind_ind: dict) -> tuple[bool, float]:
-    """(P_up ≥ floor on both metrics, mean P_com): feasible settings first, then by P_com."""
+    """(mean P_up over CMC@1 and mAP ≥ floor, mean P_com): feasible settings first, then by
+    P_com."""
     pc, pu = _p(result, old_old, ind_ind)
-    return (min(pu.values()) >= P_UP_FLOOR, float(np.mean(list(pc.values()))))
+    return (float(np.mean(list(pu.values()))) >= P_UP_FLOOR, float(np.mean(list(pc.values()))))
 
 
 def _log(msg: str) -> None:
@@ -268,17 +275,24 @@ def select_settings(scenario: Scenario, split: Split) -> dict[str, Any]:
     return {"base": base, "lift_scale": lift_scale, "methods": chosen, "trials": trials}
 
 
-def method_rows(chosen: dict[str, dict[str, Any]]) -> list[tuple[str, str, dict[str, Any]]]:
-    """(row name, method, params): the methods plus HBCT's ablations at HBCT's settings."""
+def method_rows(
+    chosen: dict[str, dict[str, Any]], ablations: bool
+) -> list[tuple[str, str, dict[str, Any]]]:
+    """(row name, method, params): every method, plus (``ablations``) HBCT's variants at HBCT's
+    settings."""
     hbct = chosen["hbct"]
-    rows = [(m, m, chosen[m]) for m in ("independent", "hbct")]
-    rows += [
+    rows = [
+        ("independent", "independent", chosen["independent"]),
+        ("hbct", "hbct", hbct),
         ("hbct-noentail", "hbct-noentail", hbct),
-        ("hbct (paper: no old-prototype term)", "hbct", {**hbct, "old_proto_weight": 0.0}),
-        ("hbct (q: norm)", "hbct", {**hbct, "uncertainty": "norm"}),
-        ("hbct (q: none = InfoNCE)", "hbct", {**hbct, "uncertainty": "none"}),
-        ("hbct (raw RINCE, no row normalisation)", "hbct", {**hbct, "rince_normalise_rows": False}),
     ]
+    if ablations:
+        rows += [
+            ("hbct (paper: no old-prototype term)", "hbct", {**hbct, "old_proto_weight": 0.0}),
+            ("hbct (q: norm)", "hbct", {**hbct, "uncertainty": "norm"}),
+            ("hbct (q: none = InfoNCE)", "hbct", {**hbct, "uncertainty": "none"}),
+            ("hbct (raw RINCE)", "hbct", {**hbct, "rince_normalise_rows": False}),
+        ]
     rows += [
         (m, m, chosen[m])
         for m in ("l2", "bct", "contrastive", "procrustes", "affine", "mlp-adapter")
@@ -326,7 +340,7 @@ def run_scenario(scenario: Scenario, split: Split, seeds: list[int], quick: bool
         ]
     else:
         selection = select_settings(scenario, split)
-        rows = method_rows(selection["methods"])
+        rows = method_rows(selection["methods"], ablations=scenario.name in ABLATION_SCENARIOS)
     old_points = old_points_for(scenario, split, selection["base"], selection["lift_scale"])
     new = split.features[scenario.new_backbone]
     ev, tr = split.evaluation, split.train
@@ -431,6 +445,31 @@ def render_markdown(payload: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def write_outputs(payload: dict[str, Any], out: Path, markdown: bool) -> Path:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(payload, indent=1))
+    if markdown:
+        quick = payload["quick"]
+        title = "Backward compatibility (`bench.compat`" + (", quick)" if quick else ")")
+        replace_section(SECTION + (".quick" if quick else ""), title, render_markdown(payload))
+    return out
+
+
+def merge_runs(paths: list[Path], out: Path, markdown: bool) -> Path:
+    """One payload from several: scenarios in the benchmark's order, elapsed times summed."""
+    payloads = [json.loads(p.read_text()) for p in paths]
+    by_name = {sc["scenario"]["name"]: sc for p in payloads for sc in p["scenarios"]}
+    order = [s.name for s in SCENARIOS if s.name in by_name]
+    merged = {
+        **payloads[0],
+        "command": "python -m bench.compat",
+        "elapsed_minutes": sum(p["elapsed_minutes"] for p in payloads),
+        "scenarios": [by_name[n] for n in order],
+    }
+    print(write_outputs(merged, out, markdown))
+    return out
+
+
 def main(argv: list[str] | None = None) -> Path:
     parser = argparse.ArgumentParser(description="HBCT vs baselines on WordNet nouns")
     parser.add_argument("--quick", action="store_true", help="≤ 2 minutes: external scenario only")
@@ -439,7 +478,17 @@ def main(argv: list[str] | None = None) -> Path:
     parser.add_argument("--out", type=Path, default=None, help="JSON path")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--no-markdown", action="store_true", help="do not touch BENCHMARKS.md")
+    parser.add_argument(
+        "--merge",
+        nargs="+",
+        type=Path,
+        default=None,
+        help="combine the scenarios of JSON files from earlier runs (e.g. parallel --scenarios "
+        "runs) into one JSON file and table, training nothing",
+    )
     args = parser.parse_args(argv)
+    if args.merge:
+        return merge_runs(args.merge, args.out or RESULTS, markdown=not args.no_markdown)
     torch.set_num_threads(args.threads)
     started = time.time()
     split = load_split()
@@ -469,12 +518,7 @@ def main(argv: list[str] | None = None) -> Path:
         "scenarios": scenarios,
     }
     out = args.out or (RESULTS.with_name("compat-quick.json") if args.quick else RESULTS)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(payload, indent=1))
-    if not args.no_markdown:
-        title = "Backward compatibility (`bench.compat`" + (", quick)" if args.quick else ")")
-        replace_section(SECTION + (".quick" if args.quick else ""), title, render_markdown(payload))
-    print(out)
+    print(write_outputs(payload, out, markdown=not args.no_markdown))
     return out
 
 

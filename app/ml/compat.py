@@ -68,7 +68,7 @@ class CompatParams:
     rince_lambda: float = 0.01
     rince_normalise_rows: bool = True
     q_min: float = 0.0
-    uncertainty: str = "norm"
+    uncertainty: str = "auto"
     knn_k: int = 10
     cone_min_radius: float = 0.1
     old_proto_weight: float = 0.0

@@ -5,6 +5,7 @@
 - ``knn`` (calibrated): the fraction of the item's k nearest old neighbours that carry another
   label — directly the old model's local error rate around the item. Needs labels.
 - ``none``: zero everywhere, so RINCE reduces to plain InfoNCE.
+- ``auto``: ``knn`` when labels are given, ``norm`` otherwise.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from app.ml.lorentz import uncertainty as norm_uncertainty
 from app.ml.metrics import ranked_neighbours
 
 UncertaintySource = Literal["norm", "knn", "none"]
-UNCERTAINTY_SOURCES: tuple[str, ...] = ("norm", "knn", "none")
+UNCERTAINTY_SOURCES: tuple[str, ...] = ("auto", "norm", "knn", "none")
 DEFAULT_KNN_K = 10
 
 
@@ -43,6 +44,8 @@ def old_uncertainty(
     k: int = DEFAULT_KNN_K,
 ) -> Tensor:
     """Per-item uncertainty in [0, 1] of the old embeddings, by ``source``."""
+    if source == "auto":
+        source = "norm" if labels is None else "knn"
     if source == "norm":
         return norm_uncertainty(old_points, curv)
     if source == "knn":
