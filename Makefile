@@ -31,5 +31,7 @@ data: $(STAMP)
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache
 
-serve:
-	@echo "make serve: the HTTP service is not built yet (see the service issue)." >&2; exit 1
+# Embedded defaults: SQLite and index files under ./data, in-process job runner, no Redis or
+# PostgreSQL. The first start creates an API key, prints it and keeps it in data/api_key.
+serve: $(STAMP)
+	$(BIN)/nobackfill serve

@@ -1,0 +1,94 @@
+"""Tenants and API keys: create, resolve, and the local key of the embedded mode."""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from app.auth.models import ApiKey, Tenant
+from app.core.db import Database, new_id
+from app.core.security import display_prefix, generate_api_key, hash_api_key
+from app.core.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class CreatedKey:
+    tenant_id: str
+    tenant_name: str
+    key: str
+
+
+def get_or_create_tenant(session: Session, name: str) -> Tenant:
+    tenant = session.scalar(select(Tenant).where(Tenant.name == name))
+    if tenant is None:
+        tenant = Tenant(id=new_id("ten"), name=name)
+        session.add(tenant)
+        session.flush()
+    return tenant
+
+
+def add_key(session: Session, tenant: Tenant, key: str, name: str = "") -> ApiKey:
+    """Register ``key`` for ``tenant`` (idempotent for a key already registered to it)."""
+    digest = hash_api_key(key)
+    existing = session.scalar(select(ApiKey).where(ApiKey.key_hash == digest))
+    if existing is not None:
+        if existing.tenant_id != tenant.id:
+            raise ValueError("this key already belongs to another tenant")
+        return existing
+    api_key = ApiKey(
+        id=new_id("key"),
+        tenant_id=tenant.id,
+        key_hash=digest,
+        prefix=display_prefix(key),
+        name=name,
+    )
+    session.add(api_key)
+    session.flush()
+    return api_key
+
+
+def create_key(session: Session, tenant_name: str, key_name: str = "") -> CreatedKey:
+    tenant = get_or_create_tenant(session, tenant_name)
+    key = generate_api_key()
+    add_key(session, tenant, key, key_name)
+    return CreatedKey(tenant.id, tenant.name, key)
+
+
+def tenant_for_key(session: Session, key: str) -> str | None:
+    """The tenant id of a valid, unrevoked key, else ``None``."""
+    return session.scalar(
+        select(ApiKey.tenant_id).where(
+            ApiKey.key_hash == hash_api_key(key), ApiKey.revoked_at.is_(None)
+        )
+    )
+
+
+def ensure_local_key(db: Database, settings: Settings) -> str | None:
+    """The embedded mode's key: ``NOBACKFILL_BOOTSTRAP_KEY`` if set, else the key stored in
+    ``<data_dir>/api_key`` (created on first start, mode 0600). Returns the key to print, or
+    ``None`` when neither applies (compose: keys come from the CLI)."""
+    if settings.bootstrap_key:
+        key = settings.bootstrap_key
+    elif settings.local_key:
+        path = settings.local_key_file
+        if path.exists():
+            key = path.read_text(encoding="utf-8").strip()
+        else:
+            key = generate_api_key()
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                fh.write(key + "\n")
+            log.info("created the local API key in %s", path)
+    else:
+        return None
+    with db.session() as session:
+        tenant = get_or_create_tenant(session, settings.local_tenant)
+        add_key(session, tenant, key, "local")
+    return key

@@ -1,0 +1,22 @@
+"""Imports every ORM module so ``Base.metadata`` is complete (Alembic and tests use it)."""
+
+from app.auth.models import ApiKey, Tenant
+from app.core.db import Base
+from app.core.idempotency import IdempotencyRecord
+from app.datasets.models import Dataset, DatasetItem
+from app.galleries.models import Gallery, GalleryVector
+from app.models.models import TrainedModel
+from app.upgrades.models import UpgradeJob
+
+__all__ = [
+    "ApiKey",
+    "Base",
+    "Dataset",
+    "DatasetItem",
+    "Gallery",
+    "GalleryVector",
+    "IdempotencyRecord",
+    "Tenant",
+    "TrainedModel",
+    "UpgradeJob",
+]

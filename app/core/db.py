@@ -1,0 +1,149 @@
+"""Database: declarative base, engine factory (never at import time), sessions, migrations."""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, ClassVar
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    DateTime,
+    Engine,
+    Integer,
+    MetaData,
+    TypeDecorator,
+    create_engine,
+    event,
+)
+from sqlalchemy.orm import DeclarativeBase, Session, sessionmaker
+
+from app.core.settings import Settings
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+# Constraint names fixed by convention so that Alembic batch mode can find them on SQLite.
+NAMING_CONVENTION = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+# SQLite only turns an INTEGER PRIMARY KEY into an auto-incrementing rowid.
+BigIntPK = BigInteger().with_variant(Integer(), "sqlite")
+
+
+def as_utc(moment: datetime) -> datetime:
+    """SQLite hands back naive datetimes (stored as UTC); PostgreSQL aware ones."""
+    return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """Timezone-aware UTC on the way in and out (SQLite stores and returns naive values)."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Any) -> datetime | None:
+        return None if value is None else as_utc(value)
+
+    def process_result_value(self, value: datetime | None, dialect: Any) -> datetime | None:
+        return None if value is None else as_utc(value)
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+    type_annotation_map: ClassVar[dict[Any, Any]] = {
+        dict[str, Any]: JSON,
+        datetime: UTCDateTime(),
+    }
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def new_id(prefix: str) -> str:
+    """Time-ordered opaque id: ``<prefix>_<ms since epoch, hex><80 random bits>``; sorting by id
+    sorts by creation, which is what cursor pagination walks."""
+    return f"{prefix}_{int(time.time() * 1000):012x}{secrets.token_hex(10)}"
+
+
+def _sqlite_pragmas(busy_timeout_ms: int):
+    def on_connect(dbapi_connection: Any, _record: Any) -> None:
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute(f"PRAGMA busy_timeout={int(busy_timeout_ms)}")
+        # FULL: a commit is on disk before it returns, so an acknowledged write survives even a
+        # power loss (NORMAL in WAL mode survives a killed process but may lose the last commits).
+        cursor.execute("PRAGMA synchronous=FULL")
+        cursor.close()
+
+    return on_connect
+
+
+def make_engine(url: str, settings: Settings) -> Engine:
+    """Engine for ``url``; SQLite gets foreign keys, WAL and a busy timeout on every connection."""
+    if url.startswith("sqlite"):
+        path = url.split("///", 1)[-1]
+        if path and path != ":memory:":
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
+        event.listen(engine, "connect", _sqlite_pragmas(settings.sqlite_busy_timeout_ms))
+        return engine
+    return create_engine(url, pool_pre_ping=True)
+
+
+class Database:
+    """An engine and its session factory, built from settings (in the lifespan or a worker)."""
+
+    def __init__(self, settings: Settings, url: str | None = None) -> None:
+        # Every mapped class must be known before the first flush resolves foreign keys (a
+        # worker process imports only the modules its task needs).
+        import app.core.all_models  # noqa: F401
+
+        self.url = url or settings.resolved_database_url
+        self.engine = make_engine(self.url, settings)
+        self.sessions = sessionmaker(self.engine, expire_on_commit=False)
+
+    @property
+    def is_sqlite(self) -> bool:
+        return self.engine.dialect.name == "sqlite"
+
+    @contextmanager
+    def session(self) -> Iterator[Session]:
+        """A session that commits on success and rolls back on error."""
+        with self.sessions() as session:
+            try:
+                yield session
+                session.commit()
+            except BaseException:
+                session.rollback()
+                raise
+
+    def dispose(self) -> None:
+        self.engine.dispose()
+
+
+def alembic_config(url: str):
+    from alembic.config import Config
+
+    config = Config(str(REPO_ROOT / "alembic.ini"))
+    config.set_main_option("script_location", str(REPO_ROOT / "migrations"))
+    config.attributes["database_url"] = url
+    return config
+
+
+def migrate(url: str, revision: str = "head") -> None:
+    """``alembic upgrade <revision>`` against ``url`` (the API runs it at start when configured)."""
+    from alembic import command
+
+    command.upgrade(alembic_config(url), revision)

@@ -1,0 +1,94 @@
+"""Request dependencies: service state, database session, tenant, Idempotency-Key."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Annotated
+
+from fastapi import Depends, Header, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from sqlalchemy.orm import Session
+
+from app.core.db import Database
+from app.core.errors import Problem
+from app.core.idempotency import IdempotencyRequest
+from app.core.settings import Settings
+
+if TYPE_CHECKING:
+    from app.jobs.runner import JobRunner
+    from app.models.service import ModelCache
+    from app.search.store import IndexStore
+
+
+@dataclass
+class ServiceState:
+    """Everything the lifespan builds once and every request shares."""
+
+    settings: Settings
+    db: Database
+    indexes: IndexStore
+    models: ModelCache
+    runner: JobRunner
+
+
+def get_state(request: Request) -> ServiceState:
+    return request.app.state.service
+
+
+StateDep = Annotated[ServiceState, Depends(get_state)]
+
+
+def get_session(state: StateDep) -> Iterator[Session]:
+    """One session per request; services commit explicitly, anything left is rolled back."""
+    with state.db.sessions() as session:
+        try:
+            yield session
+        finally:
+            session.rollback()
+
+
+SessionDep = Annotated[Session, Depends(get_session)]
+
+_bearer = HTTPBearer(auto_error=False, description="an API key: `Authorization: Bearer <key>`")
+
+
+def get_tenant_id(
+    session: SessionDep,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+) -> str:
+    from app.auth.service import tenant_for_key
+
+    unauthorized = {"WWW-Authenticate": "Bearer"}
+    if credentials is None or credentials.scheme.lower() != "bearer":
+        raise Problem(
+            401,
+            "Unauthorized",
+            "send an API key as `Authorization: Bearer <key>`",
+            headers=unauthorized,
+        )
+    tenant_id = tenant_for_key(session, credentials.credentials)
+    if tenant_id is None:
+        raise Problem(401, "Unauthorized", "unknown or revoked API key", headers=unauthorized)
+    return tenant_id
+
+
+TenantDep = Annotated[str, Depends(get_tenant_id)]
+
+
+async def get_idempotency(
+    request: Request,
+    idempotency_key: Annotated[
+        str | None,
+        Header(
+            alias="Idempotency-Key",
+            description="retrying with the same key and body replays the first response",
+            max_length=255,
+        ),
+    ] = None,
+) -> IdempotencyRequest | None:
+    body = await request.body() if idempotency_key is not None else b""
+    return IdempotencyRequest.from_parts(idempotency_key, request.method, request.url.path, body)
+
+
+IdempotencyDep = Annotated[IdempotencyRequest | None, Depends(get_idempotency)]

@@ -1,0 +1,159 @@
+"""RFC 9457 problem details: one exception type for the service, handlers for the rest."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from sqlalchemy.exc import IntegrityError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+PROBLEM_JSON = "application/problem+json"
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class FieldError:
+    """One bad input: ``field`` is a JSON path into the request (``vectors[3][17]``)."""
+
+    field: str
+    message: str
+
+    def as_dict(self) -> dict[str, str]:
+        return {"field": self.field, "message": self.message}
+
+
+class Problem(Exception):
+    """An error the client can act on; rendered as application/problem+json."""
+
+    def __init__(
+        self,
+        status: int,
+        title: str,
+        detail: str,
+        *,
+        slug: str | None = None,
+        errors: list[FieldError] | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(detail)
+        self.status = status
+        self.title = title
+        self.detail = detail
+        self.slug = slug or title.lower().replace(" ", "-")
+        self.errors = errors or []
+        self.headers = headers or {}
+
+    def body(self, instance: str | None = None) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "type": f"urn:nobackfill:problem:{self.slug}",
+            "title": self.title,
+            "status": self.status,
+            "detail": self.detail,
+        }
+        if instance:
+            body["instance"] = instance
+        if self.errors:
+            body["errors"] = [e.as_dict() for e in self.errors]
+        return body
+
+
+def invalid(field: str, message: str, *, status: int = 422) -> Problem:
+    """A single bad field (most validation failures)."""
+    return Problem(
+        status, "Invalid request", f"{field}: {message}", errors=[FieldError(field, message)]
+    )
+
+
+def invalid_fields(errors: list[FieldError], *, status: int = 422) -> Problem:
+    detail = "; ".join(f"{e.field}: {e.message}" for e in errors[:5])
+    if len(errors) > 5:
+        detail += f"; and {len(errors) - 5} more"
+    return Problem(status, "Invalid request", detail, errors=errors)
+
+
+def not_found(kind: str, resource_id: str) -> Problem:
+    return Problem(404, "Not found", f"{kind} {resource_id!r} does not exist")
+
+
+def conflict(detail: str) -> Problem:
+    return Problem(409, "Conflict", detail)
+
+
+def problem_response(problem: Problem, request: Request | None = None) -> JSONResponse:
+    instance = request.url.path if request is not None else None
+    return JSONResponse(
+        problem.body(instance),
+        status_code=problem.status,
+        media_type=PROBLEM_JSON,
+        headers=problem.headers,
+    )
+
+
+def _loc_to_field(loc: tuple[Any, ...]) -> str:
+    parts = list(loc)
+    if parts and parts[0] in ("body", "query", "path", "header"):
+        parts = parts[1:]
+    field = ""
+    for part in parts:
+        if isinstance(part, int):
+            field += f"[{part}]"
+        else:
+            field += f".{part}" if field else str(part)
+    return field or "body"
+
+
+def validation_problem(raw_errors: list[dict[str, Any]]) -> Problem:
+    """Pydantic errors → one 422 naming each field (at most 50: a 10,000-row upload must not
+    echo every bad element)."""
+    errors = []
+    for err in raw_errors[:50]:
+        if err.get("type") == "json_invalid":
+            errors.append(FieldError("body", f"malformed JSON: {err.get('msg', '')}"))
+        else:
+            field = _loc_to_field(tuple(err.get("loc", ())))
+            errors.append(FieldError(field, str(err.get("msg", "invalid"))))
+    return invalid_fields(errors or [FieldError("body", "invalid request")])
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(Problem)
+    async def _problem(request: Request, exc: Problem) -> JSONResponse:
+        return problem_response(exc, request)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return problem_response(validation_problem(list(exc.errors())), request)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        titles = {
+            401: "Unauthorized",
+            404: "Not found",
+            405: "Method not allowed",
+            413: "Request too large",
+        }
+        problem = Problem(
+            exc.status_code,
+            titles.get(exc.status_code, "HTTP error"),
+            str(exc.detail),
+            headers=dict(exc.headers or {}),
+        )
+        return problem_response(problem, request)
+
+    @app.exception_handler(IntegrityError)
+    async def _integrity(request: Request, exc: IntegrityError) -> JSONResponse:
+        # Two concurrent requests raced for the same unique name, id or Idempotency-Key.
+        log.info("integrity error on %s %s: %s", request.method, request.url.path, exc.orig)
+        problem = conflict("the request conflicts with a concurrent change; retry it")
+        return problem_response(problem, request)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error on %s %s", request.method, request.url.path)
+        problem = Problem(500, "Internal error", "the server failed; the error was logged")
+        return problem_response(problem, request)

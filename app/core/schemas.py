@@ -1,0 +1,54 @@
+"""Pydantic pieces shared by the domain schemas."""
+
+from __future__ import annotations
+
+import unicodedata
+from typing import Annotated, Any
+
+from fastapi import Query
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+
+
+def _check_name(value: str) -> str:
+    if value != value.strip():
+        raise ValueError("must not start or end with whitespace")
+    if any(unicodedata.category(ch) in ("Cc", "Cf", "Cs") for ch in value):
+        raise ValueError("control and format characters are not allowed")
+    if "/" in value or "\\" in value or value in (".", ".."):
+        raise ValueError("slashes and '.'/'..' are not allowed")
+    return value
+
+
+# A user-facing name: printable, no path separators (names never become file paths anyway).
+Name = Annotated[str, Field(min_length=1, max_length=128), AfterValidator(_check_name)]
+ModalityName = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")]
+Matrix = list[list[float]]
+PageTokenQuery = Annotated[
+    str | None, Query(max_length=128, description="next_page_token of the previous page")
+]
+LimitQuery = Annotated[int, Query(ge=1, description="page size (capped by max_page_size)")]
+
+
+class StrictModel(BaseModel):
+    """Request bodies refuse unknown fields: a typo is an error, not silently ignored."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class Page(BaseModel):
+    next_page_token: str | None = Field(
+        default=None, description="pass as `page_token` for the next page; absent on the last"
+    )
+
+
+def openapi_body(*models: type[BaseModel], multipart: dict[str, Any] | None = None) -> dict:
+    """``openapi_extra`` for endpoints that parse their body themselves (JSON or multipart)."""
+    content: dict[str, Any] = {}
+    for model in models:
+        schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
+        if "$defs" in schema:
+            raise ValueError(f"{model.__name__}: nested models are not supported here")
+        content["application/json"] = {"schema": schema}
+    if multipart is not None:
+        content["multipart/form-data"] = {"schema": multipart}
+    return {"requestBody": {"required": True, "content": content}}

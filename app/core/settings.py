@@ -1,0 +1,112 @@
+"""Service settings: one ``BaseSettings`` read from ``NOBACKFILL_*`` variables (and ``.env``)."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+JobRunnerName = Literal["thread", "inline", "celery"]
+IndexKind = Literal["flat", "ivf", "hnsw"]
+
+
+class Settings(BaseSettings):
+    """Every knob of the service. Defaults are the embedded mode: SQLite under ``data_dir``,
+    in-process thread runner, local FAISS, a local API key created on first start."""
+
+    # An empty variable counts as unset (compose passes `${NOBACKFILL_BOOTSTRAP_KEY:-}` through).
+    model_config = SettingsConfigDict(
+        env_prefix="NOBACKFILL_", env_file=".env", extra="ignore", env_ignore_empty=True
+    )
+
+    # Storage.
+    data_dir: Path = Path("data")
+    database_url: str | None = Field(
+        default=None, description="SQLAlchemy URL; default sqlite:///<data_dir>/nobackfill.db"
+    )
+    auto_migrate: bool = Field(
+        default=True, description="run `alembic upgrade head` when the API starts"
+    )
+    sqlite_busy_timeout_ms: int = Field(default=30_000, ge=0)
+
+    # HTTP.
+    host: str = "127.0.0.1"
+    port: int = Field(default=8000, ge=1, le=65535)
+    log_level: str = "info"
+
+    # Auth.
+    bootstrap_key: str | None = Field(
+        default=None, min_length=16, description="API key of the local tenant (scripts, CI)"
+    )
+    local_key: bool = Field(
+        default=True,
+        description="create, store (<data_dir>/api_key) and print a local key when none is set",
+    )
+    local_tenant: str = "local"
+
+    # Jobs.
+    job_runner: JobRunnerName = "thread"
+    job_threads: int = Field(default=1, ge=1, le=64)
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    celery_queue: str = "nobackfill"
+    job_max_attempts: int = Field(default=3, ge=1, le=100)
+    job_heartbeat_s: float = Field(default=10.0, gt=0)
+    job_stale_after_s: float = Field(default=120.0, gt=0)
+    job_sweep_interval_s: float = Field(default=30.0, gt=0)
+    job_visibility_timeout_s: int = Field(default=6 * 3600, ge=60)
+
+    # Limits (documented in the README; every one answers a clear 4xx when exceeded).
+    max_request_bytes: int = Field(default=64 * 1024 * 1024, ge=1024)
+    max_vectors_per_request: int = Field(default=10_000, ge=1)
+    max_dim: int = Field(default=4096, ge=1)
+    max_k: int = Field(default=1000, ge=1)
+    max_galleries_per_tenant: int = Field(default=100, ge=1)
+    max_datasets_per_tenant: int = Field(default=100, ge=1)
+    max_page_size: int = Field(default=200, ge=1)
+    max_id_length: int = Field(default=256, ge=1)
+
+    # Index and search.
+    default_index_kind: IndexKind = "flat"
+    search_overfetch: int = Field(
+        default=4, ge=1, description="FAISS candidates per requested neighbour before re-rank"
+    )
+    search_min_candidates: int = Field(default=64, ge=1)
+    max_radius: float = Field(
+        default=6.0,
+        gt=0,
+        description="largest hyperbolic radius of a stored point (float32 search degrades beyond)",
+    )
+    use_gpu: Literal["auto", "never"] = "auto"
+    model_cache_size: int = Field(default=8, ge=1)
+
+    @model_validator(mode="after")
+    def _stale_after_heartbeat(self) -> Settings:
+        if self.job_stale_after_s <= 2 * self.job_heartbeat_s:
+            raise ValueError("job_stale_after_s must exceed twice job_heartbeat_s")
+        return self
+
+    @property
+    def resolved_database_url(self) -> str:
+        if self.database_url:
+            return self.database_url
+        return f"sqlite:///{(self.data_dir / 'nobackfill.db').resolve()}"
+
+    @property
+    def artifact_dir(self) -> Path:
+        return self.data_dir / "artifacts"
+
+    @property
+    def index_dir(self) -> Path:
+        return self.data_dir / "indexes"
+
+    @property
+    def local_key_file(self) -> Path:
+        return self.data_dir / "api_key"
+
+
+@lru_cache
+def get_settings() -> Settings:
+    return Settings()

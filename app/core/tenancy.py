@@ -1,0 +1,59 @@
+"""Every resource belongs to one tenant: lookups, per-tenant limits, names, list pages."""
+
+from __future__ import annotations
+
+from typing import Any, TypeVar
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from app.core.errors import Problem, conflict, not_found
+from app.core.pagination import paginate
+
+T = TypeVar("T")
+
+
+def get_owned(session: Session, model: type[T], tenant_id: str, resource_id: str, kind: str) -> T:
+    """The tenant's resource; another tenant's answers exactly like a missing one (404)."""
+    row = session.scalar(
+        select(model).where(model.id == resource_id, model.tenant_id == tenant_id)  # type: ignore[attr-defined]
+    )
+    if row is None:
+        raise not_found(kind, resource_id)
+    return row
+
+
+def check_tenant_limit(
+    session: Session, model: type, tenant_id: str, limit: int, what: str, setting: str
+) -> None:
+    count = session.scalar(select(func.count()).where(model.tenant_id == tenant_id)) or 0
+    if count >= limit:
+        raise Problem(
+            403,
+            "Limit reached",
+            f"this tenant has {count} {what}, the limit is {limit} (NOBACKFILL_{setting.upper()})",
+            slug="limit-reached",
+        )
+
+
+def check_name_free(session: Session, model: type, tenant_id: str, name: str) -> None:
+    taken = session.scalar(select(model.id).where(model.tenant_id == tenant_id, model.name == name))
+    if taken is not None:
+        raise conflict(f"name {name!r} is already used by {taken}")
+
+
+def tenant_page(
+    session: Session,
+    model: type,
+    tenant_id: str,
+    page_token: str | None,
+    limit: int,
+    max_page_size: int,
+) -> tuple[list[Any], str | None]:
+    return paginate(
+        session,
+        select(model).where(model.tenant_id == tenant_id),
+        model.id,
+        page_token,
+        min(limit, max_page_size),
+    )

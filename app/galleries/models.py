@@ -1,0 +1,58 @@
+"""Galleries (one embedding space each) and their stored vectors — the truth the index mirrors."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import JSON, ForeignKey, LargeBinary, String, Text, UniqueConstraint
+from sqlalchemy.orm import Mapped, mapped_column
+
+from app.core.db import Base, BigIntPK, utcnow
+
+
+class Gallery(Base):
+    """An external gallery (``model_name``, Euclidean ``dim``, ``metric`` and the fixed lift into
+    the Lorentz frame) or a model-bound one (``bound_model_id``, ``modality``; ``dim`` is then the
+    model's output dimension and vectors are already space components)."""
+
+    __tablename__ = "galleries"
+    __table_args__ = (UniqueConstraint("tenant_id", "name"),)
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"), index=True)
+    name: Mapped[str] = mapped_column(String(128))
+    dim: Mapped[int]
+    model_name: Mapped[str | None] = mapped_column(String(256))
+    metric: Mapped[str | None] = mapped_column(String(16))
+    lift_curv: Mapped[float]
+    lift_scale: Mapped[float | None]
+    bound_model_id: Mapped[str | None] = mapped_column(
+        ForeignKey("models.id", ondelete="RESTRICT"), index=True
+    )
+    modality: Mapped[str | None] = mapped_column(String(64))
+    index_kind: Mapped[str] = mapped_column(String(16), default="flat")
+    index_params: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    count: Mapped[int] = mapped_column(default=0)
+    # Bumped in the same transaction as every change of the vectors; the persisted index file
+    # carries the version it reflects, so a stale file is detected and rebuilt.
+    index_version: Mapped[int] = mapped_column(default=0)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
+
+
+class GalleryVector(Base):
+    """One stored vector; its primary key is also its FAISS id."""
+
+    __tablename__ = "gallery_vectors"
+    __table_args__ = (UniqueConstraint("gallery_id", "item_id"),)
+
+    id: Mapped[int] = mapped_column(BigIntPK, primary_key=True, autoincrement=True)
+    gallery_id: Mapped[str] = mapped_column(ForeignKey("galleries.id", ondelete="CASCADE"))
+    item_id: Mapped[str] = mapped_column(String(256))
+    # float32 little-endian: the Euclidean vector as uploaded (external galleries) or the
+    # model's space components (model-bound galleries).
+    vector: Mapped[bytes] = mapped_column(LargeBinary)
+    label: Mapped[str | None] = mapped_column(Text)
+    item_metadata: Mapped[dict[str, Any] | None] = mapped_column("metadata", JSON)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)

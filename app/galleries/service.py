@@ -1,0 +1,398 @@
+"""Galleries and their vectors: validation, all-or-nothing upserts, and the index kept in step.
+
+Order of a write: validate everything → one transaction (rows, count, ``index_version`` bump) →
+commit → patch and save the index. The commit is the acknowledgement; a crash after it leaves an
+index file for an older version, which the next start (or the next search) rebuilds.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from sqlalchemy import delete, insert, select, update
+from sqlalchemy.orm import Session
+
+from app.core.arrays import as_matrix, check_batch_size, check_count, check_ids, check_labels
+from app.core.db import new_id, utcnow
+from app.core.errors import FieldError, conflict, invalid, invalid_fields, not_found
+from app.core.settings import Settings
+from app.core.tenancy import check_name_free, check_tenant_limit, get_owned
+from app.galleries.models import Gallery, GalleryVector
+from app.galleries.schemas import GalleryCreate
+from app.ml.space import DEFAULT_CURVATURE, DEFAULT_LIFT_SCALE, EuclideanLift
+from app.models.models import TrainedModel
+from app.models.service import ModelCache, embed_features, get_model, resolve_modality
+from app.search.index import validate_index_params
+from app.search.store import IndexSpec, IndexStore
+
+log = logging.getLogger(__name__)
+# Bound on the number of SQL parameters in one IN (…) list (SQLite's limit is far above this).
+IN_CHUNK = 500
+
+
+@dataclass(frozen=True)
+class VectorBatch:
+    """An upsert after parsing (lists from JSON, arrays from ``.npy``), before validation."""
+
+    ids: Sequence[Any]
+    matrix: Any
+    matrix_field: str
+    labels: Sequence[Any] | None
+    metadata: Sequence[Any] | None
+
+
+def lift_of(gallery: Gallery) -> EuclideanLift:
+    return EuclideanLift(curv=gallery.lift_curv, scale=gallery.lift_scale, metric=gallery.metric)
+
+
+def index_spec(gallery: Gallery) -> IndexSpec:
+    return IndexSpec(
+        gallery_id=gallery.id,
+        version=gallery.index_version,
+        dim=gallery.dim,
+        curv=gallery.lift_curv,
+        kind=gallery.index_kind,
+        params=dict(gallery.index_params),
+    )
+
+
+def lifted_points(gallery: Gallery, stored: np.ndarray) -> np.ndarray:
+    """Space components of stored vectors: the lift for external galleries, as-is otherwise."""
+    if gallery.bound_model_id is not None:
+        return stored
+    x = torch.tensor(stored, dtype=torch.float64)
+    return lift_of(gallery)(x).numpy().astype(np.float32)
+
+
+def radius(points: np.ndarray, curv: float) -> np.ndarray:
+    norms = np.linalg.norm(points.astype(np.float64), axis=1)
+    return np.arcsinh(np.sqrt(curv) * norms) / np.sqrt(curv)
+
+
+def get_gallery(session: Session, tenant_id: str, gallery_id: str) -> Gallery:
+    return get_owned(session, Gallery, tenant_id, gallery_id, "gallery")
+
+
+def create_gallery(
+    session: Session, settings: Settings, tenant_id: str, request: GalleryCreate
+) -> Gallery:
+    check_tenant_limit(
+        session,
+        Gallery,
+        tenant_id,
+        settings.max_galleries_per_tenant,
+        "galleries",
+        "max_galleries_per_tenant",
+    )
+    check_name_free(session, Gallery, tenant_id, request.name)
+    kind = request.index or settings.default_index_kind
+    try:
+        params = validate_index_params(kind, request.index_params or {})
+    except ValueError as exc:
+        raise invalid("index_params", str(exc)) from exc
+    gallery = Gallery(
+        id=new_id("gal"),
+        tenant_id=tenant_id,
+        name=request.name,
+        index_kind=kind,
+        index_params=params,
+    )
+    if request.model_id is None:
+        if request.dim > settings.max_dim:
+            raise invalid("dim", f"exceeds the limit of {settings.max_dim}")
+        scale = request.lift_scale or DEFAULT_LIFT_SCALE
+        curv = request.curv or DEFAULT_CURVATURE
+        if request.metric == "cosine" and scale > settings.max_radius:
+            raise invalid(
+                "lift_scale", f"lifted vectors would lie beyond radius {settings.max_radius}"
+            )
+        gallery.dim, gallery.model_name, gallery.metric = (
+            request.dim,
+            request.model_name,
+            request.metric,
+        )
+        gallery.lift_scale, gallery.lift_curv = scale, curv
+    else:
+        row = get_model(session, tenant_id, request.model_id)
+        gallery.bound_model_id = row.id
+        gallery.modality = resolve_modality(row, request.modality)
+        gallery.dim, gallery.lift_curv = row.output_dim, row.curv
+    session.add(gallery)
+    return gallery
+
+
+def gallery_out(session: Session, gallery: Gallery) -> dict[str, Any]:
+    input_dim = None
+    if gallery.bound_model_id is not None:
+        row = session.get(TrainedModel, gallery.bound_model_id)
+        input_dim = int(row.input_dims[gallery.modality]) if row is not None else None
+    return {
+        "id": gallery.id,
+        "name": gallery.name,
+        "kind": "external" if gallery.bound_model_id is None else "model",
+        "dim": gallery.dim,
+        "model_name": gallery.model_name,
+        "metric": gallery.metric,
+        "lift": (
+            None
+            if gallery.bound_model_id is not None
+            else {"curv": gallery.lift_curv, "scale": gallery.lift_scale, "metric": gallery.metric}
+        ),
+        "model_id": gallery.bound_model_id,
+        "modality": gallery.modality,
+        "input_dim": input_dim,
+        "index": {"kind": gallery.index_kind, "params": gallery.index_params},
+        "count": gallery.count,
+        "created_at": gallery.created_at,
+        "updated_at": gallery.updated_at,
+    }
+
+
+def point_loader(session: Session, gallery: Gallery):
+    """Reads every stored vector of ``gallery`` (ids, space components) for an index rebuild."""
+
+    def load() -> tuple[np.ndarray, np.ndarray]:
+        ids: list[int] = []
+        chunks: list[bytes] = []
+        rows = session.execute(
+            select(GalleryVector.id, GalleryVector.vector)
+            .where(GalleryVector.gallery_id == gallery.id)
+            .order_by(GalleryVector.id)
+            .execution_options(yield_per=5000)
+        )
+        for row_id, vector in rows:
+            ids.append(row_id)
+            chunks.append(vector)
+        stored = np.frombuffer(b"".join(chunks), dtype="<f4").reshape(len(ids), gallery.dim)
+        return np.asarray(ids, dtype=np.int64), lifted_points(gallery, stored)
+
+    return load
+
+
+def _validate_batch(
+    session: Session, settings: Settings, cache: ModelCache, gallery: Gallery, batch: VectorBatch
+) -> tuple[list[str], np.ndarray, np.ndarray]:
+    """(ids, stored vectors, points) of a valid batch; raises 4xx naming the field otherwise."""
+    check_batch_size(len(batch.ids), "ids", settings.max_vectors_per_request)
+    ids = check_ids(batch.ids, "ids", max_length=settings.max_id_length)
+    bound = gallery.bound_model_id is not None
+    expected = "features" if bound else "vectors"
+    if batch.matrix_field != expected or batch.matrix is None:
+        kind = "model-bound (send backbone features)" if bound else "external (send vectors)"
+        raise invalid(expected, f"required: this gallery is {kind}")
+    check_count(len(batch.matrix), expected, len(ids))
+    if bound:
+        row = session.get(TrainedModel, gallery.bound_model_id)
+        points, _ = embed_features(cache, settings, row, batch.matrix, gallery.modality, expected)
+        stored = points
+    else:
+        stored = as_matrix(batch.matrix, expected, dim=gallery.dim, max_dim=settings.max_dim)
+        points = lifted_points(gallery, stored)
+    radii = radius(points, gallery.lift_curv)
+    too_far = np.nonzero(radii > settings.max_radius)[0]
+    if len(too_far):
+        raise invalid_fields(
+            [
+                FieldError(
+                    f"{expected}[{i}]",
+                    f"lies at hyperbolic radius {radii[i]:.2f} > {settings.max_radius} "
+                    "(float32 search is unreliable there; rescale the vectors)",
+                )
+                for i in too_far[:20].tolist()
+            ]
+        )
+    check_labels(batch.labels, len(ids))
+    if batch.metadata is not None:
+        check_count(len(batch.metadata), "metadata", len(ids))
+        bad = [i for i, m in enumerate(batch.metadata) if m is not None and not isinstance(m, dict)]
+        if bad:
+            raise invalid_fields(
+                [FieldError(f"metadata[{i}]", "must be an object") for i in bad[:20]]
+            )
+    return ids, stored, points
+
+
+def _existing_rows(session: Session, gallery_id: str, ids: Sequence[str]) -> dict[str, int]:
+    found: dict[str, int] = {}
+    for start in range(0, len(ids), IN_CHUNK):
+        chunk = ids[start : start + IN_CHUNK]
+        found.update(
+            (item_id, row_id)
+            for row_id, item_id in session.execute(
+                select(GalleryVector.id, GalleryVector.item_id).where(
+                    GalleryVector.gallery_id == gallery_id, GalleryVector.item_id.in_(chunk)
+                )
+            )
+        )
+    return found
+
+
+def _lock_gallery(session: Session, gallery: Gallery) -> Gallery:
+    """Re-read the gallery row under a row lock (PostgreSQL; SQLite serialises writers)."""
+    locked = session.scalar(select(Gallery).where(Gallery.id == gallery.id).with_for_update())
+    if locked is None:
+        raise not_found("gallery", gallery.id)
+    return locked
+
+
+def _refresh_index(
+    session: Session,
+    store: IndexStore,
+    gallery: Gallery,
+    previous_version: int,
+    **changes: np.ndarray,
+) -> None:
+    """Bring the index to the committed version; the data is already durable, so a failure here
+    only logs and leaves the index to be rebuilt on next use."""
+    try:
+        store.apply(
+            index_spec(gallery), previous_version, point_loader(session, gallery), **changes
+        )
+    except Exception:
+        log.exception("index update for gallery %s failed; it will be rebuilt", gallery.id)
+        store.forget(gallery.id)
+
+
+def upsert_vectors(
+    session: Session,
+    settings: Settings,
+    store: IndexStore,
+    cache: ModelCache,
+    gallery: Gallery,
+    batch: VectorBatch,
+) -> tuple[int, int]:
+    ids, stored, points = _validate_batch(session, settings, cache, gallery, batch)
+    labels = list(batch.labels) if batch.labels is not None else [None] * len(ids)
+    metadata = list(batch.metadata) if batch.metadata is not None else [None] * len(ids)
+    blobs = [np.ascontiguousarray(row, dtype="<f4").tobytes() for row in stored]
+    with store.lock(gallery.id):
+        gallery = _lock_gallery(session, gallery)
+        previous_version = gallery.index_version
+        existing = _existing_rows(session, gallery.id, ids)
+        now = utcnow()
+        updates = [
+            {"id": existing[i], "vector": b, "label": lab, "item_metadata": m, "updated_at": now}
+            for i, b, lab, m in zip(ids, blobs, labels, metadata, strict=True)
+            if i in existing
+        ]
+        inserts = [
+            {
+                "gallery_id": gallery.id,
+                "item_id": i,
+                "vector": b,
+                "label": lab,
+                "item_metadata": m,
+                "updated_at": now,
+            }
+            for i, b, lab, m in zip(ids, blobs, labels, metadata, strict=True)
+            if i not in existing
+        ]
+        if updates:
+            session.execute(update(GalleryVector), updates)
+        row_ids = dict(existing)
+        if inserts:
+            returned = session.execute(
+                insert(GalleryVector).returning(GalleryVector.id, GalleryVector.item_id), inserts
+            )
+            row_ids.update((item_id, row_id) for row_id, item_id in returned)
+        gallery.count += len(inserts)
+        gallery.index_version += 1
+        gallery.updated_at = now
+        session.commit()
+        faiss_ids = np.array([row_ids[i] for i in ids], dtype=np.int64)
+        _refresh_index(
+            session, store, gallery, previous_version, upsert_ids=faiss_ids, upsert_points=points
+        )
+    return len(ids), gallery.count
+
+
+def delete_vectors(
+    session: Session,
+    settings: Settings,
+    store: IndexStore,
+    gallery: Gallery,
+    ids: Sequence[Any],
+    missing_ok: bool,
+) -> tuple[int, int]:
+    check_batch_size(len(ids), "ids", settings.max_vectors_per_request)
+    ids = check_ids(ids, "ids", max_length=settings.max_id_length)
+    with store.lock(gallery.id):
+        gallery = _lock_gallery(session, gallery)
+        existing = _existing_rows(session, gallery.id, ids)
+        missing = [n for n, i in enumerate(ids) if i not in existing]
+        if missing and not missing_ok:
+            raise invalid_fields(
+                [FieldError(f"ids[{n}]", "not in this gallery") for n in missing[:20]]
+            )
+        if not existing:
+            return 0, gallery.count
+        previous_version = gallery.index_version
+        row_ids = list(existing.values())
+        for start in range(0, len(row_ids), IN_CHUNK):
+            session.execute(
+                delete(GalleryVector).where(GalleryVector.id.in_(row_ids[start : start + IN_CHUNK]))
+            )
+        gallery.count -= len(row_ids)
+        gallery.index_version += 1
+        gallery.updated_at = utcnow()
+        session.commit()
+        _refresh_index(
+            session, store, gallery, previous_version, remove_ids=np.array(row_ids, dtype=np.int64)
+        )
+    return len(row_ids), gallery.count
+
+
+def delete_gallery(session: Session, store: IndexStore, gallery: Gallery) -> None:
+    from app.datasets.models import Dataset
+    from app.upgrades.models import QUEUED, RUNNING, UpgradeJob
+
+    datasets = list(session.scalars(select(Dataset.id).where(Dataset.gallery_id == gallery.id)))
+    if datasets:
+        raise conflict(f"datasets {datasets} pair their items with this gallery; delete them first")
+    active = list(
+        session.scalars(
+            select(UpgradeJob.id).where(
+                UpgradeJob.gallery_id == gallery.id, UpgradeJob.status.in_((QUEUED, RUNNING))
+            )
+        )
+    )
+    if active:
+        raise conflict(f"upgrades {active} are training against this gallery; cancel them first")
+    with store.lock(gallery.id):
+        session.delete(gallery)
+        session.commit()
+        store.drop(gallery.id)
+
+
+def index_for(session: Session, store: IndexStore, gallery: Gallery):
+    return store.get(index_spec(gallery), point_loader(session, gallery))
+
+
+def verify_all_indexes(session: Session, store: IndexStore) -> dict[str, str]:
+    """Startup consistency check: every gallery's index file must hold exactly its stored ids."""
+    outcome: dict[str, str] = {}
+    galleries = list(session.scalars(select(Gallery)))
+    store.remove_orphans({g.id for g in galleries})
+    for gallery in galleries:
+        stored_ids = np.fromiter(
+            session.scalars(select(GalleryVector.id).where(GalleryVector.gallery_id == gallery.id)),
+            dtype=np.int64,
+        )
+        if len(stored_ids) != gallery.count:
+            log.warning(
+                "startup check: gallery %s counted %d vectors, stores %d; count repaired",
+                gallery.id,
+                gallery.count,
+                len(stored_ids),
+            )
+            gallery.count = len(stored_ids)
+            session.commit()
+        outcome[gallery.id] = store.verify(
+            index_spec(gallery), stored_ids, point_loader(session, gallery)
+        )
+    return outcome

@@ -1,0 +1,177 @@
+"""Job runners: where upgrade jobs execute. The job row is the truth; a runner is transport.
+
+- ``inline``: runs the job in the calling thread, after the creating request committed (tests).
+- ``thread``: a pool inside the API process (the embedded default), started in the lifespan.
+- ``celery``: a message per job to the Redis broker; ``worker/`` executes it.
+
+Every runner also sweeps: jobs still queued (a lost message, a restart) are submitted again and
+jobs whose worker stopped beating are handed to ``execute``, which retries or fails them.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
+
+from sqlalchemy import or_, select, update
+
+from app.core.db import Database, utcnow
+from app.core.settings import Settings
+from app.upgrades.executor import execute, worker_name
+from app.upgrades.models import QUEUED, RUNNING, UpgradeJob
+
+log = logging.getLogger(__name__)
+
+
+class JobRunner:
+    name = "base"
+
+    def __init__(self, db: Database, settings: Settings) -> None:
+        self.db = db
+        self.settings = settings
+        self._stop = threading.Event()
+        self._sweeper: threading.Thread | None = None
+
+    def submit(self, job_id: str) -> None:
+        raise NotImplementedError
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    def start(self, *, sweep: bool = True) -> None:
+        self.recover()
+        if sweep:
+            self._sweeper = threading.Thread(
+                target=self._sweep_loop, name="job-sweeper", daemon=True
+            )
+            self._sweeper.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._sweeper is not None:
+            self._sweeper.join(timeout=5)
+
+    # -- recovery -------------------------------------------------------------------------------
+    def recover(self) -> None:
+        """At start: submit every queued job again (messages may be lost; duplicates are no-ops)."""
+        for job_id in self._job_ids(QUEUED):
+            self.submit(job_id)
+
+    def sweep(self) -> list[str]:
+        """Submit jobs queued for longer than the stale time and jobs whose worker went quiet."""
+        stale_before = utcnow() - timedelta(seconds=self.settings.job_stale_after_s)
+        with self.db.session() as session:
+            ids = list(
+                session.scalars(
+                    select(UpgradeJob.id).where(
+                        or_(
+                            (UpgradeJob.status == QUEUED) & (UpgradeJob.created_at < stale_before),
+                            (UpgradeJob.status == RUNNING)
+                            & (
+                                UpgradeJob.heartbeat_at.is_(None)
+                                | (UpgradeJob.heartbeat_at < stale_before)
+                            ),
+                        )
+                    )
+                )
+            )
+        for job_id in ids:
+            self.submit(job_id)
+        return ids
+
+    def _job_ids(self, status: str) -> list[str]:
+        with self.db.session() as session:
+            return list(
+                session.scalars(
+                    select(UpgradeJob.id).where(UpgradeJob.status == status).order_by(UpgradeJob.id)
+                )
+            )
+
+    def _sweep_loop(self) -> None:
+        while not self._stop.wait(self.settings.job_sweep_interval_s):
+            try:
+                self.sweep()
+            except Exception:
+                log.exception("job sweep failed")
+
+
+class InlineRunner(JobRunner):
+    """Runs the job before ``submit`` returns (tests; never the embedded default)."""
+
+    name = "inline"
+
+    def submit(self, job_id: str) -> None:
+        execute(self.db, self.settings, job_id, worker=worker_name(self.name), stop=self._stop)
+
+
+class ThreadRunner(JobRunner):
+    """A thread pool in the API process; shutdown asks running trainers to stop between epochs
+    and their jobs go back to the queue for the next start."""
+
+    name = "thread"
+
+    def __init__(self, db: Database, settings: Settings) -> None:
+        super().__init__(db, settings)
+        self._pool = ThreadPoolExecutor(settings.job_threads, thread_name_prefix="upgrade")
+        self._pending: set[str] = set()
+        self._lock = threading.Lock()
+
+    def recover(self) -> None:
+        # This process is the only thread runner on its database: jobs left running by an
+        # earlier process of this host died with it, so they need not wait to look stale.
+        prefix = f"{self.name}:{socket.gethostname()}:"
+        with self.db.session() as session:
+            session.execute(
+                update(UpgradeJob)
+                .where(UpgradeJob.status == RUNNING, UpgradeJob.worker.startswith(prefix))
+                .values(heartbeat_at=None)
+            )
+        for job_id in self._job_ids(RUNNING):
+            self.submit(job_id)
+        super().recover()
+
+    def submit(self, job_id: str) -> None:
+        with self._lock:
+            if job_id in self._pending or self._stop.is_set():
+                return
+            self._pending.add(job_id)
+        self._pool.submit(self._run, job_id)
+
+    def _run(self, job_id: str) -> None:
+        try:
+            execute(self.db, self.settings, job_id, worker=worker_name(self.name), stop=self._stop)
+        except Exception:
+            log.exception("upgrade %s: runner error", job_id)
+        finally:
+            with self._lock:
+                self._pending.discard(job_id)
+
+    def stop(self) -> None:
+        super().stop()
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+class CeleryRunner(JobRunner):
+    """One message per submit; a broker outage leaves the row queued for the sweeper."""
+
+    name = "celery"
+
+    def __init__(self, db: Database, settings: Settings) -> None:
+        super().__init__(db, settings)
+        from worker.celery_app import make_celery
+
+        self._celery = make_celery(settings)
+
+    def submit(self, job_id: str) -> None:
+        from worker.celery_app import RUN_UPGRADE
+
+        try:
+            self._celery.send_task(RUN_UPGRADE, args=[job_id], queue=self.settings.celery_queue)
+        except Exception as exc:
+            log.warning("upgrade %s: broker unavailable (%s); the sweeper will resend", job_id, exc)
+
+
+def make_runner(db: Database, settings: Settings) -> JobRunner:
+    runners = {"inline": InlineRunner, "thread": ThreadRunner, "celery": CeleryRunner}
+    return runners[settings.job_runner](db, settings)

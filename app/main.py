@@ -1,0 +1,99 @@
+"""The FastAPI application: ``create_app(settings)``; everything stateful is built in the lifespan."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+from sqlalchemy import text
+
+from app.auth.service import ensure_local_key
+from app.core.db import Database, migrate
+from app.core.deps import ServiceState, StateDep
+from app.core.errors import install_error_handlers
+from app.core.limits import BodyLimitMiddleware
+from app.core.settings import Settings, get_settings
+from app.datasets.router import router as datasets_router
+from app.galleries.router import router as galleries_router
+from app.galleries.service import verify_all_indexes
+from app.jobs.runner import make_runner
+from app.models.router import router as models_router
+from app.models.service import ModelCache, remove_orphan_artifacts
+from app.search.router import router as search_router
+from app.search.store import IndexStore
+from app.upgrades.router import router as upgrades_router
+
+log = logging.getLogger("nobackfill")
+
+
+def configure_logging(settings: Settings) -> None:
+    root = logging.getLogger()
+    if not root.handlers:
+        logging.basicConfig(
+            level=settings.log_level.upper(),
+            format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+            stream=sys.stderr,
+        )
+
+
+def build_state(settings: Settings) -> ServiceState:
+    """Migrate, open the database, check every index against it, recover jobs."""
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    if settings.auto_migrate:
+        migrate(settings.resolved_database_url)
+    db = Database(settings)
+    store = IndexStore(settings.index_dir, use_gpu=settings.use_gpu == "auto")
+    with db.sessions() as session:
+        outcome = verify_all_indexes(session, store)
+        repaired = [g for g, result in outcome.items() if result != "ok"]
+        log.info("startup check: %d indexes, %d rebuilt", len(outcome), len(repaired))
+        remove_orphan_artifacts(session, settings)
+    return ServiceState(settings, db, store, ModelCache(settings), make_runner(db, settings))
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or get_settings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        configure_logging(settings)
+        state = build_state(settings)
+        app.state.service = state
+        key = ensure_local_key(state.db, settings)
+        if key is not None:
+            # Printed for the newcomer at the terminal; it is also in <data_dir>/api_key.
+            print(f"API key: {key}", flush=True)
+        state.runner.start(sweep=settings.job_runner != "inline")
+        try:
+            yield
+        finally:
+            state.runner.stop()
+            state.db.dispose()
+
+    app = FastAPI(
+        title="nobackfill",
+        version="1",
+        summary="Upgrade the embedding model behind a vector database without re-embedding it.",
+        lifespan=lifespan,
+    )
+    install_error_handlers(app)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_request_bytes)
+    for router in (
+        galleries_router,
+        search_router,
+        datasets_router,
+        upgrades_router,
+        models_router,
+    ):
+        app.include_router(router)
+
+    @app.get("/healthz", tags=["health"])
+    def health(state: StateDep) -> dict[str, str]:
+        with state.db.engine.connect() as connection:
+            connection.execute(text("SELECT 1"))
+        return {"status": "ok"}
+
+    return app

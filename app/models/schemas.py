@@ -1,0 +1,46 @@
+"""HTTP shapes of trained models."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from app.core.schemas import Matrix, ModalityName, Page, StrictModel
+
+
+class ModelOut(BaseModel):
+    id: str
+    kind: str = Field(description="backbone (compatible with an old space) or continual")
+    method: str
+    upgrade_id: str | None
+    parent_id: str | None
+    root_id: str
+    gallery_id: str | None = Field(description="the gallery it was trained against")
+    space: dict[str, Any] | None = Field(
+        description="backbone: the old space it searches (model_name, dim, lift)"
+    )
+    modalities: list[str]
+    input_dims: dict[str, int]
+    output_dim: int
+    curv: float
+    rotation_since_parent: list[list[float]] | None
+    artifact_sha256: str
+    artifact_bytes: int
+    created_at: datetime
+
+
+class ModelList(Page):
+    items: list[ModelOut]
+
+
+class EmbedRequest(StrictModel):
+    features: Matrix = Field(min_length=1)
+    modality: ModalityName | None = None
+
+
+class EmbedResponse(BaseModel):
+    modality: str
+    embeddings: list[list[float]] = Field(description="space components on the hyperboloid")
+    uncertainty: list[float] = Field(description="1 − tanh(√c·d(o, x)); near the origin = vague")

@@ -1,0 +1,189 @@
+"""Trained models: artifacts on disk (checksummed), loading, embedding, and which galleries a
+model may search (its compatibility is with an old embedding *space*, not one gallery)."""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import torch
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from app.core.arrays import as_matrix
+from app.core.errors import Problem, conflict, invalid
+from app.core.files import ChecksumMismatch, read_verified, sha256_hex, write_atomically
+from app.core.settings import Settings
+from app.core.tenancy import get_owned
+from app.galleries.models import Gallery
+from app.ml.lorentz import uncertainty
+from app.ml.models import EmbeddingModel, model_from_bytes
+from app.models.models import TrainedModel
+
+BACKBONE, CONTINUAL = "backbone", "continual"
+# Maps embeddings of a model (N×d) into a gallery's frame.
+FrameMap = Callable[[np.ndarray], np.ndarray]
+
+
+def store_artifact(settings: Settings, name: str, blob: bytes) -> tuple[str, str, int]:
+    """Write an artifact atomically; returns (path relative to the artifact dir, sha256, size)."""
+    write_atomically(settings.artifact_dir / name, blob)
+    return name, sha256_hex(blob), len(blob)
+
+
+def artifact_file(settings: Settings, relative: str) -> Path:
+    return settings.artifact_dir / relative
+
+
+class ModelCache:
+    """Loaded models by id (LRU); every load verifies the artifact's checksum."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self._models: OrderedDict[str, EmbeddingModel] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def load(self, row: TrainedModel) -> EmbeddingModel:
+        with self._lock:
+            if row.id in self._models:
+                self._models.move_to_end(row.id)
+                return self._models[row.id]
+        try:
+            blob = read_verified(
+                artifact_file(self.settings, row.artifact_path), row.artifact_sha256
+            )
+        except (ChecksumMismatch, FileNotFoundError) as exc:
+            raise Problem(
+                500,
+                "Model artifact unusable",
+                f"model {row.id}: {exc}; restore the artifact from a backup or retrain",
+                slug="artifact-unusable",
+            ) from exc
+        model = model_from_bytes(blob)
+        with self._lock:
+            self._models[row.id] = model
+            while len(self._models) > self.settings.model_cache_size:
+                self._models.popitem(last=False)
+        return model
+
+
+def get_model(session: Session, tenant_id: str, model_id: str) -> TrainedModel:
+    return get_owned(session, TrainedModel, tenant_id, model_id, "model")
+
+
+def resolve_modality(row: TrainedModel, modality: str | None, field: str = "modality") -> str:
+    if modality is None:
+        if len(row.modalities) != 1:
+            raise invalid(field, f"required: this model has modalities {row.modalities}")
+        return row.modalities[0]
+    if modality not in row.modalities:
+        raise invalid(field, f"unknown modality {modality!r}, expected one of {row.modalities}")
+    return modality
+
+
+def embed_features(
+    cache: ModelCache,
+    settings: Settings,
+    row: TrainedModel,
+    features: list[list[float]] | np.ndarray,
+    modality: str | None,
+    field: str = "features",
+) -> tuple[np.ndarray, str]:
+    """Validated features → the model's points (space components, float32) and the modality."""
+    modality = resolve_modality(row, modality)
+    matrix = as_matrix(features, field, dim=int(row.input_dims[modality]), max_dim=settings.max_dim)
+    model = cache.load(row)
+    return model.embed(matrix, modality), modality
+
+
+def point_uncertainty(points: np.ndarray, curv: float) -> np.ndarray:
+    """u(x) = 1 − tanh(√c‖log₀ x‖): near the origin means vague (see app.ml.lorentz)."""
+    return uncertainty(torch.as_tensor(points, dtype=torch.float64), curv).numpy()
+
+
+def rotation_matrix(row: TrainedModel) -> np.ndarray | None:
+    if row.rotation is None:
+        return None
+    return np.frombuffer(row.rotation, dtype=np.float64).reshape(row.output_dim, row.output_dim)
+
+
+def lineage(session: Session, row: TrainedModel) -> list[TrainedModel]:
+    """``row`` and its ancestors, newest first."""
+    chain = [row]
+    while chain[-1].parent_id is not None:
+        parent = session.get(TrainedModel, chain[-1].parent_id)
+        if parent is None:
+            break
+        chain.append(parent)
+    return chain
+
+
+def same_space(row: TrainedModel, gallery: Gallery) -> bool:
+    """A backbone model searches every external gallery of the space it was trained against:
+    same old model name and dimension, and the same lift into the Lorentz frame."""
+    return (
+        gallery.bound_model_id is None
+        and row.space_model_name == gallery.model_name
+        and row.space_dim == gallery.dim
+        and row.lift == gallery_lift(gallery)
+    )
+
+
+def gallery_lift(gallery: Gallery) -> dict | None:
+    if gallery.bound_model_id is not None:
+        return None
+    return {"curv": gallery.lift_curv, "scale": gallery.lift_scale, "metric": gallery.metric}
+
+
+def frame_map(session: Session, row: TrainedModel, gallery: Gallery) -> FrameMap:
+    """How a query embedded by ``row`` enters ``gallery``'s frame, or 409 if it cannot."""
+    if gallery.bound_model_id == row.id:
+        return lambda points: points
+    if row.kind == BACKBONE:
+        if same_space(row, gallery):
+            return lambda points: points
+        raise conflict(
+            f"model {row.id} was trained for the space of {row.space_model_name!r} "
+            f"(dim {row.space_dim}, lift {row.lift}); gallery {gallery.id} holds "
+            + (
+                f"{gallery.model_name!r} vectors (dim {gallery.dim}, lift {gallery_lift(gallery)})"
+                if gallery.bound_model_id is None
+                else f"vectors of model {gallery.bound_model_id}"
+            )
+        )
+    chain = lineage(session, row)
+    ids = [m.id for m in chain]
+    if gallery.bound_model_id not in ids:
+        raise conflict(
+            f"model {row.id} can search galleries of its own lineage (versions {ids}); gallery "
+            f"{gallery.id} is not bound to one of them"
+        )
+    from app.upgrades.continual import query_to_ancestor
+
+    return query_to_ancestor(chain[: ids.index(gallery.bound_model_id) + 1])
+
+
+def remove_orphan_artifacts(session: Session, settings: Settings, min_age_s: float = 3600) -> None:
+    """Artifact files no model row names (a crash between the write and the commit). Young files
+    are left alone: another process may be about to commit the row naming them."""
+    import logging
+    import time
+
+    directory = settings.artifact_dir
+    if not directory.exists():
+        return
+    known = {
+        name
+        for pair in session.execute(select(TrainedModel.artifact_path, TrainedModel.state_path))
+        for name in pair
+        if name
+    }
+    now = time.time()
+    for file in directory.iterdir():
+        if file.name in known or now - file.stat().st_mtime < min_age_s:
+            continue
+        file.unlink(missing_ok=True)
+        logging.getLogger(__name__).warning("removed orphan artifact %s", file.name)

@@ -1,0 +1,191 @@
+"""Index files beside the database, one per gallery and version, written atomically.
+
+The database is the truth; an index file is a cache named ``<gallery_id>.v<version>.npz`` after
+the gallery's ``index_version``, which every change of the vectors bumps in its transaction. After
+a crash at any moment the file for the committed version either exists complete (temp file,
+fsync, rename) or not at all, and a missing or disagreeing file is rebuilt from the stored vectors.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from app.core.files import write_atomically
+from app.search.index import LorentzIndex
+
+log = logging.getLogger(__name__)
+
+FILE_PATTERN = re.compile(r"^(?P<gallery>[A-Za-z0-9_]+)\.v(?P<version>\d+)\.npz$")
+
+
+@dataclass(frozen=True)
+class IndexSpec:
+    """What an index of one gallery looks like, read from its database row."""
+
+    gallery_id: str
+    version: int
+    dim: int
+    curv: float
+    kind: str
+    params: dict
+
+
+# (ids, points) of every stored vector of a gallery, read from the database.
+PointLoader = Callable[[], tuple[np.ndarray, np.ndarray]]
+
+
+class IndexStore:
+    """In-memory indexes keyed by gallery, kept equal to the database's committed version."""
+
+    def __init__(self, directory: Path, *, use_gpu: bool = False) -> None:
+        self.directory = directory
+        self.use_gpu = use_gpu
+        self._indexes: dict[str, tuple[int, LorentzIndex]] = {}
+        self._locks: dict[str, threading.RLock] = {}
+        self._guard = threading.Lock()
+
+    def lock(self, gallery_id: str) -> threading.RLock:
+        """Serialises writers of one gallery inside this process."""
+        with self._guard:
+            return self._locks.setdefault(gallery_id, threading.RLock())
+
+    def path(self, gallery_id: str, version: int) -> Path:
+        return self.directory / f"{gallery_id}.v{version}.npz"
+
+    def _persist(self, spec: IndexSpec, index: LorentzIndex) -> None:
+        write_atomically(self.path(spec.gallery_id, spec.version), index.to_bytes())
+        self._remove_files(spec.gallery_id, keep_version=spec.version)
+
+    def _remove_files(self, gallery_id: str, keep_version: int | None = None) -> None:
+        if not self.directory.exists():
+            return
+        for file in self.directory.iterdir():
+            match = FILE_PATTERN.match(file.name)
+            if match and match["gallery"] == gallery_id and int(match["version"]) != keep_version:
+                file.unlink(missing_ok=True)
+
+    def _build(self, spec: IndexSpec, load_points: PointLoader) -> LorentzIndex:
+        ids, points = load_points()
+        return LorentzIndex.build(
+            spec.dim, spec.curv, spec.kind, spec.params, ids, points, use_gpu=self.use_gpu
+        )
+
+    def _load_file(self, spec: IndexSpec) -> LorentzIndex | None:
+        path = self.path(spec.gallery_id, spec.version)
+        if not path.exists():
+            return None
+        try:
+            index = LorentzIndex.from_bytes(path.read_bytes(), use_gpu=self.use_gpu)
+        except Exception as exc:  # any unreadable file (torn zip, bad header, …) is rebuilt
+            log.warning("index file %s unreadable (%r); rebuilding", path.name, exc)
+            return None
+        if index.dim != spec.dim or index.kind != spec.kind or index.params != spec.params:
+            log.warning("index file %s has another shape; rebuilding", path.name)
+            return None
+        return index
+
+    def get(self, spec: IndexSpec, load_points: PointLoader) -> LorentzIndex:
+        """The index at ``spec.version``: from memory, else its file, else rebuilt and saved."""
+        cached = self._indexes.get(spec.gallery_id)
+        if cached is not None and cached[0] == spec.version:
+            return cached[1]
+        with self.lock(spec.gallery_id):
+            cached = self._indexes.get(spec.gallery_id)
+            if cached is not None and cached[0] == spec.version:
+                return cached[1]
+            index = self._load_file(spec)
+            if index is None:
+                index = self._build(spec, load_points)
+                log.info(
+                    "index for gallery %s rebuilt from %d stored vectors (version %d)",
+                    spec.gallery_id,
+                    index.ntotal,
+                    spec.version,
+                )
+                self._persist(spec, index)
+            self._indexes[spec.gallery_id] = (spec.version, index)
+            return index
+
+    def apply(
+        self,
+        spec: IndexSpec,
+        previous_version: int,
+        load_points: PointLoader,
+        *,
+        upsert_ids: np.ndarray | None = None,
+        upsert_points: np.ndarray | None = None,
+        remove_ids: np.ndarray | None = None,
+    ) -> LorentzIndex:
+        """After a committed change ``previous_version`` → ``spec.version``: patch the index in
+        memory when it is at ``previous_version`` (else rebuild from the database), then save."""
+        with self.lock(spec.gallery_id):
+            cached = self._indexes.get(spec.gallery_id)
+            if cached is not None and cached[0] == previous_version:
+                index = cached[1]
+                if remove_ids is not None and len(remove_ids):
+                    index.remove(remove_ids)
+                if upsert_ids is not None and len(upsert_ids):
+                    index.upsert(upsert_ids, upsert_points)
+            else:
+                index = self._build(spec, load_points)
+            self._persist(spec, index)
+            self._indexes[spec.gallery_id] = (spec.version, index)
+            return index
+
+    def verify(self, spec: IndexSpec, stored_ids: np.ndarray, load_points: PointLoader) -> str:
+        """Startup check: the file for the committed version must hold exactly the stored ids.
+        Returns what was done (``ok``, ``rebuilt: <reason>``) and logs any repair."""
+        with self.lock(spec.gallery_id):
+            index = self._load_file(spec)
+            reason = None
+            if index is None:
+                reason = "no index file for the committed version"
+            elif index.ntotal != len(stored_ids) or not np.array_equal(
+                np.sort(index.ids), np.sort(np.asarray(stored_ids, dtype=np.int64))
+            ):
+                reason = f"index holds {index.ntotal} ids, the database {len(stored_ids)}"
+            if reason is not None:
+                index = self._build(spec, load_points)
+                self._persist(spec, index)
+                log.warning(
+                    "startup check: index for gallery %s rebuilt from %d stored vectors (%s)",
+                    spec.gallery_id,
+                    index.ntotal,
+                    reason,
+                )
+            else:
+                self._remove_files(spec.gallery_id, keep_version=spec.version)
+            self._indexes[spec.gallery_id] = (spec.version, index)
+            return "ok" if reason is None else f"rebuilt: {reason}"
+
+    def forget(self, gallery_id: str) -> None:
+        """Drop the in-memory copy (the next use reloads or rebuilds it)."""
+        with self.lock(gallery_id):
+            self._indexes.pop(gallery_id, None)
+
+    def drop(self, gallery_id: str) -> None:
+        with self.lock(gallery_id):
+            self._indexes.pop(gallery_id, None)
+            self._remove_files(gallery_id)
+
+    def remove_orphans(self, known_gallery_ids: set[str]) -> list[str]:
+        """Delete files of galleries the database no longer has (and stray temp files)."""
+        removed = []
+        if not self.directory.exists():
+            return removed
+        for file in self.directory.iterdir():
+            match = FILE_PATTERN.match(file.name)
+            stray_tmp = file.name.startswith(".") and file.name.endswith(".tmp")
+            if stray_tmp or (match and match["gallery"] not in known_gallery_ids):
+                file.unlink(missing_ok=True)
+                removed.append(file.name)
+        if removed:
+            log.warning("startup check: removed %d orphan index files", len(removed))
+        return removed

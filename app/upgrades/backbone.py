@@ -1,0 +1,139 @@
+"""Backbone upgrades against an external gallery: check the request, assemble the paired data
+from the database, train, and report the trained model beside the Procrustes adapter fitted on the
+same split."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from app.core.errors import invalid
+from app.datasets.models import Dataset, DatasetItem
+from app.datasets.service import load_items
+from app.galleries.models import Gallery, GalleryVector
+from app.galleries.service import lift_of
+from app.ml.compat import LABELLED_ONLY_METHODS, CompatParams
+from app.ml.training import TrainingHooks
+from app.ml.upgrade import (
+    BACKBONE_METHODS,
+    UpgradeData,
+    run_backbone_upgrade,
+    split_for_evaluation,
+)
+from app.upgrades.trained import TrainedOutput
+
+METHODS: tuple[str, ...] = tuple(BACKBONE_METHODS)
+
+
+def _paired(dataset: Dataset, gallery: Gallery):
+    return (
+        select(func.count())
+        .select_from(DatasetItem)
+        .join(
+            GalleryVector,
+            (GalleryVector.item_id == DatasetItem.item_id)
+            & (GalleryVector.gallery_id == gallery.id),
+        )
+        .where(DatasetItem.dataset_id == dataset.id)
+    )
+
+
+def check_request(
+    session: Session,
+    method: str,
+    params: dict[str, Any],
+    dataset: Dataset,
+    gallery: Gallery,
+    *,
+    seed: int,
+    eval_fraction: float,
+) -> None:
+    """What the trainer would refuse, refused before a job exists (422 naming the field)."""
+    try:
+        CompatParams.from_dict(params)
+    except ValueError as exc:
+        raise invalid("params", str(exc)) from exc
+    paired = session.scalar(_paired(dataset, gallery)) or 0
+    try:
+        split_for_evaluation(paired, eval_fraction, seed)
+    except ValueError as exc:
+        raise invalid(
+            "dataset_id", f"{paired} dataset items have vectors in gallery {gallery.id}: {exc}"
+        ) from exc
+    if method in LABELLED_ONLY_METHODS:
+        unlabelled_items = session.scalar(
+            _paired(dataset, gallery).where(DatasetItem.label.is_(None))
+        )
+        unlabelled_vectors = session.scalar(
+            _paired(dataset, gallery).where(GalleryVector.label.is_(None))
+        )
+        if unlabelled_items and unlabelled_vectors:
+            raise invalid("method", f"{method!r} needs labels (on the dataset or the gallery)")
+
+
+def label_codes(labels: list[str | None]) -> np.ndarray | None:
+    """String labels → int64 codes (sorted names); None unless every item has a label."""
+    if not labels or any(label is None for label in labels):
+        return None
+    classes = sorted(set(labels))
+    index = {c: i for i, c in enumerate(classes)}
+    return np.array([index[label] for label in labels], dtype=np.int64)
+
+
+def load_inputs(session: Session, dataset: Dataset, gallery: Gallery) -> tuple[UpgradeData, int]:
+    """Dataset rows paired with the gallery's stored old vectors by item id. Labels: the
+    dataset's when every item has one, else the gallery's when every item has one, else none."""
+    ids, arrays, item_labels = load_items(session, dataset)
+    stored: dict[str, tuple[bytes, str | None]] = {}
+    for start in range(0, len(ids), 500):
+        rows = session.execute(
+            select(GalleryVector.item_id, GalleryVector.vector, GalleryVector.label).where(
+                GalleryVector.gallery_id == gallery.id,
+                GalleryVector.item_id.in_(ids[start : start + 500]),
+            )
+        )
+        stored.update((item_id, (vector, label)) for item_id, vector, label in rows)
+    keep = [n for n, item_id in enumerate(ids) if item_id in stored]
+    paired_ids = [ids[n] for n in keep]
+    features = arrays[dataset.modalities[0]][keep]
+    old = np.frombuffer(b"".join(stored[i][0] for i in paired_ids), dtype="<f4").reshape(
+        len(paired_ids), gallery.dim
+    )
+    labels = label_codes([item_labels[n] for n in keep])
+    if labels is None:
+        labels = label_codes([stored[i][1] for i in paired_ids])
+    data = UpgradeData(new_features=np.array(features), old_vectors=np.array(old), labels=labels)
+    return data, len(paired_ids)
+
+
+def train(
+    method: str,
+    data: UpgradeData,
+    gallery: Gallery,
+    *,
+    params: dict[str, Any],
+    seed: int,
+    eval_fraction: float,
+    hooks: TrainingHooks,
+) -> TrainedOutput:
+    """The trainer's report already sets the ``procrustes`` adapter, fitted on the same split,
+    beside the trained model (``report["metrics"]``)."""
+    lift = lift_of(gallery)
+    outcome = run_backbone_upgrade(
+        method, data, lift, params=params, seed=seed, eval_fraction=eval_fraction, hooks=hooks
+    )
+    return TrainedOutput(
+        model=outcome.model,
+        report={"paired_items": len(data), **outcome.report},
+        params=outcome.params,
+        kind="backbone",
+        space={
+            "space_model_name": gallery.model_name,
+            "space_dim": gallery.dim,
+            "lift": lift.to_dict(),
+            "trained_on_gallery_id": gallery.id,
+        },
+    )

@@ -1,0 +1,327 @@
+"""Runs one upgrade job to its end, wherever it runs (thread, inline or Celery worker).
+
+Idempotent by job id: the claim is a conditional UPDATE, so a duplicate delivery runs nothing.
+A job whose worker died (no heartbeat for ``job_stale_after_s``) is taken over by the next
+delivery, up to ``job_max_attempts`` attempts, then failed with the reason — never left running.
+The model artifact is written (atomically, checksummed) before the row that names it commits, and
+removed again if that commit does not happen.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import socket
+import threading
+import time
+import traceback
+from datetime import timedelta
+from enum import Enum
+from typing import Any
+
+import numpy as np
+from sqlalchemy import select, update
+
+from app.core.db import Database, as_utc, new_id, utcnow
+from app.core.settings import Settings
+from app.datasets.models import Dataset
+from app.galleries.models import Gallery
+from app.ml.models import model_to_bytes
+from app.ml.training import TrainingCancelled, TrainingHooks
+from app.models.models import TrainedModel
+from app.models.service import artifact_file, store_artifact
+from app.upgrades import backbone, continual
+from app.upgrades.models import CANCELLED, FAILED, QUEUED, RUNNING, SUCCEEDED, UpgradeJob
+from app.upgrades.trained import TrainedOutput
+
+log = logging.getLogger(__name__)
+# How often the cancel flag is read from the database at most (the trainer polls per epoch).
+CANCEL_POLL_S = 1.0
+
+
+class Claim(Enum):
+    CLAIMED = "claimed"  # this call runs the job
+    BUSY = "busy"  # another live worker runs it
+    DONE = "done"  # nothing to do (finished, cancelled, failed, gone)
+
+
+def json_safe(value: Any) -> Any:
+    """Trainer output as strict JSON: numpy scalars to Python, NaN/±Inf to null (PostgreSQL's
+    JSON type refuses them, and so do strict clients)."""
+    if isinstance(value, dict):
+        return {str(k): json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_safe(v) for v in value]
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def worker_name(runner: str) -> str:
+    return f"{runner}:{socket.gethostname()}:{os.getpid()}:{threading.get_ident()}"
+
+
+def _finish(db: Database, job_id: str, worker: str | None, **values: Any) -> bool:
+    """Set a terminal (or requeued) state, only if ``worker`` still owns the running job."""
+    conditions = [UpgradeJob.id == job_id]
+    if worker is not None:
+        conditions += [UpgradeJob.status == RUNNING, UpgradeJob.worker == worker]
+    with db.session() as session:
+        result = session.execute(update(UpgradeJob).where(*conditions).values(**values))
+        return result.rowcount == 1
+
+
+def claim(db: Database, settings: Settings, job_id: str, worker: str) -> Claim:
+    with db.session() as session:
+        job = session.get(UpgradeJob, job_id)
+        if job is None or job.status not in (QUEUED, RUNNING):
+            return Claim.DONE
+        now = utcnow()
+        if job.cancel_requested:
+            session.execute(
+                update(UpgradeJob)
+                .where(UpgradeJob.id == job_id, UpgradeJob.status == job.status)
+                .values(status=CANCELLED, finished_at=now)
+            )
+            return Claim.DONE
+        stale_before = now - timedelta(seconds=settings.job_stale_after_s)
+        if job.status == RUNNING:
+            beat = job.heartbeat_at
+            if beat is not None and as_utc(beat) > stale_before:
+                return Claim.BUSY
+            if job.attempts >= settings.job_max_attempts:
+                session.execute(
+                    update(UpgradeJob)
+                    .where(UpgradeJob.id == job_id, UpgradeJob.attempts == job.attempts)
+                    .values(
+                        status=FAILED,
+                        finished_at=now,
+                        error=(
+                            f"the worker running attempt {job.attempts} stopped responding "
+                            f"({job.worker}); gave up after {job.attempts} attempts"
+                        ),
+                    )
+                )
+                return Claim.DONE
+            log.warning("upgrade %s: worker %s stopped responding; retrying", job_id, job.worker)
+        # Conditional on what was read: of two concurrent claimers exactly one updates the row.
+        result = session.execute(
+            update(UpgradeJob)
+            .where(
+                UpgradeJob.id == job_id,
+                UpgradeJob.status == job.status,
+                UpgradeJob.attempts == job.attempts,
+            )
+            .values(
+                status=RUNNING,
+                attempts=job.attempts + 1,
+                worker=worker,
+                started_at=now,
+                heartbeat_at=now,
+                error=None,
+            )
+        )
+        return Claim.CLAIMED if result.rowcount == 1 else Claim.BUSY
+
+
+class _JobHooks:
+    """Progress into the row, cancellation from the row (or the runner's shutdown event), and a
+    heartbeat thread so a long epoch never looks like a dead worker."""
+
+    def __init__(
+        self, db: Database, settings: Settings, job_id: str, worker: str, stop: threading.Event
+    ) -> None:
+        self.db, self.job_id, self.worker, self.stop = db, job_id, worker, stop
+        self.interval = settings.job_heartbeat_s
+        self._done = threading.Event()
+        self._last_poll = 0.0
+        self._cancelled = False
+        self._thread = threading.Thread(target=self._beat, name=f"heartbeat-{job_id}", daemon=True)
+
+    def __enter__(self) -> TrainingHooks:
+        self._thread.start()
+        return TrainingHooks(progress=self.progress, should_stop=self.should_stop)
+
+    def __exit__(self, *exc: object) -> None:
+        self._done.set()
+        self._thread.join()
+
+    def _owned(self):
+        return (
+            UpgradeJob.id == self.job_id,
+            UpgradeJob.status == RUNNING,
+            UpgradeJob.worker == self.worker,
+        )
+
+    def _beat(self) -> None:
+        while not self._done.wait(self.interval):
+            try:
+                with self.db.session() as session:
+                    session.execute(
+                        update(UpgradeJob).where(*self._owned()).values(heartbeat_at=utcnow())
+                    )
+            except Exception:
+                log.exception("upgrade %s: heartbeat failed", self.job_id)
+
+    def progress(self, values: dict[str, Any]) -> None:
+        clean = json_safe(values)
+        with self.db.session() as session:
+            session.execute(
+                update(UpgradeJob)
+                .where(*self._owned())
+                .values(progress=clean, heartbeat_at=utcnow())
+            )
+
+    def cancel_requested(self) -> bool:
+        with self.db.session() as session:
+            return bool(
+                session.scalar(
+                    select(UpgradeJob.cancel_requested).where(UpgradeJob.id == self.job_id)
+                )
+            )
+
+    def should_stop(self) -> bool:
+        if self.stop.is_set() or self._cancelled:
+            return True
+        now = time.monotonic()
+        if now - self._last_poll >= CANCEL_POLL_S:
+            self._last_poll = now
+            self._cancelled = self.cancel_requested()
+        return self._cancelled
+
+
+def _train(
+    db: Database, settings: Settings, job: UpgradeJob, hooks: TrainingHooks
+) -> TrainedOutput:
+    """Read the inputs in a short session, then train without holding one."""
+    if job.method in continual.METHODS:
+        with db.session() as session:
+            inputs = continual.load_inputs(session, settings, job)
+        return continual.train(job, inputs, hooks)
+    if job.method not in backbone.METHODS:
+        raise ValueError(f"unknown method {job.method!r}")
+    with db.session() as session:
+        dataset = session.get(Dataset, job.dataset_id) if job.dataset_id else None
+        if dataset is None:
+            raise ValueError("the dataset of this upgrade was deleted")
+        gallery = session.get(Gallery, job.gallery_id) if job.gallery_id else None
+        if gallery is None:
+            raise ValueError("the gallery of this upgrade was deleted")
+        data, _ = backbone.load_inputs(session, dataset, gallery)
+        session.expunge(gallery)
+    return backbone.train(
+        job.method,
+        data,
+        gallery,
+        params=job.params,
+        seed=job.seed,
+        eval_fraction=job.eval_fraction,
+        hooks=hooks,
+    )
+
+
+def _store(db: Database, settings: Settings, job: UpgradeJob, worker: str, out: TrainedOutput):
+    """Artifact files first, then one transaction: the model row and the job's success."""
+    model_id = new_id("mdl")
+    blob = model_to_bytes(out.model)
+    artifact, sha, size = store_artifact(settings, f"{model_id}.pt", blob)
+    files = [artifact]
+    state_path = state_sha = None
+    if out.state is not None:
+        state_path, state_sha, _ = store_artifact(settings, f"{model_id}.state", out.state)
+        files.append(state_path)
+    model = out.model
+    row = TrainedModel(
+        id=model_id,
+        tenant_id=job.tenant_id,
+        kind=out.kind,
+        method=job.method,
+        upgrade_id=job.id,
+        parent_id=out.parent_id,
+        root_id=out.root_id or model_id,
+        depth=out.depth,
+        modalities=list(model.modalities),
+        input_dims={m: int(model.input_dim(m)) for m in model.modalities},
+        output_dim=int(model.output_dim),
+        curv=float(model.curv),
+        rotation=(
+            None if out.rotation is None else np.asarray(out.rotation, dtype="<f8").tobytes()
+        ),
+        artifact_path=artifact,
+        artifact_sha256=sha,
+        artifact_bytes=size,
+        state_path=state_path,
+        state_sha256=state_sha,
+        **out.space,
+    )
+    try:
+        with db.session() as session:
+            session.add(row)
+            session.flush()
+            result = session.execute(
+                update(UpgradeJob)
+                .where(
+                    UpgradeJob.id == job.id,
+                    UpgradeJob.status == RUNNING,
+                    UpgradeJob.worker == worker,
+                )
+                .values(
+                    status=SUCCEEDED,
+                    model_id=model_id,
+                    report=json_safe(out.report),
+                    params=json_safe({**job.params, **out.params}),
+                    finished_at=utcnow(),
+                )
+            )
+            if result.rowcount != 1:
+                raise RuntimeError("the job was taken over by another worker")
+    except BaseException:
+        for name in files:
+            artifact_file(settings, name).unlink(missing_ok=True)
+        raise
+    return model_id
+
+
+def execute(
+    db: Database,
+    settings: Settings,
+    job_id: str,
+    *,
+    worker: str,
+    stop: threading.Event | None = None,
+) -> Claim:
+    """Claim and run ``job_id``; returns how the claim went (the row holds the outcome)."""
+    stop = stop or threading.Event()
+    outcome = claim(db, settings, job_id, worker)
+    if outcome is not Claim.CLAIMED:
+        return outcome
+    with db.session() as session:
+        job = session.get(UpgradeJob, job_id)
+        session.expunge(job)
+    log.info("upgrade %s (%s): attempt %d on %s", job_id, job.method, job.attempts, worker)
+    monitor = _JobHooks(db, settings, job_id, worker, stop)
+    try:
+        with monitor as hooks:
+            out = _train(db, settings, job, hooks)
+            hooks.check()
+        model_id = _store(db, settings, job, worker, out)
+        log.info("upgrade %s succeeded: model %s", job_id, model_id)
+    except TrainingCancelled:
+        if monitor.cancel_requested():
+            _finish(db, job_id, worker, status=CANCELLED, finished_at=utcnow())
+            log.info("upgrade %s cancelled", job_id)
+        else:
+            # The runner is shutting down: hand the job back without spending an attempt.
+            _finish(db, job_id, worker, status=QUEUED, attempts=job.attempts - 1, heartbeat_at=None)
+            log.info("upgrade %s interrupted by shutdown; queued again", job_id)
+    except (ValueError, TypeError, KeyError) as exc:
+        _finish(db, job_id, worker, status=FAILED, error=str(exc), finished_at=utcnow())
+        log.info("upgrade %s failed: %s", job_id, exc)
+    except Exception as exc:
+        log.exception("upgrade %s crashed", job_id)
+        detail = "".join(traceback.format_exception_only(exc)).strip()
+        _finish(db, job_id, worker, status=FAILED, error=detail, finished_at=utcnow())
+    return Claim.CLAIMED

@@ -1,0 +1,70 @@
+"""HTTP for upgrade jobs: 202 + Location on create; the job resource reports status."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+from fastapi.responses import JSONResponse
+
+from app.core.deps import IdempotencyDep, SessionDep, StateDep, TenantDep
+from app.core.idempotency import StoredResponse, create_once, stored_json
+from app.core.schemas import LimitQuery, PageTokenQuery
+from app.core.tenancy import tenant_page
+from app.upgrades import service
+from app.upgrades.models import UpgradeJob
+from app.upgrades.schemas import MethodsOut, UpgradeCreate, UpgradeList, UpgradeOut
+
+router = APIRouter(prefix="/v1/upgrades", tags=["upgrades"])
+
+
+@router.post("", status_code=202, response_model=UpgradeOut)
+def create_upgrade(
+    body: UpgradeCreate,
+    state: StateDep,
+    session: SessionDep,
+    tenant_id: TenantDep,
+    idempotency: IdempotencyDep,
+) -> JSONResponse:
+    """Validate and queue an upgrade; poll the `Location` for its status and report."""
+
+    def create() -> StoredResponse:
+        job = service.create_upgrade(session, state.settings, tenant_id, body)
+        session.flush()
+        out = UpgradeOut.model_validate(service.upgrade_out(job))
+        return StoredResponse(202, out.model_dump(mode="json"), f"/v1/upgrades/{job.id}")
+
+    stored, created = create_once(session, tenant_id, idempotency, create)
+    if created:
+        # Enqueued only after the commit: a worker never sees a job the database does not have.
+        state.runner.submit(stored.body["id"])
+    return stored_json(stored)
+
+
+@router.get("/methods", response_model=MethodsOut)
+def list_methods(tenant_id: TenantDep) -> dict:
+    return service.all_methods()
+
+
+@router.get("", response_model=UpgradeList)
+def list_upgrades(
+    state: StateDep,
+    session: SessionDep,
+    tenant_id: TenantDep,
+    page_token: PageTokenQuery = None,
+    limit: LimitQuery = 50,
+) -> dict:
+    rows, next_token = tenant_page(
+        session, UpgradeJob, tenant_id, page_token, limit, state.settings.max_page_size
+    )
+    return {"items": [service.upgrade_out(j) for j in rows], "next_page_token": next_token}
+
+
+@router.get("/{upgrade_id}", response_model=UpgradeOut)
+def get_upgrade(upgrade_id: str, session: SessionDep, tenant_id: TenantDep) -> dict:
+    return service.upgrade_out(service.get_upgrade(session, tenant_id, upgrade_id))
+
+
+@router.post("/{upgrade_id}/cancel", response_model=UpgradeOut)
+def cancel_upgrade(upgrade_id: str, session: SessionDep, tenant_id: TenantDep) -> dict:
+    """Queued jobs are cancelled at once; running ones stop within one epoch."""
+    job = service.get_upgrade(session, tenant_id, upgrade_id)
+    return service.upgrade_out(service.cancel_upgrade(session, job))

@@ -1,0 +1,132 @@
+"""Upgrade jobs: synchronous validation at POST (bad input never becomes a failed job), then a
+queued row that a runner executes; cancel through a flag the trainer polls between epochs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from app.core.db import new_id, utcnow
+from app.core.errors import conflict, invalid
+from app.core.settings import Settings
+from app.core.tenancy import get_owned
+from app.datasets.service import get_dataset
+from app.galleries.service import get_gallery
+from app.models.service import get_model
+from app.upgrades import backbone, continual
+from app.upgrades.models import CANCELLED, QUEUED, RUNNING, TERMINAL, UpgradeJob
+from app.upgrades.schemas import UpgradeCreate
+
+
+def all_methods() -> dict[str, list[str]]:
+    return {"backbone": list(backbone.METHODS), "continual": list(continual.METHODS)}
+
+
+def get_upgrade(session: Session, tenant_id: str, upgrade_id: str) -> UpgradeJob:
+    return get_owned(session, UpgradeJob, tenant_id, upgrade_id, "upgrade")
+
+
+def _validate_backbone(session: Session, tenant_id: str, request: UpgradeCreate, dataset) -> str:
+    if request.base_model_id is not None:
+        raise invalid("base_model_id", "backbone upgrades start from the gallery, not a model")
+    gallery_id = request.gallery_id or dataset.gallery_id
+    if gallery_id is None:
+        raise invalid("gallery_id", "required: the gallery whose old vectors the model must reach")
+    if dataset.gallery_id != gallery_id:
+        raise invalid(
+            "dataset_id",
+            f"dataset {dataset.id} pairs its items with "
+            + (f"gallery {dataset.gallery_id}" if dataset.gallery_id else "no gallery")
+            + f", not {gallery_id}",
+        )
+    gallery = get_gallery(session, tenant_id, gallery_id)
+    if gallery.bound_model_id is not None:
+        raise invalid("gallery_id", "backbone upgrades need an external gallery (old vectors)")
+    if len(dataset.modalities) != 1:
+        raise invalid("dataset_id", "backbone upgrades take a one-modality dataset")
+    backbone.check_request(
+        session,
+        request.method,
+        request.params or {},
+        dataset,
+        gallery,
+        seed=request.seed,
+        eval_fraction=request.eval_fraction,
+    )
+    return gallery.id
+
+
+def create_upgrade(
+    session: Session, settings: Settings, tenant_id: str, request: UpgradeCreate
+) -> UpgradeJob:
+    dataset = get_dataset(session, tenant_id, request.dataset_id)
+    if request.method in backbone.METHODS:
+        gallery_id = _validate_backbone(session, tenant_id, request, dataset)
+    elif request.method in continual.METHODS:
+        if request.gallery_id is not None:
+            raise invalid("gallery_id", "continual upgrades search galleries of their lineage")
+        base = (
+            get_model(session, tenant_id, request.base_model_id) if request.base_model_id else None
+        )
+        continual.validate(session, base, dataset, request.params or {})
+        gallery_id = None
+    else:
+        choices = [*backbone.METHODS, *continual.METHODS]
+        raise invalid("method", f"unknown method {request.method!r}, expected one of {choices}")
+    job = UpgradeJob(
+        id=new_id("upg"),
+        tenant_id=tenant_id,
+        method=request.method,
+        dataset_id=dataset.id,
+        gallery_id=gallery_id,
+        base_model_id=request.base_model_id,
+        params=request.params or {},
+        seed=request.seed,
+        eval_fraction=request.eval_fraction,
+        status=QUEUED,
+        progress={},
+    )
+    session.add(job)
+    return job
+
+
+def cancel_upgrade(session: Session, job: UpgradeJob) -> UpgradeJob:
+    """Queued → cancelled at once; running → flagged, the trainer stops within one epoch."""
+    if job.status in TERMINAL:
+        raise conflict(f"upgrade {job.id} is already {job.status}")
+    job = session.scalar(select(UpgradeJob).where(UpgradeJob.id == job.id).with_for_update())
+    job.cancel_requested = True
+    if job.status == QUEUED:
+        job.status = CANCELLED
+        job.finished_at = utcnow()
+    session.commit()
+    return job
+
+
+def upgrade_out(job: UpgradeJob) -> dict[str, Any]:
+    return {
+        "id": job.id,
+        "status": job.status,
+        "method": job.method,
+        "dataset_id": job.dataset_id,
+        "gallery_id": job.gallery_id,
+        "base_model_id": job.base_model_id,
+        "params": job.params,
+        "seed": job.seed,
+        "eval_fraction": job.eval_fraction,
+        "progress": job.progress or {},
+        "model_id": job.model_id,
+        "report": job.report,
+        "error": job.error,
+        "attempts": job.attempts,
+        "cancel_requested": job.cancel_requested,
+        "created_at": job.created_at,
+        "started_at": job.started_at,
+        "finished_at": job.finished_at,
+    }
+
+
+def is_active(job: UpgradeJob) -> bool:
+    return job.status in (QUEUED, RUNNING)

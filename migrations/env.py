@@ -1,0 +1,53 @@
+"""Alembic environment: ``Base.metadata`` from the app, the URL from the service settings (or
+from ``config.attributes['database_url']`` when the app migrates programmatically)."""
+
+from __future__ import annotations
+
+from alembic import context
+from sqlalchemy import create_engine, pool
+
+from app.core.all_models import Base
+from app.core.settings import get_settings
+
+config = context.config
+target_metadata = Base.metadata
+
+
+def database_url() -> str:
+    return config.attributes.get("database_url") or get_settings().resolved_database_url
+
+
+def run_migrations_offline() -> None:
+    context.configure(
+        url=database_url(),
+        target_metadata=target_metadata,
+        literal_binds=True,
+        render_as_batch=True,
+        dialect_opts={"paramstyle": "named"},
+    )
+    with context.begin_transaction():
+        context.run_migrations()
+
+
+def run_migrations_online() -> None:
+    url = database_url()
+    if url.startswith("sqlite"):
+        from pathlib import Path
+
+        path = url.split("///", 1)[-1]
+        if path and path != ":memory:":
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+    engine = create_engine(url, poolclass=pool.NullPool)
+    with engine.connect() as connection:
+        context.configure(
+            connection=connection, target_metadata=target_metadata, render_as_batch=True
+        )
+        with context.begin_transaction():
+            context.run_migrations()
+    engine.dispose()
+
+
+if context.is_offline_mode():
+    run_migrations_offline()
+else:
+    run_migrations_online()

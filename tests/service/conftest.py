@@ -1,0 +1,179 @@
+"""Service test fixtures: every API test runs on the embedded SQLite mode and on PostgreSQL.
+
+PostgreSQL (127.0.0.1:5432, trust auth; override with ``NOBACKFILL_TEST_POSTGRES``) gets one
+database per test session, migrated once and emptied before each test. Without a reachable
+server the PostgreSQL cases are skipped locally and fail under CI (``CI=true``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import secrets
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import create_engine, func, select, text
+
+from app.core.all_models import Base
+from app.core.db import migrate
+from app.core.settings import Settings
+from app.main import create_app
+
+TEST_KEY = "nbk_test_key_" + "a" * 32
+POSTGRES_BASE = os.environ.get(
+    "NOBACKFILL_TEST_POSTGRES", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+)
+
+
+def _admin_dsn() -> str:
+    return POSTGRES_BASE.replace("postgresql+psycopg://", "postgresql://")
+
+
+def postgres_available() -> bool:
+    try:
+        with psycopg.connect(_admin_dsn(), connect_timeout=3):
+            return True
+    except psycopg.OperationalError:
+        return False
+
+
+def create_postgres_database() -> str:
+    """A fresh database on the local server; returns its SQLAlchemy URL."""
+    name = f"nobackfill_test_{os.getpid()}_{secrets.token_hex(4)}"
+    with psycopg.connect(_admin_dsn(), autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    return POSTGRES_BASE.rsplit("/", 1)[0] + f"/{name}"
+
+
+def drop_postgres_database(url: str) -> None:
+    name = url.rsplit("/", 1)[1]
+    with psycopg.connect(_admin_dsn(), autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def require_postgres() -> None:
+    if postgres_available():
+        return
+    if os.environ.get("CI"):
+        pytest.fail("PostgreSQL at 127.0.0.1:5432 is required in CI (.ci/run starts it)")
+    pytest.skip("PostgreSQL is not reachable at 127.0.0.1:5432")
+
+
+@pytest.fixture(scope="session")
+def postgres_url() -> Iterator[str]:
+    require_postgres()
+    url = create_postgres_database()
+    migrate(url)
+    yield url
+    drop_postgres_database(url)
+
+
+def empty_database(url: str) -> None:
+    engine = create_engine(url)
+    with engine.begin() as conn:
+        tables = ", ".join(f'"{t.name}"' for t in Base.metadata.sorted_tables)
+        conn.execute(text(f"TRUNCATE {tables} CASCADE"))
+    engine.dispose()
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def backend(request: pytest.FixtureRequest) -> str:
+    return request.param
+
+
+@pytest.fixture
+def database_url(backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> str:
+    if backend == "sqlite":
+        return f"sqlite:///{tmp_path / 'data' / 'nobackfill.db'}"
+    url = request.getfixturevalue("postgres_url")
+    empty_database(url)
+    return url
+
+
+@pytest.fixture
+def make_settings(tmp_path: Path, database_url: str) -> Callable[..., Settings]:
+    def make(**overrides: Any) -> Settings:
+        values: dict[str, Any] = {
+            "data_dir": tmp_path / "data",
+            "database_url": database_url,
+            "job_runner": "inline",
+            "bootstrap_key": TEST_KEY,
+            "local_key": False,
+            "log_level": "warning",
+        }
+        values.update(overrides)
+        return Settings(_env_file=None, **values)
+
+    return make
+
+
+@pytest.fixture
+def make_client(make_settings: Callable[..., Settings]) -> Iterator[Callable[..., TestClient]]:
+    """Start an app (lifespan included) on the test's database; several may be started in turn
+    (a restart is a new app on the same data)."""
+    clients: list[TestClient] = []
+
+    def make(**overrides: Any) -> TestClient:
+        client = TestClient(create_app(make_settings(**overrides)), raise_server_exceptions=False)
+        client.__enter__()
+        client.headers["Authorization"] = f"Bearer {TEST_KEY}"
+        clients.append(client)
+        return client
+
+    yield make
+    for client in reversed(clients):
+        client.__exit__(None, None, None)
+
+
+@pytest.fixture
+def client(make_client: Callable[..., TestClient]) -> TestClient:
+    return make_client()
+
+
+def stop_client(client: TestClient) -> None:
+    client.__exit__(None, None, None)
+
+
+def snapshot(client: TestClient) -> dict[str, Any]:
+    """Row counts of every table, each gallery's row and the bytes of every index file: what a
+    rejected request must leave exactly as it was."""
+    state = client.app.state.service
+    result: dict[str, Any] = {}
+    with state.db.sessions() as session:
+        for table in Base.metadata.sorted_tables:
+            result[table.name] = session.scalar(select(func.count()).select_from(table))
+        galleries = Base.metadata.tables["galleries"]
+        result["gallery_rows"] = sorted(
+            (r.id, r.count, r.index_version) for r in session.execute(select(galleries))
+        )
+        vectors = Base.metadata.tables["gallery_vectors"]
+        digest = hashlib.sha256()
+        for row in session.execute(select(vectors).order_by(vectors.c.id)):
+            digest.update(repr((row.id, row.item_id, row.label)).encode() + row.vector)
+        result["vectors_digest"] = digest.hexdigest()
+    index_dir = state.settings.index_dir
+    result["index_files"] = {
+        p.name: hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in (sorted(index_dir.iterdir()) if index_dir.exists() else [])
+    }
+    return result
+
+
+def problem(response: Any, status: int) -> dict[str, Any]:
+    """Assert an RFC 9457 problem with ``status``; return its body."""
+    assert response.status_code == status, (response.status_code, response.text)
+    assert response.headers["content-type"].startswith("application/problem+json")
+    body = response.json()
+    assert body["status"] == status
+    assert body["type"].startswith("urn:nobackfill:problem:") or body["type"] == "about:blank"
+    assert body["title"] and body["detail"]
+    return body
+
+
+def field_names(body: dict[str, Any]) -> list[str]:
+    return [e["field"] for e in body.get("errors", [])]

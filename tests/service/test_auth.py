@@ -1,0 +1,91 @@
+"""API keys: the embedded local key, the bootstrap key, the CLI, hashed storage."""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+from sqlalchemy import select
+
+from app.auth.models import ApiKey
+from app.core.security import hash_api_key
+from tests.service.conftest import problem, stop_client
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_local_key_created_once_printed_and_stored(make_client, capsys) -> None:
+    client = make_client(bootstrap_key=None, local_key=True)
+    key_file = client.app.state.service.settings.local_key_file
+    key = key_file.read_text().strip()
+    assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
+    assert f"API key: {key}" in capsys.readouterr().out
+    with client.app.state.service.db.sessions() as session:
+        stored = list(session.scalars(select(ApiKey.key_hash)))
+    assert stored == [hash_api_key(key)]  # only the digest is stored
+    assert (
+        client.get("/v1/galleries", headers={"Authorization": f"Bearer {key}"}).status_code == 200
+    )
+    stop_client(client)
+    again = make_client(bootstrap_key=None, local_key=True)
+    assert key_file.read_text().strip() == key
+    assert again.get("/v1/galleries", headers={"Authorization": f"Bearer {key}"}).status_code == 200
+
+
+def test_bootstrap_key_from_the_environment(make_client, monkeypatch, capsys) -> None:
+    monkeypatch.setenv("NOBACKFILL_BOOTSTRAP_KEY", "ci-key-0123456789abcdef")
+    from app.core.settings import Settings
+
+    assert Settings(_env_file=None).bootstrap_key == "ci-key-0123456789abcdef"
+    client = make_client(bootstrap_key="ci-key-0123456789abcdef", local_key=True)
+    assert "API key: ci-key-0123456789abcdef" in capsys.readouterr().out
+    assert not client.app.state.service.settings.local_key_file.exists()
+    headers = {"Authorization": "Bearer ci-key-0123456789abcdef"}
+    assert client.get("/v1/galleries", headers=headers).status_code == 200
+
+
+def test_no_key_without_bootstrap_or_local(make_client, capsys) -> None:
+    client = make_client(bootstrap_key=None, local_key=False)
+    assert "API key:" not in capsys.readouterr().out
+    problem(client.get("/v1/galleries", headers={"Authorization": "Bearer anything"}), 401)
+
+
+def test_cli_creates_a_key_for_a_tenant(make_client, make_settings) -> None:
+    settings = make_settings()
+    env = {
+        **os.environ,
+        "NOBACKFILL_DATABASE_URL": settings.resolved_database_url,
+        "NOBACKFILL_DATA_DIR": str(settings.data_dir),
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "app.cli", "create-key", "--tenant", "acme"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    key = next(
+        line.split(": ", 1)[1] for line in done.stdout.splitlines() if line.startswith("API key:")
+    )
+    client = make_client()
+    as_acme = {"Authorization": f"Bearer {key}"}
+    created = client.post(
+        "/v1/galleries",
+        json={"name": "g", "dim": 2, "model_name": "m", "metric": "dot"},
+        headers=as_acme,
+    )
+    assert created.status_code == 201
+    # The test tenant does not see acme's gallery.
+    assert client.get("/v1/galleries").json()["items"] == []
+
+
+def test_an_empty_bootstrap_variable_means_none(monkeypatch) -> None:
+    from app.core.settings import Settings
+
+    monkeypatch.setenv("NOBACKFILL_BOOTSTRAP_KEY", "")
+    assert Settings(_env_file=None).bootstrap_key is None

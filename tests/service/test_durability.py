@@ -1,0 +1,116 @@
+"""Restarting loses nothing; the startup check repairs an index that disagrees with the database
+(missing, torn, stale or orphaned files) and says so in the log."""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import update
+
+from app.galleries.models import Gallery
+from app.upgrades import backbone
+from tests.service.celery_worker import wait_for_job
+from tests.service.conftest import snapshot, stop_client
+from tests.service.test_galleries_api import make_gallery, seed_vectors
+from tests.service.test_jobs import slow_trainer
+from tests.service.test_upgrades_api import paired_setup, quick_upgrade
+
+
+def top_ids(client: TestClient, gallery_id: str, queries: np.ndarray, k: int = 3) -> list:
+    response = client.post(
+        f"/v1/galleries/{gallery_id}/search", json={"vectors": queries.tolist(), "k": k}
+    )
+    assert response.status_code == 200, response.text
+    return [[hit["id"] for hit in row] for row in response.json()["results"]]
+
+
+def test_restart_brings_everything_back(make_client) -> None:
+    client = make_client()
+    gallery_id = make_gallery(client)
+    vectors = seed_vectors(client, gallery_id)
+    dataset = client.post("/v1/datasets", json={"name": "d", "gallery_id": gallery_id}).json()
+    expected = top_ids(client, gallery_id, vectors[:4])
+    before = snapshot(client)
+    stop_client(client)
+
+    restarted = make_client()
+    assert snapshot(restarted) == before
+    assert top_ids(restarted, gallery_id, vectors[:4]) == expected
+    assert restarted.get(f"/v1/datasets/{dataset['id']}").json() == dataset
+    assert restarted.get(f"/v1/galleries/{gallery_id}").json()["count"] == 20
+
+
+@pytest.mark.parametrize("damage", ["missing", "torn", "stale", "orphan"])
+def test_startup_check_repairs_the_index(make_client, caplog, damage: str) -> None:
+    client = make_client()
+    gallery_id = make_gallery(client)
+    vectors = seed_vectors(client, gallery_id)
+    expected = top_ids(client, gallery_id, vectors[:4])
+    state = client.app.state.service
+    index_dir = state.settings.index_dir
+    [index_file] = list(index_dir.glob(f"{gallery_id}.v*.npz"))
+    stop_client(client)
+
+    if damage == "missing":
+        index_file.unlink()
+    elif damage == "torn":
+        index_file.write_bytes(index_file.read_bytes()[:100])
+    elif damage == "stale":
+        # As after a crash between the commit of an ingest and the save of its index.
+        with state.db.session() as session:
+            session.execute(
+                update(Gallery)
+                .where(Gallery.id == gallery_id)
+                .values(index_version=Gallery.index_version + 1)
+            )
+    else:
+        (index_dir / "gal_deleted.v3.npz").write_bytes(b"left over")
+        (index_dir / f".{index_file.name}.123.tmp").write_bytes(b"half written")
+
+    with caplog.at_level(logging.INFO):
+        restarted = make_client()
+    messages = " ".join(r.getMessage() for r in caplog.records)
+    if damage == "orphan":
+        assert "removed 2 orphan index files" in messages
+        assert sorted(p.name for p in index_dir.iterdir()) == [index_file.name]
+    else:
+        assert f"index for gallery {gallery_id} rebuilt from 20 stored vectors" in messages
+    assert top_ids(restarted, gallery_id, vectors[:4]) == expected
+    files = list(index_dir.glob(f"{gallery_id}.v*.npz"))
+    assert len(files) == 1
+
+
+def test_index_files_follow_committed_versions(client: TestClient) -> None:
+    gallery_id = make_gallery(client)
+    index_dir = client.app.state.service.settings.index_dir
+    seed_vectors(client, gallery_id)
+    version = client.app.state.service.indexes._indexes[gallery_id][0]
+    assert [p.name for p in index_dir.glob(f"{gallery_id}.*")] == [f"{gallery_id}.v{version}.npz"]
+    client.request("DELETE", f"/v1/galleries/{gallery_id}/vectors", json={"ids": ["item-1"]})
+    assert [p.name for p in index_dir.glob(f"{gallery_id}.*")] == [
+        f"{gallery_id}.v{version + 1}.npz"
+    ]
+    assert client.delete(f"/v1/galleries/{gallery_id}").status_code == 204
+    assert list(index_dir.glob(f"{gallery_id}.*")) == []
+
+
+def test_a_job_interrupted_by_a_restart_resumes(make_client, monkeypatch) -> None:
+    """Embedded mode: stopping the API hands a running job back to the queue; the next start
+    runs it to the end."""
+    real_train, started = backbone.train, threading.Event()
+    monkeypatch.setattr(backbone, "train", slow_trainer(10_000, started))
+    client = make_client(job_runner="thread")
+    _, dataset_id = paired_setup(client)
+    job_id = client.post("/v1/upgrades", json=quick_upgrade(dataset_id))
+    job_id = job_id.json()["id"]
+    assert started.wait(30)
+    stop_client(client)
+
+    monkeypatch.setattr(backbone, "train", real_train)
+    restarted = make_client(job_runner="thread")
+    job = wait_for_job(restarted, job_id, timeout=120)
+    assert job["status"] == "succeeded" and job["attempts"] == 1, job

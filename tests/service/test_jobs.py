@@ -1,0 +1,191 @@
+"""The job executor: idempotent claims, takeover of dead workers, bounded retries, cancellation,
+shutdown, and artifacts that are complete or absent."""
+
+from __future__ import annotations
+
+import threading
+import time
+from datetime import timedelta
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import delete, func, select, update
+
+from app.core.db import utcnow
+from app.core.files import sha256_hex
+from app.galleries.models import GalleryVector
+from app.jobs.runner import JobRunner
+from app.ml.training import TrainingHooks
+from app.models.models import TrainedModel
+from app.upgrades import backbone
+from app.upgrades.executor import Claim, execute
+from app.upgrades.models import UpgradeJob
+from tests.service.test_upgrades_api import RecordingRunner, paired_setup, quick_upgrade
+
+
+@pytest.fixture
+def queued_job(client: TestClient) -> str:
+    state = client.app.state.service
+    real, state.runner = state.runner, RecordingRunner()
+    _, dataset_id = paired_setup(client)
+    job = client.post("/v1/upgrades", json=quick_upgrade(dataset_id))
+    assert job.status_code == 202, job.text
+    yield job.json()["id"]
+    state.runner = real
+
+
+def job_row(client: TestClient, job_id: str) -> UpgradeJob:
+    with client.app.state.service.db.sessions() as session:
+        return session.get(UpgradeJob, job_id)
+
+
+def set_job(client: TestClient, job_id: str, **values) -> None:
+    with client.app.state.service.db.session() as session:
+        session.execute(update(UpgradeJob).where(UpgradeJob.id == job_id).values(**values))
+
+
+def run(client: TestClient, job_id: str, worker: str = "test:host:1:1", **kw) -> Claim:
+    state = client.app.state.service
+    return execute(state.db, state.settings, job_id, worker=worker, **kw)
+
+
+def test_duplicate_delivery_runs_once(client: TestClient, queued_job: str) -> None:
+    assert run(client, queued_job) is Claim.CLAIMED
+    job = job_row(client, queued_job)
+    assert job.status == "succeeded" and job.attempts == 1 and job.model_id
+    assert run(client, queued_job, worker="test:other:2:2") is Claim.DONE
+    state = client.app.state.service
+    with state.db.sessions() as session:
+        assert session.scalar(select(func.count()).select_from(TrainedModel)) == 1
+        model = session.get(TrainedModel, job.model_id)
+    artifact = state.settings.artifact_dir / model.artifact_path
+    assert sha256_hex(artifact.read_bytes()) == model.artifact_sha256
+    assert client.get(f"/v1/models/{model.id}").json()["artifact_sha256"] == model.artifact_sha256
+
+
+def test_a_live_worker_keeps_its_job(client: TestClient, queued_job: str) -> None:
+    set_job(client, queued_job, status="running", attempts=1, heartbeat_at=utcnow(), worker="w")
+    assert run(client, queued_job) is Claim.BUSY
+    assert job_row(client, queued_job).attempts == 1
+
+
+def test_a_dead_workers_job_is_retried(client: TestClient, queued_job: str) -> None:
+    stale = utcnow() - timedelta(hours=1)
+    set_job(client, queued_job, status="running", attempts=1, heartbeat_at=stale, worker="dead")
+    assert run(client, queued_job) is Claim.CLAIMED
+    job = job_row(client, queued_job)
+    assert job.status == "succeeded" and job.attempts == 2
+
+
+def test_retries_are_bounded(client: TestClient, queued_job: str) -> None:
+    limit = client.app.state.service.settings.job_max_attempts
+    stale = utcnow() - timedelta(hours=1)
+    set_job(client, queued_job, status="running", attempts=limit, heartbeat_at=stale, worker="dead")
+    assert run(client, queued_job) is Claim.DONE
+    job = job_row(client, queued_job)
+    assert job.status == "failed" and "stopped responding" in job.error
+    assert f"after {limit} attempts" in job.error
+
+
+def test_sweep_resubmits_stale_and_lost_jobs(client: TestClient, queued_job: str) -> None:
+    class Recorder(JobRunner):
+        def __init__(self, *args) -> None:
+            super().__init__(*args)
+            self.submitted: list[str] = []
+
+        def submit(self, job_id: str) -> None:
+            self.submitted.append(job_id)
+
+    state = client.app.state.service
+    runner = Recorder(state.db, state.settings)
+    assert runner.sweep() == []  # queued just now: its message is still in flight
+    set_job(client, queued_job, created_at=utcnow() - timedelta(hours=1))
+    assert runner.sweep() == [queued_job]
+    set_job(client, queued_job, status="running", heartbeat_at=utcnow() - timedelta(hours=1))
+    assert runner.sweep() == [queued_job]
+    runner.recover()
+    assert runner.submitted == [queued_job, queued_job]  # recover() only resubmits queued jobs
+
+
+def test_trainer_errors_fail_the_job_with_their_text(client: TestClient, queued_job: str) -> None:
+    with client.app.state.service.db.session() as session:
+        session.execute(delete(GalleryVector))
+    run(client, queued_job)
+    job = client.get(f"/v1/upgrades/{queued_job}").json()
+    assert job["status"] == "failed" and "too few" in job["error"]
+    assert job["model_id"] is None
+
+
+def slow_trainer(epochs: int, started: threading.Event):
+    """A trainer double that only exercises the hooks: one epoch every 50 ms."""
+
+    def train(method, data, gallery, *, params, seed, eval_fraction, hooks: TrainingHooks):
+        for epoch in range(1, epochs + 1):
+            hooks.check()
+            time.sleep(0.05)
+            hooks.report(epoch, epochs, 1.0 / epoch)
+            started.set()
+        raise AssertionError("the test expected the job to be stopped")
+
+    return train
+
+
+def test_cancel_stops_a_running_job(client: TestClient, queued_job: str, monkeypatch) -> None:
+    started = threading.Event()
+    monkeypatch.setattr(backbone, "train", slow_trainer(10_000, started))
+    worker = threading.Thread(target=run, args=(client, queued_job))
+    worker.start()
+    assert started.wait(30)
+    cancelled = client.post(f"/v1/upgrades/{queued_job}/cancel")
+    assert cancelled.json()["cancel_requested"] is True
+    worker.join(30)
+    job = client.get(f"/v1/upgrades/{queued_job}").json()
+    assert job["status"] == "cancelled" and job["progress"]["epoch"] < 10_000
+
+
+def test_shutdown_requeues_without_spending_an_attempt(
+    client: TestClient, queued_job: str, monkeypatch
+) -> None:
+    started, stop = threading.Event(), threading.Event()
+    real_train = backbone.train
+    monkeypatch.setattr(backbone, "train", slow_trainer(10_000, started))
+    worker = threading.Thread(target=run, args=(client, queued_job), kwargs={"stop": stop})
+    worker.start()
+    assert started.wait(30)
+    stop.set()
+    worker.join(30)
+    job = job_row(client, queued_job)
+    assert job.status == "queued" and job.attempts == 0
+    monkeypatch.setattr(backbone, "train", real_train)
+    assert run(client, queued_job) is Claim.CLAIMED  # the next start picks it up again
+    job = job_row(client, queued_job)
+    assert job.status == "succeeded" and job.attempts == 1
+
+
+def test_no_artifact_survives_a_lost_job(client: TestClient, queued_job: str) -> None:
+    """If the job was taken over while training, the result is dropped with its file."""
+    original = backbone.train
+
+    def train_then_lose(*args, **kwargs):
+        out = original(*args, **kwargs)
+        set_job(client, queued_job, worker="someone-else")
+        return out
+
+    backbone.train = train_then_lose
+    try:
+        run(client, queued_job)
+    finally:
+        backbone.train = original
+    state = client.app.state.service
+    assert list(state.settings.artifact_dir.glob("*")) == []
+    with state.db.sessions() as session:
+        assert session.scalar(select(func.count()).select_from(TrainedModel)) == 0
+
+
+def test_reports_and_progress_are_strict_json() -> None:
+    import numpy as np
+
+    from app.upgrades.executor import json_safe
+
+    raw = {"loss": float("nan"), "best": np.float32(0.5), "per": [float("inf"), np.int64(3)]}
+    assert json_safe(raw) == {"loss": None, "best": 0.5, "per": [None, 3]}
