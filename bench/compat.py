@@ -82,7 +82,7 @@ SCENARIOS = (
 )
 
 # Settings shared by every head, before validation picks among BASE_GRID.
-COMMON = {"epochs": 15, "dropout": 0.1, "min_steps": 0}
+COMMON = {"epochs": 15, "dropout": 0.1}
 BASE_GRID = [{"hidden_dim": h, "base_temperature": t} for h in (0, 1024) for t in (0.05, 0.1)]
 LIFT_SCALES = (0.3, 1.0)
 COMPAT_WEIGHTS = (0.3, 1.0, 3.0)

@@ -52,8 +52,9 @@ class CompatParams:
     """Hyper-parameters; defaults are the ones ``bench.compat`` selected on a validation split."""
 
     epochs: int = 40
-    # Small datasets give few steps per epoch: train at least this many optimiser steps.
-    min_steps: int = 300
+    # A small dataset still gets this many optimiser steps per epoch: the batch shrinks to
+    # n // min_batches_per_epoch when that is below batch_size.
+    min_batches_per_epoch: int = 8
     batch_size: int = 512
     lr: float = 1e-3
     weight_decay: float = 1e-4
@@ -71,7 +72,7 @@ class CompatParams:
     uncertainty: str = "auto"
     knn_k: int = 10
     cone_min_radius: float = 0.1
-    old_proto_weight: float = 0.0
+    old_proto_weight: float = 3.0
     old_proto_temperature: float = 0.1
     # Euclidean baselines
     influence_temperature: float = 0.05
@@ -116,7 +117,7 @@ class CompatParams:
             "compat_weight",
             "old_proto_weight",
             "hidden_dim",
-            "min_steps",
+            "min_batches_per_epoch",
         ):
             if getattr(self, name) < 0:
                 raise ValueError(f"parameter {name!r} must be ≥ 0")
@@ -126,8 +127,8 @@ class CompatParams:
             raise ValueError("parameter 'dropout' must lie in [0, 1)")
         if self.uncertainty not in UNCERTAINTY_SOURCES:
             raise ValueError(f"parameter 'uncertainty' must be one of {list(UNCERTAINTY_SOURCES)}")
-        if self.epochs > 10_000 or self.min_steps > 1_000_000:
-            raise ValueError("epochs ≤ 10000 and min_steps ≤ 1000000")
+        if self.epochs > 10_000 or self.min_batches_per_epoch > 10_000:
+            raise ValueError("epochs ≤ 10000 and min_batches_per_epoch ≤ 10000")
         if self.batch_size > 65_536 or self.hidden_dim > 65_536:
             raise ValueError("batch_size ≤ 65536 and hidden_dim ≤ 65536")
         if self.adapter_rank < 1 or self.adapter_hidden < 1:
@@ -141,7 +142,7 @@ class CompatParams:
 
 def class_means(vectors: Tensor, labels: Tensor, n_classes: int) -> Tensor:
     """Mean vector per class (rows 0..K−1)."""
-    sums = torch.zeros(n_classes, vectors.shape[1], dtype=vectors.dtype)
+    sums = torch.zeros(n_classes, vectors.shape[1], dtype=vectors.dtype, device=vectors.device)
     sums.index_add_(0, labels, vectors)
     counts = torch.bincount(labels, minlength=n_classes).clamp(min=1).to(vectors.dtype)
     return sums / counts[:, None]
@@ -195,9 +196,13 @@ def train_compatible_model(
     params: CompatParams | dict[str, Any] | None = None,
     seed: int = 0,
     hooks: TrainingHooks = NO_HOOKS,
+    device: str | torch.device | None = None,
 ) -> EmbeddingModel:
-    """Train ``method``'s new model on paired (new feature, old point) rows. Deterministic in seed."""
+    """Train ``method``'s new model on paired (new feature, old point) rows. Deterministic in seed
+    (on one device). ``device=None`` uses CUDA when torch sees a GPU, else the CPU; the returned
+    model is on the CPU."""
     p = params if isinstance(params, CompatParams) else CompatParams.from_dict(params)
+    dev = resolve_device(device)
     x = torch.as_tensor(np.asarray(new_features, dtype=np.float32))
     old = torch.as_tensor(np.asarray(old_points, dtype=np.float32))
     y = None if labels is None else torch.as_tensor(np.asarray(labels, dtype=np.int64))
@@ -208,28 +213,32 @@ def train_compatible_model(
         head = fit_procrustes_adapter(x, old, curv)
         hooks.report(0, 0, float("nan"))
         return head.eval()
+    # The closed-form fits above run on the CPU in float64; training runs on ``dev``.
+    x, old = x.to(dev), old.to(dev)
+    y = None if y is None else y.to(dev)
     if method in ("affine", "mlp-adapter"):
         head = fit_procrustes_adapter(
-            x,
-            old,
+            x.cpu(),
+            old.cpu(),
             curv,
             rank=p.adapter_rank if method == "affine" else 0,
             hidden=p.adapter_hidden if method == "mlp-adapter" else 0,
-        )
+        ).to(dev)
         old_tangent = log_map0(old, curv)
 
         def adapter_loss(idx: Tensor, model: _TangentHead) -> Tensor:
             return losses.l2_alignment_loss(model.tangent(x[idx]), old_tangent[idx])
 
-        return _optimise(head, adapter_loss, [], x.shape[0], p, seed, hooks).eval()
+        return _optimise(head, adapter_loss, [], x.shape[0], p, seed, hooks).cpu().eval()
 
     head = LorentzHead(
         x.shape[1], old.shape[1], hidden_dim=p.hidden_dim, curv=curv, dropout=p.dropout
-    )
+    ).to(dev)
     extra_params: list[torch.nn.Parameter] = []
     n_classes = int(y.max().item()) + 1 if y is not None else 0
     if y is not None:
-        prototypes = torch.nn.Parameter(torch.randn(n_classes, old.shape[1]) * old.shape[1] ** -0.5)
+        init = torch.randn(n_classes, old.shape[1]) * old.shape[1] ** -0.5
+        prototypes = torch.nn.Parameter(init.to(dev))
         extra_params.append(prototypes)
 
     def base_loss(idx: Tensor, points: Tensor) -> Tensor:
@@ -248,7 +257,14 @@ def train_compatible_model(
             loss = loss + compat(idx, points)
         return loss
 
-    return _optimise(head, total_loss, extra_params, x.shape[0], p, seed, hooks).eval()
+    return _optimise(head, total_loss, extra_params, x.shape[0], p, seed, hooks).cpu().eval()
+
+
+def resolve_device(device: str | torch.device | None) -> torch.device:
+    """``None`` → CUDA when torch sees a GPU, else the CPU."""
+    if device is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
 
 
 def _compatibility_term(
@@ -261,8 +277,10 @@ def _compatibility_term(
     lam = p.compat_weight
 
     if method in HYPERBOLIC_METHODS:
-        u = old_uncertainty(p.uncertainty, old, curv, None if y is None else y.numpy(), p.knn_k)
-        q = torch.clamp(u, min=p.q_min, max=1.0)
+        u = old_uncertainty(
+            p.uncertainty, old, curv, None if y is None else y.cpu().numpy(), p.knn_k
+        )
+        q = torch.clamp(u.to(old.device), min=p.q_min, max=1.0)
         with_entailment = method == "hbct"
         proto = None
         if p.old_proto_weight > 0 and y is not None:
@@ -326,14 +344,13 @@ def _optimise(
     seed: int,
     hooks: TrainingHooks,
 ) -> _TangentHead:
-    """AdamW with a cosine schedule over ``p.epochs`` (at least ``p.min_steps`` steps) of shuffled
-    mini-batches."""
+    """AdamW with a cosine schedule over ``p.epochs`` of shuffled mini-batches."""
     params = [q for q in model.parameters() if q.requires_grad] + extra_params
     optimiser = torch.optim.AdamW(params, lr=p.lr, weight_decay=p.weight_decay)
-    batch = min(p.batch_size, n)
+    batch = max(2, min(p.batch_size, n // max(1, p.min_batches_per_epoch)))
     # Drop the ragged tail: in-batch negatives need a full batch.
     steps_per_epoch = max(1, n // batch)
-    epochs = max(p.epochs, math.ceil(p.min_steps / steps_per_epoch))
+    epochs = p.epochs
     total = epochs * steps_per_epoch
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimiser, lambda s: 0.5 * (1 + math.cos(math.pi * min(s, total) / total))
@@ -342,7 +359,7 @@ def _optimise(
     model.train()
     for epoch in range(1, epochs + 1):
         hooks.check()
-        order = torch.randperm(n, generator=generator)
+        order = torch.randperm(n, generator=generator).to(next(model.parameters()).device)
         running = 0.0
         for step in range(steps_per_epoch):
             idx = order[step * batch : (step + 1) * batch]

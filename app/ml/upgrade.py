@@ -16,7 +16,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from app.ml.compat import BACKBONE_METHODS, CompatParams, train_compatible_model
+from app.ml.compat import (
+    BACKBONE_METHODS,
+    LABELLED_ONLY_METHODS,
+    CompatParams,
+    train_compatible_model,
+)
 from app.ml.metrics import neighbour_recall, p_com, p_up, retrieval_metrics
 from app.ml.models import EmbeddingModel
 from app.ml.space import EuclideanLift
@@ -26,7 +31,9 @@ __all__ = [
     "BACKBONE_METHODS",
     "UpgradeData",
     "UpgradeOutcome",
+    "check_backbone_request",
     "run_backbone_upgrade",
+    "split_for_evaluation",
 ]
 
 MIN_EVAL_ITEMS = 10
@@ -76,6 +83,40 @@ def split_for_evaluation(n: int, eval_fraction: float, seed: int) -> tuple[np.nd
         )
     perm = np.random.default_rng(seed).permutation(n)
     return np.sort(perm[: n - n_eval]), np.sort(perm[n - n_eval :])
+
+
+def check_backbone_request(
+    method: str,
+    params: dict[str, Any] | None,
+    n_items: int,
+    eval_fraction: float,
+    seed: int,
+    labelled: bool,
+) -> dict[str, str]:
+    """Everything ``run_backbone_upgrade`` would refuse, found before any training: a map from
+    the offending request field (``method``, ``params``, ``eval_fraction``, ``dataset_id``) to
+    the reason; empty when the request is acceptable."""
+    problems: dict[str, str] = {}
+    if method not in BACKBONE_METHODS:
+        problems["method"] = f"unknown method {method!r}, expected one of {list(BACKBONE_METHODS)}"
+    try:
+        compat = CompatParams.from_dict(params)
+    except ValueError as exc:
+        problems["params"] = str(exc)
+        compat = None
+    if not 0.0 < eval_fraction < 1.0:
+        problems["eval_fraction"] = "eval_fraction must lie strictly between 0 and 1"
+    else:
+        try:
+            split_for_evaluation(n_items, eval_fraction, seed)
+        except ValueError as exc:
+            problems["dataset_id"] = str(exc)
+    if not labelled:
+        if method in LABELLED_ONLY_METHODS:
+            problems["method"] = f"method {method!r} needs labels"
+        elif compat is not None and compat.uncertainty == "knn":
+            problems["params"] = "uncertainty 'knn' needs labels; use 'auto', 'norm' or 'none'"
+    return problems
 
 
 def _json_float(value: float) -> float | None:

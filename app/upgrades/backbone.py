@@ -10,18 +10,17 @@ import numpy as np
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from app.core.errors import invalid
+from app.core.errors import FieldError, invalid_fields
 from app.datasets.models import Dataset, DatasetItem
 from app.datasets.service import load_items
 from app.galleries.models import Gallery, GalleryVector
 from app.galleries.service import lift_of
-from app.ml.compat import LABELLED_ONLY_METHODS, CompatParams
 from app.ml.training import TrainingHooks
 from app.ml.upgrade import (
     BACKBONE_METHODS,
     UpgradeData,
+    check_backbone_request,
     run_backbone_upgrade,
-    split_for_evaluation,
 )
 from app.upgrades.trained import TrainedOutput
 
@@ -52,26 +51,25 @@ def check_request(
     eval_fraction: float,
 ) -> None:
     """What the trainer would refuse, refused before a job exists (422 naming the field)."""
-    try:
-        CompatParams.from_dict(params)
-    except ValueError as exc:
-        raise invalid("params", str(exc)) from exc
     paired = session.scalar(_paired(dataset, gallery)) or 0
-    try:
-        split_for_evaluation(paired, eval_fraction, seed)
-    except ValueError as exc:
-        raise invalid(
-            "dataset_id", f"{paired} dataset items have vectors in gallery {gallery.id}: {exc}"
-        ) from exc
-    if method in LABELLED_ONLY_METHODS:
+    labelled = True
+    if paired:
         unlabelled_items = session.scalar(
             _paired(dataset, gallery).where(DatasetItem.label.is_(None))
         )
         unlabelled_vectors = session.scalar(
             _paired(dataset, gallery).where(GalleryVector.label.is_(None))
         )
-        if unlabelled_items and unlabelled_vectors:
-            raise invalid("method", f"{method!r} needs labels (on the dataset or the gallery)")
+        labelled = not (unlabelled_items and unlabelled_vectors)
+    problems = check_backbone_request(method, params, paired, eval_fraction, seed, labelled)
+    if "dataset_id" in problems:
+        problems["dataset_id"] = (
+            f"{paired} dataset items have vectors in gallery {gallery.id}: {problems['dataset_id']}"
+        )
+    if "needs labels" in problems.get("method", ""):
+        problems["method"] += " (on the dataset or the gallery)"
+    if problems:
+        raise invalid_fields([FieldError(f, reason) for f, reason in problems.items()])
 
 
 def label_codes(labels: list[str | None]) -> np.ndarray | None:
