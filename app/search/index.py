@@ -314,6 +314,28 @@ class LorentzIndex:
                 self._gpu_index = faiss.index_cpu_to_all_gpus(self._faiss)
             return self._gpu_index.search(lifted, m)
 
+    def _faiss_candidates(
+        self, rows: _Rows, lifted_q: np.ndarray, m: int
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Row positions (and which are real) of FAISS's ``m`` best per query.
+
+        Flat and HNSW hold the rows in the same order as ``rows`` (added in order, removed
+        in order or rebuilt), so the inner index's labels are row positions; searching it
+        directly also skips ``IndexIDMap2``'s label translation, an OpenMP loop that costs a
+        thread wake-up (milliseconds on a busy machine) even for one query. IVF stores the
+        ids themselves, mapped back through the id → row table."""
+        n = len(rows.ids)
+        if isinstance(self._faiss, faiss.IndexIDMap2) and not self.use_gpu:
+            _, labels = faiss.downcast_index(self._faiss.index).search(lifted_q, m)
+            valid = (labels >= 0) & (labels < n)
+            return np.where(valid, labels, 0), valid
+        _, candidates = self._faiss_search(lifted_q, m)
+        valid = candidates >= 0
+        positions = np.zeros_like(candidates)
+        position = self._position
+        positions[valid] = [position[int(c)] for c in candidates[valid]]
+        return positions, valid
+
     def _scan_tensor(self, rows: _Rows) -> torch.Tensor:
         """The rows on the scan's device (a GPU copy is made once per state of the rows)."""
         if self.scan_device.type == "cpu":
@@ -346,11 +368,7 @@ class LorentzIndex:
             positions = found_at.cpu().numpy()
             valid = np.ones(positions.shape, dtype=bool)
         else:
-            _, candidates = self._faiss_search(lifted_q, m)
-            valid = candidates >= 0
-            positions = np.zeros_like(candidates)
-            position = self._position
-            positions[valid] = [position[int(c)] for c in candidates[valid]]
+            positions, valid = self._faiss_candidates(rows, lifted_q, m)
         found = min(k, m)
         # The re-rank gathers queries × candidates × dim float64 values: bound that working set.
         chunk = max(1, RERANK_BUDGET // (m * self.dim))

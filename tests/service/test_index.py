@@ -234,3 +234,23 @@ def test_files_of_the_previous_format_are_refused() -> None:
 def test_unknown_engine_is_refused() -> None:
     with pytest.raises(ValueError, match="engine"):
         LorentzIndex(3, 1.0, engine="gpu-magic")
+
+
+@pytest.mark.parametrize("kind", ["flat", "hnsw"])
+def test_faiss_rows_stay_in_the_order_of_the_stored_rows(kind: str) -> None:
+    """Flat and HNSW searches read FAISS's inner labels as row positions: after any sequence
+    of writes, FAISS's id table must list the stored ids in row order."""
+    import faiss
+
+    points = points_at_radius(300, 4, 1.5, seed=21).astype(np.float32)
+    index = LorentzIndex(4, 1.0, kind, engine="faiss")
+    index.upsert(np.arange(200), points[:200])
+    index.remove(np.array([3, 50, 199]))
+    index.upsert(np.array([10, 250, 251]), points[[100, 250, 251]])
+    index.upsert(np.arange(260, 300), points[260:])
+    np.testing.assert_array_equal(faiss.vector_to_array(index._faiss.id_map), index.ids)
+    queries = points_at_radius(15, 4, 1.5, seed=22)
+    order, _ = brute_force(queries, index.lifted[:, 1:].astype(np.float64), 5, 1.0)
+    found, _ = index.search(queries, 5)
+    expected = index.ids[order]
+    assert np.mean(found == expected) >= (1.0 if kind == "flat" else 0.95)
