@@ -15,11 +15,9 @@ so recall counts what the service returns. Speed: queries/s at batch 1 and 200 (
 from __future__ import annotations
 
 import argparse
-import json
-import shlex
-import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -28,7 +26,7 @@ import torch
 from app.ml.space import EuclideanLift
 from app.search.index import LorentzIndex, lifted_queries
 from bench.machine import facts_markdown, load_average, machine_facts
-from bench.report import replace_section
+from bench.report import command_line, publish
 from bench.tiled import lift_points, tiled, wordnet_rows
 from bench.wordnet import REPO_ROOT
 
@@ -174,9 +172,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     tic = time.perf_counter()
     rows = wordnet_rows()
     cases = [bench_case(rows, n, r, args.quick, args.seed) for n in sizes for r in radii]
-    command = "python -m bench.indexes " + shlex.join(argv if argv is not None else sys.argv[1:])
     result = {
-        "command": command.strip(),
+        "command": command_line("bench.indexes", argv),
         "seconds": time.perf_counter() - tic,
         "machine": machine_facts(),
         "load_start": load_start,
@@ -185,13 +182,14 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "cases": cases,
     }
     out = args.out or RESULTS / ("indexes_quick.json" if args.quick else "indexes.json")
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    with open(out, "w") as fh:
-        json.dump(result, fh, indent=1)
-    markdown = render_markdown(result)
-    print(markdown)
-    if not args.no_markdown:
-        replace_section(SECTION, "Index choices on lifted vectors (bench.indexes)", markdown)
+    section = None if args.no_markdown else SECTION
+    publish(
+        result,
+        Path(out),
+        render_markdown(result),
+        section,
+        "Index choices on lifted vectors (bench.indexes)",
+    )
     return result
 
 

@@ -20,9 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shlex
 import shutil
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -36,7 +34,7 @@ from app.ml.space import EuclideanLift
 from app.search.index import lifted_gallery
 from app.search.store import IndexSpec, IndexStore
 from bench.machine import facts_markdown, load_average, machine_facts
-from bench.report import replace_section
+from bench.report import command_line, publish
 from bench.service import create_gallery, npy_bytes, start_service
 from bench.tiled import lift_points, tiled, wordnet_rows
 from bench.wordnet import REPO_ROOT
@@ -213,9 +211,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             times.update(http_paths(vectors, batch, workdir))
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-    command = "python -m bench.ingest " + shlex.join(argv if argv is not None else sys.argv[1:])
     result = {
-        "command": command.strip(),
+        "command": command_line("bench.ingest", argv),
         "seconds": time.perf_counter() - tic,
         "machine": machine_facts(),
         "load_start": load_start,
@@ -228,12 +225,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     for name, e in result["paths"].items():
         print(f"{name}: {e['vectors_per_s']:,.0f} vectors/s ({e['vectors_per_s'] / raw:.3f}× raw)")
     out = args.out or RESULTS / ("ingest_quick.json" if args.quick else "ingest.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1))
-    markdown = render_markdown(result)
-    print(markdown)
-    if not args.no_markdown:
-        replace_section(SECTION, "Ingest speed (bench.ingest)", markdown)
+    section = None if args.no_markdown else SECTION
+    publish(result, Path(out), render_markdown(result), section, "Ingest speed (bench.ingest)")
     return result
 
 

@@ -26,9 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import shlex
 import shutil
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -50,7 +48,7 @@ from bench.machine import (
     read_bandwidth,
     synchronize,
 )
-from bench.report import replace_section
+from bench.report import command_line, publish
 from bench.service import (
     create_gallery,
     npy_bytes,
@@ -385,9 +383,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         bench_size(size, batches, rows, model, device, args.quick, not args.no_http, args.seed)
         for size in sizes
     ]
-    command = "python -m bench.search " + shlex.join(argv if argv is not None else sys.argv[1:])
     result = {
-        "command": command.strip(),
+        "command": command_line("bench.search", argv),
         "seconds": time.perf_counter() - tic,
         "machine": machine_facts(),
         "device": str(device),
@@ -398,12 +395,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "sizes": results,
     }
     out = args.out or RESULTS / ("search_quick.json" if args.quick else "search.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1))
-    markdown = render_markdown(result)
-    print(markdown)
-    if not args.no_markdown:
-        replace_section(args.section, "Search speed (bench.search)", markdown)
+    section = None if args.no_markdown else args.section
+    publish(result, Path(out), render_markdown(result), section, "Search speed (bench.search)")
     return result
 
 

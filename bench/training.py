@@ -19,9 +19,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
-import shlex
-import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -36,7 +33,7 @@ from app.ml.space import EuclideanLift
 from app.ml.training import TrainingHooks
 from bench.continual import build_tasks, load_corpus, time_steps
 from bench.machine import facts_markdown, load_average, machine_facts
-from bench.report import replace_section
+from bench.report import command_line, publish
 from bench.tiled import lift_points
 from bench.wordnet import NEW_MODEL, OLD_MODEL, REPO_ROOT, encode_labels, fine_labels, load_wordnet
 
@@ -159,9 +156,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     compat = bench_compat(args.quick, device, args.seed)
     print("HMCL steps:", flush=True)
     hmcl = bench_hmcl(args.quick, args.seed)
-    command = "python -m bench.training " + shlex.join(argv if argv is not None else sys.argv[1:])
     result = {
-        "command": command.strip(),
+        "command": command_line("bench.training", argv),
         "seconds": time.perf_counter() - tic,
         "machine": machine_facts(),
         "load_start": load_start,
@@ -170,12 +166,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "hmcl": hmcl,
     }
     out = args.out or RESULTS / ("training_quick.json" if args.quick else "training.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1))
-    markdown = render_markdown(result)
-    print(markdown)
-    if not args.no_markdown:
-        replace_section(SECTION, "Training cost (bench.training)", markdown)
+    section = None if args.no_markdown else SECTION
+    publish(result, Path(out), render_markdown(result), section, "Training cost (bench.training)")
     return result
 
 
