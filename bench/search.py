@@ -16,6 +16,8 @@ falls on all alike), each on the same queries and the same lifted float32 rows:
 - ``torch``: raw ``topk(Q @ G.T, k)`` on the same tensors;
 - ``library``: ``model.embed`` + ``LorentzIndex.search`` (lift, scan, over-fetch, float64
   re-rank) — the full path of a search with a model;
+- ``library_faiss_scan``: the same with FAISS's flat scan proposing the candidates (the
+  library before the torch scan: item 5's before/after in one run);
 - ``library_own_space``: lift + ``LorentzIndex.search`` (what the endpoint runs);
 - ``http_json`` / ``http_npy``: POST /v1/galleries/{id}/search on a uvicorn server (one worker)
   holding the same gallery, JSON body or ``application/x-npy`` body; ids resolved in the
@@ -25,6 +27,7 @@ falls on all alike), each on the same queries and the same lifted float32 rows:
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import shutil
 import tempfile
@@ -63,7 +66,7 @@ SECTION = "bench.search"
 K = 10
 LIFT = EuclideanLift(curv=1.0, scale=1.0, metric="cosine")
 RAW = ("faiss", "torch")
-LIBRARY = ("library", "library_own_space")
+LIBRARY = ("library", "library_faiss_scan", "library_own_space")
 HTTP = ("http_json", "http_npy")
 
 
@@ -127,11 +130,16 @@ def local_engines(
 ) -> dict[str, Callable[[int], object]]:
     """The raw engines on pre-embedded, pre-lifted queries and the two library paths."""
     lifted_q = [lifted_queries(model.embed(f), LIFT.curv) for f in features]
+    # The same index searched through FAISS's flat scan, as before the torch scan existed
+    # (a shallow copy: same rows, same FAISS index).
+    through_faiss = copy.copy(index)
+    through_faiss.scan_exactly = False
     lifted_t = [torch.from_numpy(q).to(gallery.device) for q in lifted_q]
     return {
         "faiss": lambda r: raw_faiss.search(lifted_q[r], K),
         "torch": lambda r: torch.topk(lifted_t[r] @ gallery.T, K, dim=1),
         "library": lambda r: index.search(model.embed(features[r]), K),
+        "library_faiss_scan": lambda r: through_faiss.search(model.embed(features[r]), K),
         "library_own_space": lambda r: index.search(
             LIFT(torch.as_tensor(own_space[r], dtype=torch.float64)).numpy(), K
         ),
@@ -254,6 +262,9 @@ def bench_size(
                 client.close()
             best_raw = max(entry[name]["queries_per_s"] for name in RAW)
             entry["library_vs_best_raw"] = entry["library"]["queries_per_s"] / best_raw
+            entry["library_torch_vs_faiss_scan"] = (
+                entry["library"]["queries_per_s"] / entry["library_faiss_scan"]["queries_per_s"]
+            )
             entry["library_own_space_vs_best_raw"] = (
                 entry["library_own_space"]["queries_per_s"] / best_raw
             )
@@ -331,14 +342,16 @@ def render_markdown(result: dict[str, Any]) -> str:
                     )
         lines += [
             "",
-            "| batch | library / best raw | own space / best raw | HTTP npy / library | "
-            "HTTP JSON / library | p50 / bandwidth bound | GEMM bound q/s | HTTP ids = library |",
-            "|---|---|---|---|---|---|---|---|",
+            "| batch | library / best raw | torch scan / FAISS scan (library) | own space / best "
+            "raw | HTTP npy / library | HTTP JSON / library | p50 / bandwidth bound | GEMM bound "
+            "q/s | HTTP ids = library |",
+            "|---|---|---|---|---|---|---|---|---|",
         ]
         for batch, e in size["batches"].items():
             bound = e.get("library_p50_vs_bandwidth_bound")
             lines.append(
                 f"| {batch} | {e['library_vs_best_raw']:.2f} | "
+                f"{e['library_torch_vs_faiss_scan']:.2f} | "
                 f"{e['library_own_space_vs_best_raw']:.2f} | "
                 f"{_ratio(e.get('http_npy_vs_library'))} | {_ratio(e.get('http_json_vs_library'))} | "
                 f"{_ratio(bound)} | {e['gemm_bound_queries_per_s']:.0f} | "
