@@ -357,8 +357,34 @@ def render_markdown(result: dict[str, Any]) -> str:
                 f"{_ratio(bound)} | {e['gemm_bound_queries_per_s']:.0f} | "
                 f"{e.get('http_agrees', '—')} |"
             )
-        lines.append("")
+        lines += [*targets_markdown(size), ""]
     return "\n".join(lines)
+
+
+def targets_markdown(size: dict[str, Any]) -> list[str]:
+    """Issue 6's three search targets, met or missed, from this size's figures."""
+    out = []
+    for batch, e in size["batches"].items():
+        checks = [("library ≥ 0.9× the faster raw engine", e["library_vs_best_raw"], 0.9, True)]
+        if "library_p50_vs_bandwidth_bound" in e:
+            checks.append(
+                (
+                    "single-query p50 ≤ 1.3× the bandwidth bound",
+                    e["library_p50_vs_bandwidth_bound"],
+                    1.3,
+                    False,
+                )
+            )
+        if "http_npy_vs_library" in e and int(batch) > 1:
+            checks.append(
+                ("HTTP .npy batches ≥ 0.8× the library", e["http_npy_vs_library"], 0.8, True)
+            )
+        for name, value, target, at_least in checks:
+            met = value >= target if at_least else value <= target
+            out.append(
+                f"- N {size['size']:,}, batch {batch}: {name}: {value:.2f} — {'met' if met else 'missed'}"
+            )
+    return out
 
 
 def _ratio(value: float | None) -> str:

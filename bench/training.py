@@ -1,7 +1,7 @@
 """Training cost: HBCT epochs against the Euclidean baselines, HMCL steps against plain AdamW.
 
     python -m bench.training          # bench/results/training.json and its BENCHMARKS.md section
-    python -m bench.training --quick  # 2,000 rows, fewer epochs and steps (about a minute)
+    python -m bench.training --quick  # 1,000 rows, fewer steps (about a minute)
 
 HBCT and baselines: ``train_compatible_model`` on the WordNet-noun gloss rows with a fine label
 (new model = all-mpnet-base-v2 features, 768-d; old space = all-MiniLM-L6-v2 lifted, 384-d),
@@ -65,7 +65,7 @@ def bench_compat(quick: bool, device: torch.device, seed: int) -> dict[str, Any]
     keep, fine = fine_labels(data.meta)
     # An evenly spread subset: epoch time is linear in the rows, and the full benchmark must
     # stay within minutes on two cores.
-    subset = np.linspace(0, len(keep) - 1, 2000 if quick else 8000).astype(int)
+    subset = np.linspace(0, len(keep) - 1, 1000 if quick else 8000).astype(int)
     keep, fine = keep[subset], [fine[i] for i in subset]
     labels, _ = encode_labels(fine)
     new = data.get("gloss", NEW_MODEL)[keep]
@@ -94,8 +94,8 @@ def bench_hmcl(quick: bool, seed: int) -> dict[str, Any]:
     out = {}
     for encoder in (OLD_MODEL, NEW_MODEL):
         corpus = load_corpus(encoder)
-        tasks = build_tasks(corpus, 600 if quick else 0, seed)
-        timing = time_steps(tasks, {m: {} for m in METHODS}, 10 if quick else 40, seed)
+        tasks = build_tasks(corpus, 300 if quick else 0, seed)
+        timing = time_steps(tasks, {m: {} for m in METHODS}, 5 if quick else 40, seed)
         dim = next(iter(tasks[0].train.values())).shape[1]
         out[str(dim)] = {"encoder": encoder, **timing}
         print(
