@@ -45,7 +45,9 @@ def build_state(settings: Settings) -> ServiceState:
     if settings.auto_migrate:
         migrate(settings.resolved_database_url)
     db = Database(settings)
-    store = IndexStore(settings.index_dir, use_gpu=settings.use_gpu == "auto")
+    store = IndexStore(
+        settings.index_dir, use_gpu=settings.use_gpu == "auto", engine=settings.search_engine
+    )
     with db.sessions() as session:
         outcome = verify_all_indexes(session, store)
         repaired = [g for g, result in outcome.items() if result != "ok"]

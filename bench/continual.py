@@ -107,19 +107,23 @@ class Corpus:
     ancestors: WordNetData
     keep: np.ndarray
     labels: list[str]
+    encoder: str = ENCODER
 
 
-def load_corpus() -> Corpus:
-    data = load_wordnet(fields=MODALITIES, models=(ENCODER,))
-    ancestors = load_wordnet(fields=("lemma",), models=(ENCODER,), prefix="ancestors.")
+def load_corpus(encoder: str = ENCODER) -> Corpus:
+    """The corpus with both modalities embedded by ``encoder`` (``bench.training`` also times
+    the 768-d all-mpnet-base-v2)."""
+    data = load_wordnet(fields=MODALITIES, models=(encoder,))
+    ancestors = load_wordnet(fields=("lemma",), models=(encoder,), prefix="ancestors.")
     keep, labels = fine_labels(data.meta)
-    return Corpus(data, ancestors, keep, labels)
+    return Corpus(data, ancestors, keep, labels, encoder)
 
 
 def build_tasks(corpus: Corpus, items_per_task: int, seed: int) -> list[Task]:
     """Each task: up to ``items_per_task`` labelled synsets of its lexnames (0: all of them),
     split 60/40 by seed."""
     data, ancestors, keep, labels = corpus.data, corpus.ancestors, corpus.keep, corpus.labels
+    encoder = corpus.encoder
     where = {m["synset_id"]: ("main", i) for i, m in enumerate(data.meta)}
     where.update({m["synset_id"]: ("anc", i) for i, m in enumerate(ancestors.meta)})
     rng = np.random.default_rng(seed)
@@ -137,12 +141,12 @@ def build_tasks(corpus: Corpus, items_per_task: int, seed: int) -> list[Task]:
         names = []
         for c in classes:
             source, i = where[c.split("/", 1)[1]]
-            names.append((data if source == "main" else ancestors).get("lemma", ENCODER)[i])
+            names.append((data if source == "main" else ancestors).get("lemma", encoder)[i])
         tasks.append(
             Task(
                 name="+".join(g.removeprefix("noun.") for g in group),
-                train={m: data.get(m, ENCODER)[train] for m in MODALITIES},
-                test={m: data.get(m, ENCODER)[test] for m in MODALITIES},
+                train={m: data.get(m, encoder)[train] for m in MODALITIES},
+                test={m: data.get(m, encoder)[test] for m in MODALITIES},
                 test_labels=np.array([index[row_labels[int(i)]] for i in test]),
                 class_names=np.stack(names),
             )

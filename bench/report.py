@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import json
+import shlex
+import sys
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from bench.wordnet import REPO_ROOT
 
@@ -26,3 +31,20 @@ def replace_section(name: str, title: str, body: str, path: Path = BENCHMARKS) -
     else:
         text = text.rstrip() + "\n\n" + block + "\n"
     path.write_text(text)
+
+
+def command_line(module: str, argv: Sequence[str] | None) -> str:
+    """The command that reproduces a run, its arguments shell-quoted."""
+    return f"python -m {module} {shlex.join(argv if argv is not None else sys.argv[1:])}".strip()
+
+
+def publish(
+    result: dict[str, Any], out: Path, markdown: str, section: str | None, title: str
+) -> None:
+    """Write the results JSON, print the markdown and, unless ``section`` is None, put it in
+    BENCHMARKS.md between that section's markers."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1))
+    print(markdown)
+    if section is not None:
+        replace_section(section, title, markdown)

@@ -5,17 +5,25 @@ from __future__ import annotations
 import hashlib
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import BinaryIO
 
 
 def write_atomically(path: Path, data: bytes) -> None:
     """Temp file in the same folder, fsync, rename over ``path``, fsync the folder: after a crash
     ``path`` holds either the old content or the new, never a torn write."""
+    write_atomically_with(path, lambda fh: fh.write(data))
+
+
+def write_atomically_with(path: Path, write: Callable[[BinaryIO], object]) -> None:
+    """``write_atomically`` for content streamed by ``write(fh)`` into the temp file (a large
+    index never needs a second copy in memory)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
+            write(fh)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)

@@ -80,6 +80,10 @@ class Settings(BaseSettings):
         description="largest hyperbolic radius of a stored point (float32 search degrades beyond)",
     )
     use_gpu: Literal["auto", "never"] = "auto"
+    search_engine: Literal["auto", "torch", "faiss"] = Field(
+        default="auto",
+        description="exact scoring of flat galleries: auto/torch (matrix product) or faiss",
+    )
     model_cache_size: int = Field(default=8, ge=1)
 
     @model_validator(mode="after")

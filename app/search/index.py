@@ -13,10 +13,12 @@ from __future__ import annotations
 import io
 import json
 import threading
-from typing import Any, Literal
+from pathlib import Path
+from typing import IO, Any, Literal, NamedTuple
 
 import faiss
 import numpy as np
+import torch
 
 IndexKind = Literal["flat", "ivf", "hnsw"]
 INDEX_KINDS: tuple[str, ...] = ("flat", "ivf", "hnsw")
@@ -27,9 +29,20 @@ DEFAULT_PARAMS: dict[str, dict[str, int]] = {
 }
 # IVF is retrained once the gallery has grown this many times past its training size.
 IVF_RETRAIN_GROWTH = 4
-FORMAT = 1
+# 2: lifted rows stored (not the space components); FAISS serialised only where its structure
+# costs more than a copy to rebuild (IVF, HNSW). Files of another format are rebuilt.
+FORMAT = 2
 # Float64 values the exact re-rank may hold at once (queries × candidates × dim): 256 MiB.
 RERANK_BUDGET = 2**25
+# Float32 scores the exact scan holds at once (queries × gallery rows): 64 MiB.
+SCAN_BUDGET = 2**24
+# Rows lifted at a time (bounds the float64 working copy).
+LIFT_BLOCK = 65536
+# Which engine scores a flat gallery exactly: "auto" (torch's matrix product, measured faster than
+# FAISS's flat scan at every batch size on the CPUs benchmarked, see BENCHMARKS.md), "torch" or
+# "faiss". IVF and HNSW always search through FAISS.
+SearchEngine = Literal["auto", "torch", "faiss"]
+SEARCH_ENGINES: tuple[str, ...] = ("auto", "torch", "faiss")
 
 
 def validate_index_params(kind: str, params: dict[str, Any]) -> dict[str, int]:
@@ -69,11 +82,20 @@ def exact_distances(queries: np.ndarray, points: np.ndarray, curv: float) -> np.
     return np.log1p(t + np.sqrt(t * (t + 2.0))) / np.sqrt(curv)
 
 
-def lifted_gallery(points: np.ndarray, curv: float) -> np.ndarray:
-    x = np.asarray(points, dtype=np.float64)
-    return np.ascontiguousarray(
-        np.concatenate([time_component64(x, curv)[:, None], x], axis=1), dtype=np.float32
-    )
+def lifted_gallery(points: np.ndarray, curv: float, out: np.ndarray | None = None) -> np.ndarray:
+    """Rows x̃ = (x₀, x) in float32 (x₀ from float64), written into ``out`` when given.
+
+    Worked in blocks of rows so that a million-row gallery never holds a float64 copy at once.
+    """
+    points = np.asarray(points)
+    n = len(points)
+    if out is None:
+        out = np.empty((n, points.shape[1] + 1), dtype=np.float32)
+    for start in range(0, n, LIFT_BLOCK):
+        block = np.asarray(points[start : start + LIFT_BLOCK], dtype=np.float64)
+        out[start : start + len(block), 0] = time_component64(block, curv)
+        out[start : start + len(block), 1:] = block
+    return out
 
 
 def lifted_queries(queries: np.ndarray, curv: float) -> np.ndarray:
@@ -90,11 +112,49 @@ def faiss_gpu_count() -> int:
     return int(faiss.get_num_gpus())
 
 
+def top_inner_products(gallery: torch.Tensor, queries: torch.Tensor, m: int) -> torch.Tensor:
+    """Row positions of the ``m`` largest inner products per query, best first (nq × m, int64).
+
+    ``gallery`` (N × D) and ``queries`` (nq × D) are float32 on one device. The gallery is
+    scanned in blocks so that the score matrix stays within ``SCAN_BUDGET`` values: one query
+    is a single matrix-vector pass (bound by memory bandwidth), a batch a blocked matrix product
+    (bound by the FLOP rate) whose per-block best are merged at the end.
+    """
+    n = gallery.shape[0]
+    nq = queries.shape[0]
+    block = max(m, SCAN_BUDGET // max(nq, 1))
+    if n <= block:
+        return torch.topk(queries @ gallery.T, m, dim=1, sorted=True).indices
+    best_scores, best_positions = [], []
+    for start in range(0, n, block):
+        scores = queries @ gallery[start : start + block].T
+        top = torch.topk(scores, min(m, scores.shape[1]), dim=1, sorted=False)
+        best_scores.append(top.values)
+        best_positions.append(top.indices + start)
+    merged = torch.topk(torch.cat(best_scores, dim=1), m, dim=1, sorted=True).indices
+    return torch.gather(torch.cat(best_positions, dim=1), 1, merged)
+
+
+class _Rows(NamedTuple):
+    """One consistent state of the stored rows: a search reads it once, writers replace it."""
+
+    lifted: np.ndarray  # N × (d+1) float32: (x₀, x); the space components are [:, 1:]
+    ids: np.ndarray  # N int64
+    tensor: torch.Tensor  # ``lifted`` as a tensor sharing its memory (or a device copy)
+
+
+def _rows_of(lifted: np.ndarray, ids: np.ndarray) -> _Rows:
+    return _Rows(lifted, ids, torch.from_numpy(lifted))
+
+
 class LorentzIndex:
     """Points (space components, float32) by int64 id, searchable by exact Lorentz distance.
 
-    Writes must be serialised by the caller; searches may run concurrently with each other on
-    CPU (a GPU copy, when used, is guarded by a lock here).
+    The lifted rows are kept in one growing float32 buffer: a flat gallery is scanned exactly by
+    torch's matrix product (``engine``; FAISS's flat scan on request), IVF and HNSW through FAISS,
+    which stays the index of record for ids and structure. Writes must be serialised by the
+    caller; searches may run concurrently with each other on CPU (a GPU copy, when used, is
+    guarded by a lock here), and each search reads one consistent state of the rows.
     """
 
     def __init__(
@@ -105,21 +165,35 @@ class LorentzIndex:
         params: dict[str, Any] | None = None,
         *,
         use_gpu: bool = False,
+        engine: str = "auto",
     ) -> None:
         if dim < 1 or not curv > 0:
             raise ValueError("dim must be ≥ 1 and curv > 0")
+        if engine not in SEARCH_ENGINES:
+            raise ValueError(f"unknown search engine {engine!r}, expected one of {SEARCH_ENGINES}")
         self.dim = dim
         self.curv = float(curv)
         self.kind = kind
         self.params = validate_index_params(kind, params or {})
-        self.use_gpu = use_gpu and kind == "flat" and faiss_gpu_count() > 0
-        self._ids = np.empty(0, dtype=np.int64)
-        self._points = np.empty((0, dim), dtype=np.float32)
+        self.engine = engine
+        self.scan_exactly = kind == "flat" and engine != "faiss"
+        # A torch scan runs on the GPU when torch sees one; FAISS's only on GPU builds of FAISS.
+        self.scan_device = torch.device(
+            "cuda" if use_gpu and self.scan_exactly and torch.cuda.is_available() else "cpu"
+        )
+        self.use_gpu = (
+            use_gpu and kind == "flat" and not self.scan_exactly and faiss_gpu_count() > 0
+        )
+        # Capacity grows geometrically, so appending a batch copies the buffer O(1) times amortised.
+        self._lifted_buffer = np.empty((0, dim + 1), dtype=np.float32)
+        self._id_buffer = np.empty(0, dtype=np.int64)
+        self._rows = _rows_of(self._lifted_buffer[:0], self._id_buffer[:0])
         self._position: dict[int, int] = {}
         self._trained_size = 0
         self._faiss = self._empty_faiss()
         self._gpu_index: Any = None
         self._gpu_lock = threading.Lock()
+        self._device_rows: tuple[_Rows, torch.Tensor] | None = None
 
     # -- structure ------------------------------------------------------------------------------
     def _empty_faiss(self) -> faiss.Index:
@@ -128,7 +202,7 @@ class LorentzIndex:
         ``IndexIDMap`` compacts its id table on removal while IVF keeps its internal ids."""
         d = self.dim + 1
         if self.kind == "ivf":
-            n = len(self._ids)
+            n = self.ntotal
             # FAISS wants ≥ 39 training points per list; fewer lists beat a degenerate training.
             nlist = max(1, min(self.params["nlist"], n // 39))
             ivf = faiss.IndexIVFFlat(faiss.IndexFlatIP(d), d, nlist, faiss.METRIC_INNER_PRODUCT)
@@ -145,25 +219,39 @@ class LorentzIndex:
     def _rebuild_faiss(self) -> None:
         self._faiss = self._empty_faiss()
         self._gpu_index = None
-        if not len(self._ids):
+        rows = self._rows
+        if not len(rows.ids):
             self._trained_size = 0
             return
-        lifted = lifted_gallery(self._points, self.curv)
         if self.kind == "ivf":
-            self._faiss.train(lifted)
-            self._trained_size = len(self._ids)
-        self._faiss.add_with_ids(lifted, self._ids)
+            self._faiss.train(rows.lifted)
+            self._trained_size = len(rows.ids)
+        self._faiss.add_with_ids(rows.lifted, rows.ids)
+
+    def _set_rows(self, lifted: np.ndarray, ids: np.ndarray) -> None:
+        """Adopt exactly these rows (buffers at their size) and the id → row map."""
+        self._lifted_buffer = np.ascontiguousarray(lifted, dtype=np.float32)
+        self._id_buffer = np.ascontiguousarray(ids, dtype=np.int64)
+        self._rows = _rows_of(self._lifted_buffer, self._id_buffer)
+        self._position = {item: pos for pos, item in enumerate(self._id_buffer.tolist())}
 
     @property
     def ntotal(self) -> int:
-        return len(self._ids)
+        return len(self._rows.ids)
 
     @property
     def ids(self) -> np.ndarray:
-        return self._ids.copy()
+        return self._rows.ids.copy()
+
+    @property
+    def lifted(self) -> np.ndarray:
+        """The lifted rows (x₀, x), read-only view, in id order of ``ids``."""
+        view = self._rows.lifted.view()
+        view.flags.writeable = False
+        return view
 
     def points_for(self, ids: np.ndarray) -> np.ndarray:
-        return self._points[[self._position[int(i)] for i in ids]]
+        return self._rows.lifted[[self._position[int(i)] for i in ids], 1:]
 
     # -- writes ---------------------------------------------------------------------------------
     def upsert(self, ids: np.ndarray, points: np.ndarray) -> None:
@@ -175,18 +263,29 @@ class LorentzIndex:
             self.remove(existing)
         if not len(ids):
             return
-        start = len(self._ids)
-        self._ids = np.concatenate([self._ids, ids])
-        self._points = np.concatenate([self._points, points])
+        start, end = self.ntotal, self.ntotal + len(ids)
+        if end > len(self._id_buffer):
+            # New buffers (never resized in place): a search still reading the old rows keeps
+            # a valid view of them.
+            capacity = max(end, int(len(self._id_buffer) * 1.5), 1024)
+            lifted = np.empty((capacity, self.dim + 1), dtype=np.float32)
+            lifted[:start] = self._lifted_buffer[:start]
+            id_buffer = np.empty(capacity, dtype=np.int64)
+            id_buffer[:start] = self._id_buffer[:start]
+            self._lifted_buffer, self._id_buffer = lifted, id_buffer
+        # Rows past the published ones: no reader looks there until the new state is published.
+        new_rows = lifted_gallery(points, self.curv, out=self._lifted_buffer[start:end])
+        self._id_buffer[start:end] = ids
         for offset, item in enumerate(ids.tolist()):
             self._position[item] = start + offset
+        self._rows = _rows_of(self._lifted_buffer[:end], self._id_buffer[:end])
         grown = self.kind == "ivf" and (
-            self._trained_size == 0 or len(self._ids) > IVF_RETRAIN_GROWTH * self._trained_size
+            self._trained_size == 0 or end > IVF_RETRAIN_GROWTH * self._trained_size
         )
         if grown:
             self._rebuild_faiss()
         else:
-            self._faiss.add_with_ids(lifted_gallery(points, self.curv), ids)
+            self._faiss.add_with_ids(new_rows, ids)
             self._gpu_index = None
 
     def remove(self, ids: np.ndarray) -> int:
@@ -194,11 +293,10 @@ class LorentzIndex:
         present = [int(i) for i in np.asarray(ids, dtype=np.int64) if int(i) in self._position]
         if not present:
             return 0
-        keep = np.ones(len(self._ids), dtype=bool)
+        keep = np.ones(self.ntotal, dtype=bool)
         keep[[self._position[i] for i in present]] = False
-        self._ids = self._ids[keep]
-        self._points = self._points[keep]
-        self._position = {item: pos for pos, item in enumerate(self._ids.tolist())}
+        rows = self._rows
+        self._set_rows(rows.lifted[keep], rows.ids[keep])
         if self.kind == "hnsw":
             # HNSW graphs cannot drop nodes; rebuild from the stored points.
             self._rebuild_faiss()
@@ -216,44 +314,88 @@ class LorentzIndex:
                 self._gpu_index = faiss.index_cpu_to_all_gpus(self._faiss)
             return self._gpu_index.search(lifted, m)
 
+    def _faiss_candidates(
+        self, rows: _Rows, lifted_q: np.ndarray, m: int
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Row positions (and which are real) of FAISS's ``m`` best per query.
+
+        Flat and HNSW hold the rows in the same order as ``rows`` (added in order, removed
+        in order or rebuilt), so the inner index's labels are row positions; searching it
+        directly also skips ``IndexIDMap2``'s label translation, an OpenMP loop that costs a
+        thread wake-up (milliseconds on a busy machine) even for one query. IVF stores the
+        ids themselves, mapped back through the id → row table."""
+        n = len(rows.ids)
+        if isinstance(self._faiss, faiss.IndexIDMap2) and not self.use_gpu:
+            _, labels = faiss.downcast_index(self._faiss.index).search(lifted_q, m)
+            valid = (labels >= 0) & (labels < n)
+            return np.where(valid, labels, 0), valid
+        _, candidates = self._faiss_search(lifted_q, m)
+        valid = candidates >= 0
+        positions = np.zeros_like(candidates)
+        position = self._position
+        positions[valid] = [position[int(c)] for c in candidates[valid]]
+        return positions, valid
+
+    def _scan_tensor(self, rows: _Rows) -> torch.Tensor:
+        """The rows on the scan's device (a GPU copy is made once per state of the rows)."""
+        if self.scan_device.type == "cpu":
+            return rows.tensor
+        with self._gpu_lock:
+            cached = self._device_rows
+            if cached is None or cached[0] is not rows:
+                self._device_rows = cached = (rows, rows.tensor.to(self.scan_device))
+            return cached[1]
+
     def search(
         self, queries: np.ndarray, k: int, *, overfetch: int = 4, min_candidates: int = 64
     ) -> tuple[np.ndarray, np.ndarray]:
         """The k nearest ids per query (−1 padded when fewer exist) and float64 distances (inf
-        padded), nearest first. FAISS proposes max(overfetch·k, k + min_candidates) candidates."""
+        padded), nearest first. The float32 scan proposes max(overfetch·k, k + min_candidates)
+        candidates; their order and distances come from the float64 formula."""
         queries = np.asarray(queries, dtype=np.float64).reshape(-1, self.dim)
         nq = len(queries)
         out_ids = np.full((nq, k), -1, dtype=np.int64)
         out_dist = np.full((nq, k), np.inf, dtype=np.float64)
-        if self.ntotal == 0 or nq == 0:
+        rows = self._rows
+        n = len(rows.ids)
+        if n == 0 or nq == 0:
             return out_ids, out_dist
-        m = min(self.ntotal, max(overfetch * k, k + min_candidates))
-        _, candidates = self._faiss_search(lifted_queries(queries, self.curv), m)
+        m = min(n, max(overfetch * k, k + min_candidates))
+        lifted_q = lifted_queries(queries, self.curv)
+        if self.scan_exactly:
+            gallery = self._scan_tensor(rows)
+            found_at = top_inner_products(gallery, torch.from_numpy(lifted_q).to(gallery.device), m)
+            positions = found_at.cpu().numpy()
+            valid = np.ones(positions.shape, dtype=bool)
+        else:
+            positions, valid = self._faiss_candidates(rows, lifted_q, m)
         found = min(k, m)
         # The re-rank gathers queries × candidates × dim float64 values: bound that working set.
         chunk = max(1, RERANK_BUDGET // (m * self.dim))
         for start in range(0, nq, chunk):
-            rows = slice(start, start + chunk)
-            ids, dist = self._rerank(queries[rows], candidates[rows], found)
-            out_ids[rows, :found], out_dist[rows, :found] = ids, dist
+            part = slice(start, start + chunk)
+            ids, dist = self._rerank(rows, queries[part], positions[part], valid[part], found)
+            out_ids[part, :found], out_dist[part, :found] = ids, dist
         return out_ids, out_dist
 
     def _rerank(
-        self, queries: np.ndarray, candidates: np.ndarray, k: int
+        self,
+        rows: _Rows,
+        queries: np.ndarray,
+        positions: np.ndarray,
+        valid: np.ndarray,
+        k: int,
     ) -> tuple[np.ndarray, np.ndarray]:
-        valid = candidates >= 0
-        positions = np.zeros_like(candidates)
-        positions[valid] = [self._position[int(c)] for c in candidates[valid]]
-        dist = exact_distances(queries[:, None, :], self._points[positions], self.curv)
+        dist = exact_distances(queries[:, None, :], rows.lifted[positions][..., 1:], self.curv)
         dist[~valid] = np.inf
         order = np.argsort(dist, axis=1, kind="stable")[:, :k]
         top_dist = np.take_along_axis(dist, order, axis=1)
-        top_ids = np.take_along_axis(candidates, order, axis=1)
+        top_ids = rows.ids[np.take_along_axis(positions, order, axis=1)]
         return np.where(np.isfinite(top_dist), top_ids, -1), top_dist
 
     # -- serialisation --------------------------------------------------------------------------
-    def to_bytes(self) -> bytes:
-        meta = {
+    def _meta(self) -> dict[str, Any]:
+        return {
             "format": FORMAT,
             "dim": self.dim,
             "curv": self.curv,
@@ -261,34 +403,62 @@ class LorentzIndex:
             "params": self.params,
             "trained_size": self._trained_size,
         }
+
+    def write_to(self, fh: IO[bytes]) -> None:
+        """Serialise into an open binary file, streaming the arrays (no whole copy in memory).
+
+        A flat index's FAISS structure is its rows again, rebuilt on load by a copy; IVF and
+        HNSW structures are stored (training and graph building cost far more)."""
+        rows = self._rows
+        arrays: dict[str, np.ndarray] = {
+            "meta": np.array(json.dumps(self._meta())),
+            "ids": rows.ids,
+            "lifted": rows.lifted,
+        }
+        if self.kind != "flat":
+            arrays["faiss"] = faiss.serialize_index(self._faiss)
+        np.savez(fh, **arrays)
+
+    def to_bytes(self) -> bytes:
         buf = io.BytesIO()
-        np.savez(
-            buf,
-            meta=np.array(json.dumps(meta)),
-            ids=self._ids,
-            points=self._points,
-            faiss=faiss.serialize_index(self._faiss),
-        )
+        self.write_to(buf)
         return buf.getvalue()
 
     @classmethod
-    def from_bytes(cls, blob: bytes, *, use_gpu: bool = False) -> LorentzIndex:
-        with np.load(io.BytesIO(blob), allow_pickle=False) as data:
+    def read_from(
+        cls, source: str | Path | IO[bytes], *, use_gpu: bool = False, engine: str = "auto"
+    ) -> LorentzIndex:
+        with np.load(source, allow_pickle=False) as data:
             meta = json.loads(str(data["meta"]))
             if meta.get("format") != FORMAT:
                 raise ValueError("unknown index file format")
-            index = cls(meta["dim"], meta["curv"], meta["kind"], meta["params"], use_gpu=use_gpu)
-            index._ids = data["ids"].astype(np.int64)
-            index._points = data["points"].astype(np.float32)
-            index._faiss = faiss.deserialize_index(data["faiss"])
-        index._trained_size = int(meta["trained_size"])
-        index._position = {item: pos for pos, item in enumerate(index._ids.tolist())}
-        if index._faiss.ntotal != len(index._ids) or index._points.shape != (
-            len(index._ids),
-            index.dim,
-        ):
+            index = cls(
+                meta["dim"],
+                meta["curv"],
+                meta["kind"],
+                meta["params"],
+                use_gpu=use_gpu,
+                engine=engine,
+            )
+            ids = data["ids"].astype(np.int64)
+            lifted = data["lifted"].astype(np.float32)
+            if lifted.shape != (len(ids), index.dim + 1):
+                raise ValueError("index file is inconsistent (ids and stored rows disagree)")
+            index._set_rows(lifted, ids)
+            index._trained_size = int(meta["trained_size"])
+            if index.kind == "flat":
+                index._rebuild_faiss()
+            else:
+                index._faiss = faiss.deserialize_index(data["faiss"])
+        if index._faiss.ntotal != index.ntotal:
             raise ValueError("index file is inconsistent (FAISS and stored points disagree)")
         return index
+
+    @classmethod
+    def from_bytes(
+        cls, blob: bytes, *, use_gpu: bool = False, engine: str = "auto"
+    ) -> LorentzIndex:
+        return cls.read_from(io.BytesIO(blob), use_gpu=use_gpu, engine=engine)
 
     @classmethod
     def build(
@@ -301,10 +471,11 @@ class LorentzIndex:
         points: np.ndarray,
         *,
         use_gpu: bool = False,
+        engine: str = "auto",
     ) -> LorentzIndex:
-        index = cls(dim, curv, kind, params, use_gpu=use_gpu)
-        index._ids = np.asarray(ids, dtype=np.int64).copy()
-        index._points = np.asarray(points, dtype=np.float32).reshape(len(ids), dim).copy()
-        index._position = {item: pos for pos, item in enumerate(index._ids.tolist())}
+        index = cls(dim, curv, kind, params, use_gpu=use_gpu, engine=engine)
+        ids = np.asarray(ids, dtype=np.int64)
+        points = np.asarray(points, dtype=np.float32).reshape(len(ids), dim)
+        index._set_rows(lifted_gallery(points, index.curv), ids)
         index._rebuild_faiss()
         return index

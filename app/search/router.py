@@ -1,27 +1,90 @@
-"""HTTP for gallery search."""
+"""HTTP for gallery search: a JSON body, or the query rows as one ``.npy`` body."""
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from typing import Annotated, Any
 
+from fastapi import APIRouter, Query, Request
+from starlette.concurrency import run_in_threadpool
+
+from app.core.arrays import load_npy
 from app.core.deps import SessionDep, StateDep, TenantDep
+from app.core.errors import Problem, invalid
+from app.core.schemas import openapi_body
+from app.core.uploads import read_json_model
 from app.galleries.service import get_gallery
 from app.search import service
 from app.search.schemas import SearchRequest, SearchResponse
 
 router = APIRouter(prefix="/v1/galleries", tags=["search"])
 
+NPY_MEDIA_TYPE = "application/x-npy"
+DEFAULT_K = SearchRequest.model_fields["k"].default
+
+
+def _search_openapi() -> dict[str, Any]:
+    extra = openapi_body(SearchRequest)
+    extra["requestBody"]["content"][NPY_MEDIA_TYPE] = {
+        "schema": {
+            "type": "string",
+            "format": "binary",
+            "description": "the query rows as one float16/32/64 N×D .npy array; k, model_id "
+            "and modality as query parameters",
+        }
+    }
+    return extra
+
 
 @router.post(
-    "/{gallery_id}/search", response_model=SearchResponse, response_model_exclude_none=True
+    "/{gallery_id}/search",
+    response_model=SearchResponse,
+    response_model_exclude_none=True,
+    openapi_extra=_search_openapi(),
 )
-def search(
-    gallery_id: str, body: SearchRequest, state: StateDep, session: SessionDep, tenant_id: TenantDep
+async def search(
+    gallery_id: str,
+    request: Request,
+    state: StateDep,
+    session: SessionDep,
+    tenant_id: TenantDep,
+    k: Annotated[
+        int | None, Query(ge=1, description=f"{NPY_MEDIA_TYPE} bodies only (default {DEFAULT_K})")
+    ] = None,
+    model_id: Annotated[
+        str | None, Query(min_length=1, max_length=40, description=f"{NPY_MEDIA_TYPE} only")
+    ] = None,
+    modality: Annotated[
+        str | None,
+        Query(
+            min_length=1,
+            max_length=64,
+            pattern=r"^[A-Za-z0-9_.-]+$",
+            description=f"{NPY_MEDIA_TYPE} only",
+        ),
+    ] = None,
 ) -> dict:
     """k nearest gallery items per query, by exact Lorentz distance. With `model_id` the vectors
-    are that model's input features; an incompatible model answers 409."""
-    gallery = get_gallery(session, tenant_id, gallery_id)
-    results = service.search_gallery(
-        session, state.settings, state.indexes, state.models, tenant_id, gallery, body
-    )
-    return {"results": results}
+    are that model's input features; an incompatible model answers 409. The rows come as JSON
+    (`vectors`) or, faster for large batches, as one `.npy` body (`Content-Type:
+    application/x-npy`) with `k`, `model_id` and `modality` in the query string."""
+    content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if content_type == "application/json":
+        given = [n for n, v in (("k", k), ("model_id", model_id), ("modality", modality)) if v]
+        if given:
+            raise invalid(given[0], "goes in the JSON body (query parameters are for .npy bodies)")
+        query = service.SearchQuery.of(await read_json_model(request, SearchRequest))
+    elif content_type == NPY_MEDIA_TYPE:
+        vectors = load_npy(await request.body(), "vectors")
+        query = service.SearchQuery(vectors, DEFAULT_K if k is None else k, model_id, modality)
+    else:
+        raise Problem(415, "Unsupported media type", f"send application/json or {NPY_MEDIA_TYPE}")
+
+    def run() -> dict:
+        gallery = get_gallery(session, tenant_id, gallery_id)
+        results = service.search_gallery(
+            session, state.settings, state.indexes, state.models, tenant_id, gallery, query
+        )
+        return {"results": results}
+
+    # The scan and the re-rank release the GIL: other requests are served meanwhile.
+    return await run_in_threadpool(run)

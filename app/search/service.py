@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -18,13 +20,27 @@ from app.search.schemas import SearchRequest
 from app.search.store import IndexStore
 
 
+@dataclass(frozen=True)
+class SearchQuery:
+    """A search after parsing: rows from JSON (lists) or from a ``.npy`` body (an array)."""
+
+    vectors: Sequence[Sequence[float]] | np.ndarray
+    k: int
+    model_id: str | None = None
+    modality: str | None = None
+
+    @classmethod
+    def of(cls, request: SearchRequest) -> SearchQuery:
+        return cls(request.vectors, request.k, request.model_id, request.modality)
+
+
 def _queries(
     session: Session,
     settings: Settings,
     cache: ModelCache,
     tenant_id: str,
     gallery: Gallery,
-    request: SearchRequest,
+    request: SearchQuery,
 ) -> np.ndarray:
     """The queries as space components in the gallery's frame."""
     if request.model_id is None:
@@ -45,8 +61,10 @@ def search_gallery(
     cache: ModelCache,
     tenant_id: str,
     gallery: Gallery,
-    request: SearchRequest,
+    request: SearchQuery | SearchRequest,
 ) -> list[list[dict[str, Any]]]:
+    if isinstance(request, SearchRequest):
+        request = SearchQuery.of(request)
     if request.k > settings.max_k:
         raise invalid("k", f"must be ≤ {settings.max_k}")
     check_batch_size(len(request.vectors), "vectors", settings.max_vectors_per_request)

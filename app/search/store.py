@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from app.core.files import write_atomically
+from app.core.files import write_atomically_with
 from app.search.index import LorentzIndex
 
 log = logging.getLogger(__name__)
@@ -44,9 +44,10 @@ PointLoader = Callable[[], tuple[np.ndarray, np.ndarray]]
 class IndexStore:
     """In-memory indexes keyed by gallery, kept equal to the database's committed version."""
 
-    def __init__(self, directory: Path, *, use_gpu: bool = False) -> None:
+    def __init__(self, directory: Path, *, use_gpu: bool = False, engine: str = "auto") -> None:
         self.directory = directory
         self.use_gpu = use_gpu
+        self.engine = engine
         self._indexes: dict[str, tuple[int, LorentzIndex]] = {}
         self._locks: dict[str, threading.RLock] = {}
         self._guard = threading.Lock()
@@ -60,7 +61,7 @@ class IndexStore:
         return self.directory / f"{gallery_id}.v{version}.npz"
 
     def _persist(self, spec: IndexSpec, index: LorentzIndex) -> None:
-        write_atomically(self.path(spec.gallery_id, spec.version), index.to_bytes())
+        write_atomically_with(self.path(spec.gallery_id, spec.version), index.write_to)
         self._remove_files(spec.gallery_id, keep_version=spec.version)
 
     def _remove_files(self, gallery_id: str, keep_version: int | None = None) -> None:
@@ -74,7 +75,14 @@ class IndexStore:
     def _build(self, spec: IndexSpec, load_points: PointLoader) -> LorentzIndex:
         ids, points = load_points()
         return LorentzIndex.build(
-            spec.dim, spec.curv, spec.kind, spec.params, ids, points, use_gpu=self.use_gpu
+            spec.dim,
+            spec.curv,
+            spec.kind,
+            spec.params,
+            ids,
+            points,
+            use_gpu=self.use_gpu,
+            engine=self.engine,
         )
 
     def _load_file(self, spec: IndexSpec) -> LorentzIndex | None:
@@ -82,7 +90,7 @@ class IndexStore:
         if not path.exists():
             return None
         try:
-            index = LorentzIndex.from_bytes(path.read_bytes(), use_gpu=self.use_gpu)
+            index = LorentzIndex.read_from(path, use_gpu=self.use_gpu, engine=self.engine)
         except Exception as exc:  # any unreadable file (torn zip, bad header, …) is rebuilt
             log.warning("index file %s unreadable (%r); rebuilding", path.name, exc)
             return None

@@ -152,3 +152,105 @@ def test_rerank_works_in_bounded_chunks(monkeypatch) -> None:
     chunked = index.search(queries, 5)
     np.testing.assert_array_equal(whole[0], chunked[0])
     np.testing.assert_array_equal(whole[1], chunked[1])
+
+
+@pytest.mark.parametrize("n_queries", [1, 7, 64])
+def test_torch_scan_and_faiss_answer_alike(n_queries: int) -> None:
+    """The exact torch scan and FAISS's flat scan propose candidates that re-rank to the same
+    answer (the brute-force one)."""
+    gallery = points_at_radius(500, 12, 3.0, seed=13).astype(np.float32)
+    queries = points_at_radius(n_queries, 12, 3.0, seed=14)
+    ids = np.arange(7, 507)
+    by_torch = LorentzIndex.build(12, 1.0, "flat", {}, ids, gallery, engine="torch")
+    by_faiss = LorentzIndex.build(12, 1.0, "flat", {}, ids, gallery, engine="faiss")
+    assert by_torch.scan_exactly and not by_faiss.scan_exactly
+    order, expected = brute_force(queries, gallery.astype(np.float64), 10, 1.0)
+    for index in (by_torch, by_faiss):
+        found, dist = index.search(queries, 10)
+        np.testing.assert_array_equal(found, ids[order])
+        np.testing.assert_allclose(dist, expected, rtol=1e-9)
+
+
+def test_blocked_scan_merges_like_one_pass(monkeypatch) -> None:
+    """A gallery larger than the score budget is scanned in blocks; the merged best are the
+    best of a single pass."""
+    import app.search.index as index_module
+
+    gallery = torch.as_tensor(np.random.default_rng(15).normal(size=(1000, 9)), dtype=torch.float32)
+    queries = torch.as_tensor(np.random.default_rng(16).normal(size=(5, 9)), dtype=torch.float32)
+    whole = index_module.top_inner_products(gallery, queries, 20)
+    monkeypatch.setattr(index_module, "SCAN_BUDGET", 5 * 64)  # blocks of 64 rows
+    blocked = index_module.top_inner_products(gallery, queries, 20)
+    np.testing.assert_array_equal(blocked.numpy(), whole.numpy())
+    expected = np.argsort(-(queries @ gallery.T).numpy(), axis=1, kind="stable")[:, :20]
+    np.testing.assert_array_equal(whole.numpy(), expected)
+
+
+def test_many_small_upserts_equal_one_build() -> None:
+    """Rows appended into the growing buffer (several reallocations) answer as a fresh build,
+    and a search state taken before a write stays valid after it."""
+    points = points_at_radius(3000, 6, 2.0, seed=17).astype(np.float32)
+    grown = LorentzIndex(6, 1.0)
+    for start in range(0, 3000, 250):
+        grown.upsert(np.arange(start, start + 250), points[start : start + 250])
+    built = LorentzIndex.build(6, 1.0, "flat", {}, np.arange(3000), points)
+    np.testing.assert_array_equal(grown.lifted, built.lifted)
+    queries = points_at_radius(20, 6, 2.0, seed=18)
+    for got, expected in zip(grown.search(queries, 5), built.search(queries, 5), strict=True):
+        np.testing.assert_array_equal(got, expected)
+    before = grown._rows
+    grown.upsert(np.array([10_000]), points[[0]])
+    assert len(before.ids) == 3000 and grown.ntotal == 3001
+    np.testing.assert_array_equal(before.lifted, built.lifted)
+    np.testing.assert_array_equal(grown.points_for(np.array([10_000])), points[[0]])
+
+
+@pytest.mark.parametrize("kind", ["flat", "ivf", "hnsw"])
+def test_file_round_trip_streams(tmp_path, kind: str) -> None:
+    points = points_at_radius(400, 5, 2.0, seed=19).astype(np.float32)
+    index = LorentzIndex.build(5, 1.0, kind, {}, np.arange(400), points)
+    path = tmp_path / "index.npz"
+    with path.open("wb") as fh:
+        index.write_to(fh)
+    restored = LorentzIndex.read_from(path)
+    assert restored.kind == kind and restored.ntotal == 400
+    np.testing.assert_array_equal(restored.lifted, index.lifted)
+    queries = points_at_radius(10, 5, 2.0, seed=20)
+    np.testing.assert_array_equal(restored.search(queries, 4)[0], index.search(queries, 4)[0])
+
+
+def test_files_of_the_previous_format_are_refused() -> None:
+    """Format 1 stored space components and a FAISS blob; such a file is rebuilt, never read."""
+    import io
+    import json
+
+    buf = io.BytesIO()
+    meta = {"format": 1, "dim": 3, "curv": 1.0, "kind": "flat", "params": {}, "trained_size": 0}
+    np.savez(buf, meta=np.array(json.dumps(meta)), ids=np.arange(1), points=np.zeros((1, 3)))
+    with pytest.raises(ValueError, match="format"):
+        LorentzIndex.from_bytes(buf.getvalue())
+
+
+def test_unknown_engine_is_refused() -> None:
+    with pytest.raises(ValueError, match="engine"):
+        LorentzIndex(3, 1.0, engine="gpu-magic")
+
+
+@pytest.mark.parametrize("kind", ["flat", "hnsw"])
+def test_faiss_rows_stay_in_the_order_of_the_stored_rows(kind: str) -> None:
+    """Flat and HNSW searches read FAISS's inner labels as row positions: after any sequence
+    of writes, FAISS's id table must list the stored ids in row order."""
+    import faiss
+
+    points = points_at_radius(300, 4, 1.5, seed=21).astype(np.float32)
+    index = LorentzIndex(4, 1.0, kind, engine="faiss")
+    index.upsert(np.arange(200), points[:200])
+    index.remove(np.array([3, 50, 199]))
+    index.upsert(np.array([10, 250, 251]), points[[100, 250, 251]])
+    index.upsert(np.arange(260, 300), points[260:])
+    np.testing.assert_array_equal(faiss.vector_to_array(index._faiss.id_map), index.ids)
+    queries = points_at_radius(15, 4, 1.5, seed=22)
+    order, _ = brute_force(queries, index.lifted[:, 1:].astype(np.float64), 5, 1.0)
+    found, _ = index.search(queries, 5)
+    expected = index.ids[order]
+    assert np.mean(found == expected) >= (1.0 if kind == "flat" else 0.95)

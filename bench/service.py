@@ -1,0 +1,156 @@
+"""The API as a real server process (uvicorn, one worker) for HTTP benchmarks, and a direct
+database seed for galleries too large to upload request by request in a benchmark's time."""
+
+from __future__ import annotations
+
+import io
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+from sqlalchemy import insert, select
+
+from bench.wordnet import REPO_ROOT
+
+BENCH_KEY = "nbk_benchmark_key_" + "b" * 32
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def npy_bytes(array: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    np.save(buf, array, allow_pickle=False)
+    return buf.getvalue()
+
+
+def service_env(data_dir: Path, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    env = {
+        **os.environ,
+        "NOBACKFILL_DATA_DIR": str(data_dir),
+        "NOBACKFILL_BOOTSTRAP_KEY": BENCH_KEY,
+        "NOBACKFILL_LOCAL_KEY": "false",
+        "NOBACKFILL_JOB_RUNNER": "inline",
+        "NOBACKFILL_LOG_LEVEL": "warning",
+    }
+    env.pop("NOBACKFILL_DATABASE_URL", None)
+    env.update(extra or {})
+    return env
+
+
+@dataclass
+class RunningService:
+    url: str
+    process: subprocess.Popen
+    log_path: Path
+
+    def client(self, timeout: float = 600.0) -> httpx.Client:
+        return httpx.Client(
+            base_url=self.url,
+            headers={"Authorization": f"Bearer {BENCH_KEY}"},
+            timeout=timeout,
+        )
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
+def start_service(
+    data_dir: Path, extra_env: Mapping[str, str] | None = None, startup_timeout: float = 900.0
+) -> RunningService:
+    """``uvicorn app.main:create_app`` on a free local port; returns once /healthz answers (the
+    startup check may first rebuild a large gallery's index from the database)."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    log_path = data_dir / "server.log"
+    log = log_path.open("ab")
+    command = [
+        sys.executable,
+        "-m",
+        "uvicorn",
+        "app.main:create_app",
+        "--factory",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--log-level",
+        "warning",
+        "--no-access-log",
+    ]
+    process = subprocess.Popen(
+        command, cwd=REPO_ROOT, env=service_env(data_dir, extra_env), stdout=log, stderr=log
+    )
+    service = RunningService(f"http://127.0.0.1:{port}", process, log_path)
+    deadline = time.monotonic() + startup_timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"server exited ({process.returncode}); see {log_path}")
+        try:
+            if httpx.get(f"{service.url}/healthz", timeout=2).status_code == 200:
+                return service
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    service.stop()
+    raise TimeoutError(f"server did not answer within {startup_timeout} s; see {log_path}")
+
+
+def create_gallery(service: RunningService, body: dict[str, Any]) -> str:
+    with service.client() as client:
+        response = client.post("/v1/galleries", json=body)
+        response.raise_for_status()
+        return str(response.json()["id"])
+
+
+def seed_gallery_rows(
+    data_dir: Path, gallery_id: str, item_ids: list[str], vectors: np.ndarray, chunk: int = 20_000
+) -> None:
+    """Insert rows straight into the (stopped) service's database, as committed uploads would
+    leave them, and bump the gallery's index version: the next start rebuilds its index."""
+    from app.core.db import Database, utcnow
+    from app.core.settings import Settings
+    from app.galleries.models import Gallery, GalleryVector
+
+    settings = Settings(_env_file=None, data_dir=data_dir, bootstrap_key=BENCH_KEY)
+    db = Database(settings)
+    try:
+        now = utcnow()
+        with db.session() as session:
+            for start in range(0, len(item_ids), chunk):
+                block = np.ascontiguousarray(vectors[start : start + chunk], dtype="<f4")
+                session.execute(
+                    insert(GalleryVector),
+                    [
+                        {
+                            "gallery_id": gallery_id,
+                            "item_id": item_id,
+                            "vector": row.tobytes(),
+                            "updated_at": now,
+                        }
+                        for item_id, row in zip(item_ids[start : start + chunk], block, strict=True)
+                    ],
+                )
+            gallery = session.scalar(select(Gallery).where(Gallery.id == gallery_id))
+            assert gallery is not None
+            gallery.count += len(item_ids)
+            gallery.index_version += 1
+    finally:
+        db.dispose()

@@ -1,0 +1,110 @@
+"""Search over HTTP with the query rows as one ``.npy`` body (``application/x-npy``): the same
+answers as JSON, and bad bodies refused with a problem naming the field."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+
+from tests.service.conftest import field_names, problem
+from tests.service.test_galleries_api import make_gallery, seed_vectors
+
+NPY = {"Content-Type": "application/x-npy"}
+
+
+def npy_body(array: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    np.save(buf, array, allow_pickle=False)
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+def test_npy_search_answers_like_json(client: TestClient, dtype: type) -> None:
+    gallery_id = make_gallery(client)
+    vectors = seed_vectors(client, gallery_id)
+    queries = (vectors[:6] + 0.05).astype(dtype)
+    url = f"/v1/galleries/{gallery_id}/search"
+    as_json = client.post(url, json={"vectors": queries.astype(np.float64).tolist(), "k": 4})
+    as_npy = client.post(url, params={"k": 4}, content=npy_body(queries), headers=NPY)
+    assert as_json.status_code == 200 and as_npy.status_code == 200, as_npy.text
+    assert as_npy.json() == as_json.json()
+    assert len(as_npy.json()["results"][0]) == 4
+
+
+def test_npy_search_defaults_k(client: TestClient) -> None:
+    gallery_id = make_gallery(client)
+    seed_vectors(client, gallery_id, n=30)
+    url = f"/v1/galleries/{gallery_id}/search"
+    body = npy_body(np.ones((2, 4), dtype=np.float32))
+    results = client.post(url, content=body, headers=NPY).json()["results"]
+    assert [len(r) for r in results] == [10, 10]
+
+
+@pytest.mark.parametrize(
+    ("body", "params", "field", "status"),
+    [
+        (b"not a numpy file", {}, "vectors", 422),
+        (npy_body(np.ones(4, dtype=np.float32)), {}, "vectors", 422),
+        (npy_body(np.ones((1, 4), dtype=np.int64)), {}, "vectors", 422),
+        (npy_body(np.ones((1, 3), dtype=np.float32)), {}, "vectors", 422),
+        (npy_body(np.zeros((0, 4), dtype=np.float32)), {}, "vectors", 422),
+        (npy_body(np.array([[1.0, np.nan, 0.0, 0.0]])), {}, "vectors[0][1]", 422),
+        (npy_body(np.array([["a", "b", "c", "d"]])), {}, "vectors", 422),
+        (npy_body(np.ones((1, 4), dtype=np.float32)), {"k": 0}, "k", 422),
+        (npy_body(np.ones((1, 4), dtype=np.float32)), {"k": 5000}, "k", 422),
+        (npy_body(np.ones((1, 4), dtype=np.float32)), {"modality": "text"}, "modality", 422),
+        (npy_body(np.ones((1, 4), dtype=np.float32)), {"modality": "a b"}, "modality", 422),
+        (npy_body(np.ones((1, 4), dtype=np.float32)), {"model_id": "mdl_nope"}, None, 404),
+    ],
+)
+def test_bad_npy_searches(
+    client: TestClient, body: bytes, params: dict, field: str | None, status: int
+) -> None:
+    gallery_id = make_gallery(client)
+    seed_vectors(client, gallery_id)
+    response = client.post(
+        f"/v1/galleries/{gallery_id}/search", params=params, content=body, headers=NPY
+    )
+    errors = problem(response, status)
+    if field:
+        assert field in field_names(errors) or field in errors["detail"], errors
+
+
+def test_object_arrays_are_never_unpickled(client: TestClient) -> None:
+    gallery_id = make_gallery(client)
+    buf = io.BytesIO()
+    np.save(buf, np.array([[object()]], dtype=object), allow_pickle=True)
+    response = client.post(
+        f"/v1/galleries/{gallery_id}/search", content=buf.getvalue(), headers=NPY
+    )
+    assert "vectors" in field_names(problem(response, 422))
+
+
+def test_query_parameters_belong_to_npy_bodies(client: TestClient) -> None:
+    gallery_id = make_gallery(client)
+    response = client.post(
+        f"/v1/galleries/{gallery_id}/search", params={"k": 3}, json={"vectors": [[1, 0, 0, 0]]}
+    )
+    assert field_names(problem(response, 422)) == ["k"]
+
+
+def test_other_media_types_are_refused(client: TestClient) -> None:
+    gallery_id = make_gallery(client)
+    response = client.post(
+        f"/v1/galleries/{gallery_id}/search",
+        content=b"1,0,0,0",
+        headers={"Content-Type": "text/csv"},
+    )
+    problem(response, 415)
+
+
+def test_npy_search_of_another_tenants_gallery_is_not_found(client: TestClient) -> None:
+    response = client.post(
+        "/v1/galleries/gal_unknown/search",
+        content=npy_body(np.ones((1, 4), dtype=np.float32)),
+        headers=NPY,
+    )
+    problem(response, 404)

@@ -1,0 +1,103 @@
+"""The performance benchmarks' --quick paths on tiny galleries of real fixture rows, so that the
+scripts keep running (no timing is asserted: speed is measured by the benchmarks themselves)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import bench.indexes
+import bench.ingest
+import bench.search
+import bench.training
+from bench.report import replace_section
+from bench.tiled import WordNetRows, tiled
+
+MINILM, MPNET = "all-MiniLM-L6-v2", "all-mpnet-base-v2"
+
+
+@pytest.fixture
+def fixture_rows(wordnet_small: dict, monkeypatch) -> WordNetRows:
+    """The 800 fixture synsets' gloss and lemma rows in place of the shared data's 48,000."""
+    rows = WordNetRows(
+        old=np.concatenate([wordnet_small[f"{f}.{MINILM}"] for f in ("gloss", "lemma")]),
+        new=np.concatenate([wordnet_small[f"{f}.{MPNET}"] for f in ("gloss", "lemma")]),
+    )
+    for module in (bench.search, bench.indexes, bench.ingest):
+        monkeypatch.setattr(module, "wordnet_rows", lambda: rows)
+    return rows
+
+
+def test_tiled_rows_repeat_the_base_with_small_noise(fixture_rows: WordNetRows) -> None:
+    rows = tiled(fixture_rows.old, 4000, noise=0.1, seed=1)
+    base = fixture_rows.old[np.arange(4000) % len(fixture_rows.old)]
+    offsets = np.linalg.norm(rows - base, axis=1)
+    assert rows.shape == (4000, 384) and rows.dtype == np.float32
+    assert 0.05 < offsets.mean() < 0.15 and len(np.unique(rows, axis=0)) == 4000
+
+
+@pytest.mark.slow
+def test_search_benchmark_runs(fixture_rows: WordNetRows, tmp_path: Path) -> None:
+    out = tmp_path / "search.json"
+    result = bench.search.main(
+        ["--quick", "--sizes", "3000", "--batches", "1", "4", "--no-markdown", "--out", str(out)]
+    )
+    entry = result["sizes"][0]["batches"]["4"]
+    assert set(bench.search.RAW + bench.search.LIBRARY + bench.search.HTTP) <= set(entry)
+    assert entry["http_agrees"] is True
+    assert json.loads(out.read_text())["sizes"][0]["size"] == 3000
+
+
+def test_indexes_benchmark_runs(fixture_rows: WordNetRows, tmp_path: Path) -> None:
+    result = bench.indexes.main(
+        [
+            "--quick",
+            "--sizes",
+            "2000",
+            "--radii",
+            "2",
+            "--no-markdown",
+            "--out",
+            str(tmp_path / "i"),
+        ]
+    )
+    flat = result["cases"][0]["configs"]["flat (torch scan)"]
+    assert flat["recall_at_10"] == 1.0  # exact scan + exact re-rank
+
+
+@pytest.mark.slow
+def test_ingest_benchmark_runs(fixture_rows: WordNetRows, tmp_path: Path) -> None:
+    result = bench.ingest.main(
+        ["--rows", "2000", "--batch", "500", "--no-markdown", "--out", str(tmp_path / "ingest")]
+    )
+    assert set(result["paths"]) == set(bench.ingest.PATHS)
+    assert all(len(p["batch_ms"]) == 4 for p in result["paths"].values())
+
+
+def test_training_epoch_times_skip_the_first_epoch(wordnet_small: dict) -> None:
+    from bench.tiled import lift_points
+
+    old = lift_points(wordnet_small[f"gloss.{MINILM}"][:200], bench.training.EuclideanLift())
+    labels = np.unique(wordnet_small["label"][:200], return_inverse=True)[1]
+    times = bench.training.epoch_times(
+        "l2",
+        wordnet_small[f"gloss.{MPNET}"][:200],
+        old,
+        labels,
+        3,
+        bench.training.resolve_device("cpu"),
+    )
+    assert len(times) == 2 and all(t > 0 for t in times)
+
+
+def test_sections_are_replaced_in_place(tmp_path: Path) -> None:
+    path = tmp_path / "BENCHMARKS.md"
+    replace_section("bench.a", "A", "first", path)
+    replace_section("bench.b", "B", "other", path)
+    replace_section("bench.a", "A", "second", path)
+    text = path.read_text()
+    assert "second" in text and "first" not in text and "other" in text
+    assert text.index("bench.a:start") < text.index("bench.b:start")
