@@ -239,7 +239,8 @@ def select_settings(scenario: Scenario, split: Split) -> dict[str, Any]:
     chosen: dict[str, dict[str, Any]] = {}
 
     # 2. HBCT, coordinate search: lift scale (external only) × old-prototype weight at λ = 1,
-    #    then λ, then a heavier prototype weight, then the uncertainty source.
+    #    then λ, then a heavier prototype weight, a sharper prototype softmax, then the uncertainty
+    #    source.
     def try_hbct(scale: float, params: dict[str, Any]) -> tuple[tuple[bool, float], dict]:
         r = evaluate("hbct", params, new, old_by_scale[scale], labels, fit, val, 0)
         score = _selection_score(r, old_old(scale), ind_ind)
@@ -258,6 +259,8 @@ def select_settings(scenario: Scenario, split: Split) -> dict[str, Any]:
     for change in (
         *({"compat_weight": lam} for lam in COMPAT_WEIGHTS if lam != 1.0),
         {"old_proto_weight": 10.0},
+        # A sharper prototype softmax: BCT's influence loss uses 0.05.
+        {"old_proto_temperature": 0.05},
         {"uncertainty": "none"},
     ):
         cand = try_hbct(lift_scale, {**params, **change})
