@@ -19,6 +19,14 @@ def _check_name(value: str) -> str:
     return value
 
 
+def _check_printable(value: str) -> str:
+    if any(unicodedata.category(ch) in ("Cc", "Cs") for ch in value):
+        raise ValueError("control characters and lone surrogates are not allowed")
+    return value
+
+
+# Free text stored as given (PostgreSQL refuses NUL; control characters are a client bug).
+Text = Annotated[str, AfterValidator(_check_printable)]
 # A user-facing name: printable, no path separators (names never become file paths anyway).
 Name = Annotated[str, Field(min_length=1, max_length=128), AfterValidator(_check_name)]
 ModalityName = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")]

@@ -56,6 +56,11 @@ def rejected(client: TestClient, before: dict[str, Any], response: Any, status: 
     return body
 
 
+def post_raw(client: TestClient, url: str, raw: str | bytes) -> Any:
+    """POST a JSON body exactly as written (literals json.dumps would refuse or escape)."""
+    return client.post(url, content=raw, headers={"Content-Type": "application/json"})
+
+
 @pytest.fixture
 def gallery(client: TestClient) -> str:
     gallery_id = make_gallery(client)
@@ -129,20 +134,12 @@ NON_FINITE = ["NaN", "Infinity", "-Infinity", "1e39"]
 def test_non_finite_queries_and_features(client: TestClient, gallery: str, literal: str) -> None:
     before = state(client)
     raw = '{"vectors": [[1, 0, 0, 0], [0, ' + literal + ', 0, 0]], "k": 2}'
-    search = client.post(
-        f"/v1/galleries/{gallery}/search",
-        content=raw,
-        headers={"Content-Type": "application/json"},
-    )
+    search = post_raw(client, f"/v1/galleries/{gallery}/search", raw)
     assert "vectors[1][1]" in field_names(rejected(client, before, search, 422))
     dataset = client.post("/v1/datasets", json={"name": f"d-{literal}"}).json()
     before = state(client)
     raw = '{"ids": ["a"], "features": [[1, ' + literal + "]]}"
-    upload = client.post(
-        f"/v1/datasets/{dataset['id']}/items",
-        content=raw,
-        headers={"Content-Type": "application/json"},
-    )
+    upload = post_raw(client, f"/v1/datasets/{dataset['id']}/items", raw)
     assert "features[0][1]" in field_names(rejected(client, before, upload, 422))
 
 
@@ -176,11 +173,7 @@ def test_ragged_wrong_and_huge_json_arrays(
 def test_deeply_nested_json_is_refused(client: TestClient, gallery: str) -> None:
     before = state(client)
     raw = '{"ids": ["a"], "vectors": ' + "[" * 100_000 + "]" * 100_000 + "}"
-    response = client.post(
-        f"/v1/galleries/{gallery}/vectors",
-        content=raw,
-        headers={"Content-Type": "application/json"},
-    )
+    response = post_raw(client, f"/v1/galleries/{gallery}/vectors", raw)
     rejected(client, before, response, 422)
 
 
@@ -279,22 +272,14 @@ def test_unicode_ids_round_trip_and_stay_distinct(client: TestClient, gallery: s
 def test_bad_unicode_ids_change_nothing(client: TestClient, gallery: str, raw_id: str) -> None:
     before = state(client)
     raw = '{"ids": [' + raw_id + '], "vectors": [[1, 0, 0, 0]]}'
-    response = client.post(
-        f"/v1/galleries/{gallery}/vectors",
-        content=raw.encode(),
-        headers={"Content-Type": "application/json"},
-    )
+    response = post_raw(client, f"/v1/galleries/{gallery}/vectors", raw.encode())
     assert field_names(rejected(client, before, response, 422)), response.text
 
 
 def test_invalid_utf8_bodies_change_nothing(client: TestClient, gallery: str) -> None:
     before = state(client)
     for content in (b'{"ids": ["\xff\xfe"], "vectors": [[1, 0, 0, 0]]}', b"\xff" * 64):
-        response = client.post(
-            f"/v1/galleries/{gallery}/vectors",
-            content=content,
-            headers={"Content-Type": "application/json"},
-        )
+        response = post_raw(client, f"/v1/galleries/{gallery}/vectors", content)
         rejected(client, before, response, 422)
     names = {
         "ids": ("ids.npy", npy(np.array([b"\xff\xfe"])), "x"),
@@ -309,3 +294,33 @@ def test_invalid_utf8_bodies_change_nothing(client: TestClient, gallery: str) ->
         files={"vectors": ("v.npy", npy(np.ones((1, 4), np.float32)), "x")},
     )
     rejected(client, before, response, 422)
+
+
+NUL, URL_NUL = "a\x00b", "a%00b"
+NUL_REQUESTS = [
+    ("GET", f"/v1/galleries/{URL_NUL}", None),
+    ("GET", f"/v1/datasets/{URL_NUL}", None),
+    ("GET", f"/v1/upgrades/{URL_NUL}", None),
+    ("POST", f"/v1/upgrades/{URL_NUL}/cancel", None),
+    ("GET", f"/v1/models/{URL_NUL}", None),
+    ("POST", f"/v1/models/{URL_NUL}/embed", {"features": [[1.0]]}),
+    ("GET", f"/v1/galleries?page_token={URL_NUL}", None),
+    ("POST", "/v1/galleries", {"name": "n", "dim": 4, "model_name": NUL, "metric": "cosine"}),
+    ("POST", "/v1/galleries", {"name": "n", "model_id": NUL}),
+    ("POST", "/v1/datasets", {"name": "n", "gallery_id": NUL}),
+    ("POST", "/v1/upgrades", {"dataset_id": NUL, "method": "procrustes"}),
+    ("POST", "/v1/upgrades", {"dataset_id": NUL, "method": "hmcl-ca", "base_model_id": NUL}),
+]
+
+
+@pytest.mark.parametrize(("method", "url", "body"), NUL_REQUESTS)
+def test_nul_bytes_anywhere_are_client_errors(
+    client: TestClient, gallery: str, method: str, url: str, body: dict | None
+) -> None:
+    """PostgreSQL text cannot hold NUL: one reaching a query used to be a 500 there."""
+    before = state(client)
+    response = client.request(method, url, json=body)
+    assert 400 <= response.status_code < 500, response.text
+    rejected(client, before, response, response.status_code)
+    search = {"vectors": [[1, 0, 0, 0]], "model_id": NUL}
+    rejected(client, before, client.post(f"/v1/galleries/{gallery}/search", json=search), 404)
