@@ -17,24 +17,37 @@ from hypothesis.errors import Unsatisfiable
 from schemathesis import GenerationMode
 
 from bench.service import BENCH_KEY, RunningService, create_gallery, start_service
+from tests.service.conftest import (
+    create_postgres_database,
+    drop_postgres_database,
+    require_postgres,
+)
 
 MAX_EXAMPLES = 60
 AUTH = {"Authorization": f"Bearer {BENCH_KEY}"}
 
 
-@pytest.fixture(scope="module")
-def fuzzed_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningService]:
+@pytest.fixture(scope="module", params=["sqlite", "postgres"])
+def fuzzed_service(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[RunningService]:
+    """The server on the embedded SQLite and on PostgreSQL (which refuses some text SQLite
+    stores, e.g. NUL bytes, so each backend can fail differently)."""
     data_dir: Path = tmp_path_factory.mktemp("schemathesis") / "data"
-    service = start_service(
-        data_dir,
-        # Small limits, so that generated cases reach them too.
-        {"NOBACKFILL_MAX_VECTORS_PER_REQUEST": "50", "NOBACKFILL_MAX_REQUEST_BYTES": "65536"},
-        startup_timeout=120,
-    )
+    env = {"NOBACKFILL_MAX_VECTORS_PER_REQUEST": "50", "NOBACKFILL_MAX_REQUEST_BYTES": "65536"}
+    database_url = None
+    if request.param == "postgres":
+        require_postgres()
+        database_url = create_postgres_database()
+        env["NOBACKFILL_DATABASE_URL"] = database_url
+    # Small limits, so that generated cases reach them too.
+    service = start_service(data_dir, env, startup_timeout=120)
     try:
         yield service
     finally:
         service.stop()
+        if database_url is not None:
+            drop_postgres_database(database_url)
     errors = [line for line in service.log_path.read_text().splitlines() if "unhandled" in line]
     assert errors == [], errors
 
