@@ -46,7 +46,10 @@ def build_state(settings: Settings) -> ServiceState:
         migrate(settings.resolved_database_url)
     db = Database(settings)
     store = IndexStore(
-        settings.index_dir, use_gpu=settings.use_gpu == "auto", engine=settings.search_engine
+        settings.index_dir,
+        use_gpu=settings.use_gpu == "auto",
+        engine=settings.search_engine,
+        flush_interval_s=settings.index_flush_interval_s,
     )
     with db.sessions() as session:
         outcome = verify_all_indexes(session, store)
@@ -69,10 +72,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             # Printed for the newcomer at the terminal; it is also in <data_dir>/api_key.
             print(f"API key: {key}", flush=True)
         state.runner.start(sweep=settings.job_runner != "inline")
+        state.indexes.start()
         try:
             yield
         finally:
             state.runner.stop()
+            state.indexes.close()
             state.db.dispose()
 
     app = FastAPI(

@@ -12,7 +12,8 @@ uploaded to one cosine gallery in equal batches, each with string ids. Paths, ea
 - ``library``: ``IndexStore.apply`` (lift, append, write the index file atomically, fsync);
 - ``http_npy`` / ``http_json``: POST /v1/galleries/{id}/vectors on a uvicorn server (multipart
   `.npy` parts, or a JSON body): validation, one database transaction (SQLite, WAL,
-  synchronous=FULL: fsync on commit), then the index file as above.
+  synchronous=FULL: fsync on commit), then the index in memory; the server writes its file in
+  the background (``INDEX_FLUSH_INTERVAL_S``), not once per batch as ``library`` does.
 """
 
 from __future__ import annotations

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import io
+import math
 import unicodedata
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+from numpy.lib import format as npy_format
 
 from app.core.errors import FieldError, Problem, invalid, invalid_fields
 
@@ -16,17 +18,45 @@ FLOAT_DTYPES = ("float16", "float32", "float64")
 NPY_MAGIC = b"\x93NUMPY"
 
 
+def _npy_header(stream: io.BytesIO, field: str) -> tuple[tuple[int, ...], np.dtype]:
+    """(shape, dtype) from a ``.npy`` header, refusing what must never reach ``np.load``."""
+    try:
+        version = npy_format.read_magic(stream)
+        if version == (1, 0):
+            shape, _, dtype = npy_format.read_array_header_1_0(stream)
+        elif version == (2, 0):
+            shape, _, dtype = npy_format.read_array_header_2_0(stream)
+        else:
+            raise invalid(field, f".npy format version {version} is not accepted (1.0 or 2.0)")
+    except (ValueError, EOFError, OSError) as exc:
+        raise invalid(field, f"malformed .npy header: {exc}") from exc
+    if dtype.hasobject:
+        raise invalid(field, "object arrays are not accepted (pickle is never loaded)")
+    return shape, dtype
+
+
 def load_npy(data: bytes, field: str) -> np.ndarray:
-    """Parse one ``.npy`` upload without ever unpickling (object arrays are refused)."""
+    """Parse one ``.npy`` upload without ever unpickling (object arrays are refused).
+
+    The header is checked against the bytes that follow it before anything is loaded: numpy
+    allocates the whole array the header promises first, so a 100-byte upload claiming
+    10¹² rows would otherwise raise ``MemoryError`` (or reserve gigabytes) instead of a 422.
+    """
     if not data.startswith(NPY_MAGIC):
         raise invalid(field, "not a .npy file (bad magic bytes)")
+    stream = io.BytesIO(data)
+    shape, dtype = _npy_header(stream, field)
+    promised = math.prod(shape) * dtype.itemsize
+    held = len(data) - stream.tell()
+    if promised != held:
+        raise invalid(
+            field,
+            f"malformed .npy: its header promises shape {list(shape)} of {dtype} "
+            f"({promised} bytes) but {held} bytes follow it",
+        )
     try:
         array = np.load(io.BytesIO(data), allow_pickle=False)
-    except ValueError as exc:
-        if "allow_pickle" in str(exc):
-            raise invalid(field, "object arrays are not accepted (pickle is never loaded)") from exc
-        raise invalid(field, f"malformed .npy: {exc}") from exc
-    except (OSError, EOFError) as exc:
+    except (ValueError, OSError, EOFError) as exc:
         raise invalid(field, f"malformed .npy: {exc}") from exc
     if not isinstance(array, np.ndarray):
         raise invalid(field, "expected one array, not an archive")

@@ -6,7 +6,7 @@ import unicodedata
 from typing import Annotated, Any
 
 from fastapi import Query
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictFloat
 
 
 def _check_name(value: str) -> str:
@@ -19,10 +19,19 @@ def _check_name(value: str) -> str:
     return value
 
 
+def _check_printable(value: str) -> str:
+    if any(unicodedata.category(ch) in ("Cc", "Cs") for ch in value):
+        raise ValueError("control characters and lone surrogates are not allowed")
+    return value
+
+
+# Free text stored as given (PostgreSQL refuses NUL; control characters are a client bug).
+Text = Annotated[str, AfterValidator(_check_printable)]
 # A user-facing name: printable, no path separators (names never become file paths anyway).
 Name = Annotated[str, Field(min_length=1, max_length=128), AfterValidator(_check_name)]
 ModalityName = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")]
-Matrix = list[list[float]]
+# Strict: JSON numbers only; true, null or "1" in a vector is a client bug, not a 1.0.
+Matrix = list[list[StrictFloat]]
 PageTokenQuery = Annotated[
     str | None, Query(max_length=128, description="next_page_token of the previous page")
 ]

@@ -85,6 +85,12 @@ class Settings(BaseSettings):
         description="exact scoring of flat galleries: auto/torch (matrix product) or faiss",
     )
     model_cache_size: int = Field(default=8, ge=1)
+    index_flush_interval_s: float = Field(
+        default=5.0,
+        ge=0,
+        description="write changed index files at most this often (0: on every write); the "
+        "database is the truth and the startup check rebuilds a file a crash left stale",
+    )
 
     @model_validator(mode="after")
     def _stale_after_heartbeat(self) -> Settings:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any, TypeVar
 
 from sqlalchemy import func, select
@@ -11,10 +12,15 @@ from app.core.errors import Problem, conflict, not_found
 from app.core.pagination import paginate
 
 T = TypeVar("T")
+# Every id this service issues (``new_id``) matches this; anything else cannot exist, and is not
+# sent to the database at all (PostgreSQL refuses text with NUL bytes with an error, not a miss).
+POSSIBLE_ID = re.compile(r"[A-Za-z0-9_]{1,64}")
 
 
 def get_owned(session: Session, model: type[T], tenant_id: str, resource_id: str, kind: str) -> T:
     """The tenant's resource; another tenant's answers exactly like a missing one (404)."""
+    if not POSSIBLE_ID.fullmatch(resource_id):
+        raise not_found(kind, resource_id)
     row = session.scalar(
         select(model).where(model.id == resource_id, model.tenant_id == tenant_id)  # type: ignore[attr-defined]
     )

@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, model_validator
 
-from app.core.schemas import Matrix, ModalityName, Name, Page, StrictModel
+from app.core.schemas import Matrix, ModalityName, Name, Page, StrictModel, Text
 
 
 class GalleryCreate(StrictModel):
@@ -16,7 +16,7 @@ class GalleryCreate(StrictModel):
 
     name: Name
     dim: int | None = Field(default=None, ge=1, description="external: the vectors' dimension")
-    model_name: str | None = Field(
+    model_name: Text | None = Field(
         default=None, min_length=1, max_length=256, description="external: the old model's name"
     )
     metric: Literal["cosine", "dot"] | None = Field(default=None, description="external")

@@ -1,9 +1,13 @@
 """Index files beside the database, one per gallery and version, written atomically.
 
 The database is the truth; an index file is a cache named ``<gallery_id>.v<version>.npz`` after
-the gallery's ``index_version``, which every change of the vectors bumps in its transaction. After
-a crash at any moment the file for the committed version either exists complete (temp file,
-fsync, rename) or not at all, and a missing or disagreeing file is rebuilt from the stored vectors.
+the gallery's ``index_version``, which every change of the vectors bumps in its transaction.
+Rewriting a whole gallery's file on every acknowledged write would make an ingest cost
+O(gallery size), so with ``flush_interval_s > 0`` a change only marks the gallery dirty and a
+background thread writes dirty galleries at most once per interval (and ``close`` writes the
+rest). After a crash at any moment a file is either complete (temp file, fsync, rename) or absent,
+and one whose version is not the committed one is stale: the startup check rebuilds it from the
+stored vectors.
 """
 
 from __future__ import annotations
@@ -44,13 +48,27 @@ PointLoader = Callable[[], tuple[np.ndarray, np.ndarray]]
 class IndexStore:
     """In-memory indexes keyed by gallery, kept equal to the database's committed version."""
 
-    def __init__(self, directory: Path, *, use_gpu: bool = False, engine: str = "auto") -> None:
+    def __init__(
+        self,
+        directory: Path,
+        *,
+        use_gpu: bool = False,
+        engine: str = "auto",
+        flush_interval_s: float = 0.0,
+    ) -> None:
+        """``flush_interval_s`` 0 writes the file inside every change (library use, benchmarks);
+        above 0 changes are written by ``flush``, which ``start``'s thread calls that often."""
         self.directory = directory
         self.use_gpu = use_gpu
         self.engine = engine
+        self.flush_interval_s = flush_interval_s
         self._indexes: dict[str, tuple[int, LorentzIndex]] = {}
         self._locks: dict[str, threading.RLock] = {}
         self._guard = threading.Lock()
+        # Galleries whose in-memory index is newer than their file.
+        self._dirty: set[str] = set()
+        self._stop = threading.Event()
+        self._flusher: threading.Thread | None = None
 
     def lock(self, gallery_id: str) -> threading.RLock:
         """Serialises writers of one gallery inside this process."""
@@ -60,9 +78,64 @@ class IndexStore:
     def path(self, gallery_id: str, version: int) -> Path:
         return self.directory / f"{gallery_id}.v{version}.npz"
 
-    def _persist(self, spec: IndexSpec, index: LorentzIndex) -> None:
-        write_atomically_with(self.path(spec.gallery_id, spec.version), index.write_to)
-        self._remove_files(spec.gallery_id, keep_version=spec.version)
+    def _persist(self, gallery_id: str, version: int, index: LorentzIndex) -> None:
+        write_atomically_with(self.path(gallery_id, version), index.write_to)
+        self._remove_files(gallery_id, keep_version=version)
+        self._clean(gallery_id)
+
+    def _clean(self, gallery_id: str) -> None:
+        with self._guard:
+            self._dirty.discard(gallery_id)
+
+    def _changed(self, spec: IndexSpec, index: LorentzIndex) -> None:
+        """Adopt ``index`` as the gallery's state at ``spec.version`` (caller holds the lock)."""
+        self._indexes[spec.gallery_id] = (spec.version, index)
+        if self.flush_interval_s > 0:
+            with self._guard:
+                self._dirty.add(spec.gallery_id)
+        else:
+            self._persist(spec.gallery_id, spec.version, index)
+
+    # -- background writes ----------------------------------------------------------------------
+    def start(self) -> None:
+        if self.flush_interval_s > 0 and self._flusher is None:
+            self._stop.clear()
+            self._flusher = threading.Thread(
+                target=self._flush_loop, name="index-flusher", daemon=True
+            )
+            self._flusher.start()
+
+    def _flush_loop(self) -> None:
+        while not self._stop.wait(self.flush_interval_s):
+            try:
+                self.flush()
+            except Exception:
+                # The files are only a cache: the next flush or the startup check retries.
+                log.exception("index flush failed")
+
+    def flush(self) -> list[str]:
+        """Write every dirty gallery's file at its in-memory version; returns the galleries."""
+        written = []
+        with self._guard:
+            pending = sorted(self._dirty)
+        for gallery_id in pending:
+            with self.lock(gallery_id):
+                cached = self._indexes.get(gallery_id)
+                if gallery_id not in self._dirty or cached is None:
+                    self._clean(gallery_id)
+                    continue
+                self._persist(gallery_id, cached[0], cached[1])
+                written.append(gallery_id)
+        return written
+
+    def close(self) -> None:
+        """Stop the background thread and write what is still dirty (a clean shutdown leaves
+        every file current, so the next start loads instead of rebuilding)."""
+        self._stop.set()
+        if self._flusher is not None:
+            self._flusher.join(timeout=60)
+            self._flusher = None
+        self.flush()
 
     def _remove_files(self, gallery_id: str, keep_version: int | None = None) -> None:
         if not self.directory.exists():
@@ -117,8 +190,9 @@ class IndexStore:
                     index.ntotal,
                     spec.version,
                 )
-                self._persist(spec, index)
-            self._indexes[spec.gallery_id] = (spec.version, index)
+                self._changed(spec, index)
+            else:
+                self._indexes[spec.gallery_id] = (spec.version, index)
             return index
 
     def apply(
@@ -132,7 +206,8 @@ class IndexStore:
         remove_ids: np.ndarray | None = None,
     ) -> LorentzIndex:
         """After a committed change ``previous_version`` → ``spec.version``: patch the index in
-        memory when it is at ``previous_version`` (else rebuild from the database), then save."""
+        memory when it is at ``previous_version`` (else rebuild from the database), then save
+        it now or mark it for the next flush."""
         with self.lock(spec.gallery_id):
             cached = self._indexes.get(spec.gallery_id)
             if cached is not None and cached[0] == previous_version:
@@ -143,8 +218,7 @@ class IndexStore:
                     index.upsert(upsert_ids, upsert_points)
             else:
                 index = self._build(spec, load_points)
-            self._persist(spec, index)
-            self._indexes[spec.gallery_id] = (spec.version, index)
+            self._changed(spec, index)
             return index
 
     def verify(self, spec: IndexSpec, stored_ids: np.ndarray, load_points: PointLoader) -> str:
@@ -161,7 +235,8 @@ class IndexStore:
                 reason = f"index holds {index.ntotal} ids, the database {len(stored_ids)}"
             if reason is not None:
                 index = self._build(spec, load_points)
-                self._persist(spec, index)
+                # Written now, not at the next flush: a repaired file must not wait for a crash.
+                self._persist(spec.gallery_id, spec.version, index)
                 log.warning(
                     "startup check: index for gallery %s rebuilt from %d stored vectors (%s)",
                     spec.gallery_id,
@@ -177,10 +252,12 @@ class IndexStore:
         """Drop the in-memory copy (the next use reloads or rebuilds it)."""
         with self.lock(gallery_id):
             self._indexes.pop(gallery_id, None)
+            self._clean(gallery_id)
 
     def drop(self, gallery_id: str) -> None:
         with self.lock(gallery_id):
             self._indexes.pop(gallery_id, None)
+            self._clean(gallery_id)
             self._remove_files(gallery_id)
 
     def remove_orphans(self, known_gallery_ids: set[str]) -> list[str]:

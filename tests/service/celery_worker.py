@@ -49,6 +49,7 @@ def worker_env(settings: Settings) -> dict[str, str]:
             "NOBACKFILL_CELERY_QUEUE": settings.celery_queue,
             "NOBACKFILL_JOB_HEARTBEAT_S": str(settings.job_heartbeat_s),
             "NOBACKFILL_JOB_STALE_AFTER_S": str(settings.job_stale_after_s),
+            "NOBACKFILL_JOB_MAX_ATTEMPTS": str(settings.job_max_attempts),
             "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")])),
         }
     )

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import psycopg
 import pytest
 from fastapi.testclient import TestClient
@@ -140,9 +141,13 @@ def stop_client(client: TestClient) -> None:
 
 
 def snapshot(client: TestClient) -> dict[str, Any]:
-    """Row counts of every table, each gallery's row and the bytes of every index file: what a
-    rejected request must leave exactly as it was."""
+    """Row counts of every table, each gallery's row, every in-memory index's ids and rows and
+    the bytes of every index file: what a rejected request must leave exactly as it was.
+
+    Index files are written in the background, so pending writes are flushed first: the files
+    compared are those the in-memory state gives, not whichever the flusher had reached."""
     state = client.app.state.service
+    state.indexes.flush()
     result: dict[str, Any] = {}
     with state.db.sessions() as session:
         for table in Base.metadata.sorted_tables:
@@ -156,6 +161,15 @@ def snapshot(client: TestClient) -> dict[str, Any]:
         for row in session.execute(select(vectors).order_by(vectors.c.id)):
             digest.update(repr((row.id, row.item_id, row.label)).encode() + row.vector)
         result["vectors_digest"] = digest.hexdigest()
+    result["indexes_in_memory"] = {
+        gallery_id: (
+            version,
+            hashlib.sha256(
+                index.ids.tobytes() + np.ascontiguousarray(index.lifted).tobytes()
+            ).hexdigest(),
+        )
+        for gallery_id, (version, index) in sorted(state.indexes._indexes.items())
+    }
     index_dir = state.settings.index_dir
     result["index_files"] = {
         p.name: hashlib.sha256(p.read_bytes()).hexdigest()

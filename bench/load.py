@@ -1,0 +1,229 @@
+"""Load: concurrent searching clients while one client ingests, for a fixed time, against a real
+uvicorn server on loopback (embedded mode: SQLite, index files flushed in the background).
+
+    python -m bench.load               # 8 searchers + 1 ingester for 45 s on a 20k-row gallery:
+                                       # bench/results/load.json and the bench.load section
+    python -m bench.load --quick       # 4 searchers for 5 s on 2k rows, results not published
+
+Rows are synthetic (unit Gaussian directions, cosine gallery): the figures measure the service
+under concurrency, not search quality. Each searcher sends one JSON request of ``--queries``
+rows at a time and waits for the answer (closed loop); the ingester uploads batches of
+``--batch`` new rows back to back. Every non-2xx answer and every transport error counts as an
+error. Client and server share the machine's cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import shutil
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+
+from bench.machine import facts_markdown, load_average, machine_facts
+from bench.report import command_line, publish
+from bench.service import BENCH_KEY, create_gallery, start_service
+from bench.wordnet import REPO_ROOT
+
+RESULTS = REPO_ROOT / "bench/results"
+SECTION = "bench.load"
+TITLE = "Load (bench.load)"
+
+
+class Recorder:
+    """Latencies and errors of one kind of request."""
+
+    def __init__(self) -> None:
+        self.latencies: list[float] = []
+        self.errors: list[str] = []
+        self.rows = 0
+
+    def summary(self, seconds: float) -> dict[str, Any]:
+        ms = np.asarray(self.latencies) * 1e3
+        return {
+            "requests": len(self.latencies),
+            "requests_per_s": len(self.latencies) / seconds,
+            "rows": self.rows,
+            "rows_per_s": self.rows / seconds,
+            "p50_ms": float(np.percentile(ms, 50)) if len(ms) else None,
+            "p99_ms": float(np.percentile(ms, 99)) if len(ms) else None,
+            "errors": len(self.errors),
+            "first_errors": self.errors[:5],
+        }
+
+
+def unit_rows(rng: np.random.Generator, n: int, dim: int) -> np.ndarray:
+    rows = rng.normal(size=(n, dim)).astype(np.float32)
+    return rows / np.linalg.norm(rows, axis=1, keepdims=True)
+
+
+async def timed_post(
+    client: httpx.AsyncClient, url: str, body: dict[str, Any], record: Recorder, rows: int
+) -> None:
+    tic = time.perf_counter()
+    try:
+        response = await client.post(url, json=body)
+    except httpx.HTTPError as exc:
+        record.errors.append(f"{type(exc).__name__}: {exc}")
+        return
+    record.latencies.append(time.perf_counter() - tic)
+    if response.is_success:
+        record.rows += rows
+    else:
+        record.errors.append(f"{response.status_code}: {response.text[:200]}")
+
+
+async def searcher(
+    client: httpx.AsyncClient, url: str, queries: np.ndarray, args, until: float, record: Recorder
+) -> None:
+    rng = np.random.default_rng()
+    while time.monotonic() < until:
+        picked = queries[rng.integers(0, len(queries), size=args.queries)]
+        body = {"vectors": picked.tolist(), "k": args.k}
+        await timed_post(client, url, body, record, args.queries)
+
+
+async def ingester(
+    client: httpx.AsyncClient, url: str, args, until: float, record: Recorder
+) -> None:
+    rng = np.random.default_rng(args.seed + 1)
+    batch_no = 0
+    while time.monotonic() < until:
+        ids = [f"load-{batch_no}-{i}" for i in range(args.batch)]
+        body = {"ids": ids, "vectors": unit_rows(rng, args.batch, args.dim).tolist()}
+        await timed_post(client, url, body, record, args.batch)
+        batch_no += 1
+
+
+async def run_load(base_url: str, gallery_id: str, args) -> tuple[dict[str, Recorder], float]:
+    rng = np.random.default_rng(args.seed)
+    queries = unit_rows(rng, 1000, args.dim)
+    records = {"search": Recorder(), "ingest": Recorder()}
+    headers = {"Authorization": f"Bearer {BENCH_KEY}"}
+    limits = httpx.Limits(max_connections=args.clients + 2)
+    async with httpx.AsyncClient(
+        base_url=base_url, headers=headers, timeout=120, limits=limits
+    ) as client:
+        tic = time.monotonic()
+        until = tic + args.duration
+        search_url = f"/v1/galleries/{gallery_id}/search"
+        tasks = [
+            searcher(client, search_url, queries, args, until, records["search"])
+            for _ in range(args.clients)
+        ]
+        tasks.append(
+            ingester(client, f"/v1/galleries/{gallery_id}/vectors", args, until, records["ingest"])
+        )
+        await asyncio.gather(*tasks)
+        return records, time.monotonic() - tic
+
+
+def seed_gallery(base_url: str, gallery_id: str, args) -> None:
+    rng = np.random.default_rng(args.seed)
+    with httpx.Client(
+        base_url=base_url, headers={"Authorization": f"Bearer {BENCH_KEY}"}, timeout=600
+    ) as client:
+        for start in range(0, args.rows, 5000):
+            n = min(5000, args.rows - start)
+            body = {
+                "ids": [f"seed-{start + i}" for i in range(n)],
+                "vectors": unit_rows(rng, n, args.dim).tolist(),
+            }
+            client.post(f"/v1/galleries/{gallery_id}/vectors", json=body).raise_for_status()
+
+
+def render_markdown(result: dict[str, Any]) -> str:
+    lines = [
+        f"Command: `{result['command']}`. "
+        + facts_markdown(result["machine"], result["load_start"], result["load_end"]),
+        "",
+        f"{result['clients']} searching clients (closed loop, {result['queries']} queries of "
+        f"k={result['k']} per request) and 1 client uploading batches of {result['batch']} rows, "
+        f"together for {result['seconds']:.1f} s, against a real uvicorn server on loopback "
+        f"(embedded mode) holding a cosine gallery of {result['rows']:,} synthetic {result['dim']}-d "
+        f"rows at the start and {result['final_count']:,} at the end. Client and server shared "
+        "the machine's cores.",
+        "",
+        "| requests | count | requests/s | rows/s | p50 ms | p99 ms | errors |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name, s in result["results"].items():
+        p50 = "–" if s["p50_ms"] is None else f"{s['p50_ms']:.1f}"
+        p99 = "–" if s["p99_ms"] is None else f"{s['p99_ms']:.1f}"
+        lines.append(
+            f"| {name} | {s['requests']:,} | {s['requests_per_s']:.1f} | {s['rows_per_s']:,.0f} "
+            f"| {p50} | {p99} | {s['errors']} |"
+        )
+    total = sum(s["errors"] for s in result["results"].values())
+    lines += ["", f"Target (issue 5): 0 errors — {'met' if total == 0 else 'missed'} ({total})."]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="4 searchers, 5 s, 2k rows")
+    parser.add_argument("--clients", type=int, default=None)
+    parser.add_argument("--duration", type=float, default=None, help="seconds of load")
+    parser.add_argument("--rows", type=int, default=None, help="gallery rows before the load")
+    parser.add_argument("--dim", type=int, default=384)
+    parser.add_argument("--queries", type=int, default=1, help="query rows per search request")
+    parser.add_argument("--k", type=int, default=10)
+    parser.add_argument("--batch", type=int, default=500, help="rows per upload")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--no-markdown", action="store_true")
+    args = parser.parse_args(argv)
+    args.clients = args.clients or (4 if args.quick else 8)
+    args.duration = args.duration or (5.0 if args.quick else 45.0)
+    args.rows = args.rows if args.rows is not None else (2000 if args.quick else 20_000)
+
+    workdir = Path(tempfile.mkdtemp(prefix="nobackfill-bench-load-"))
+    service = start_service(workdir / "data", startup_timeout=120)
+    try:
+        gallery_id = create_gallery(
+            service,
+            {"name": "load", "dim": args.dim, "model_name": "synthetic", "metric": "cosine"},
+        )
+        seed_gallery(service.url, gallery_id, args)
+        load_start = load_average()
+        records, seconds = asyncio.run(run_load(service.url, gallery_id, args))
+        load_end = load_average()
+        with service.client() as client:
+            final_count = client.get(f"/v1/galleries/{gallery_id}").json()["count"]
+    finally:
+        service.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+    result = {
+        "command": command_line("bench.load", argv),
+        "machine": machine_facts(),
+        "load_start": load_start,
+        "load_end": load_end,
+        "seconds": seconds,
+        "clients": args.clients,
+        "queries": args.queries,
+        "k": args.k,
+        "batch": args.batch,
+        "rows": args.rows,
+        "dim": args.dim,
+        "final_count": final_count,
+        "results": {name: r.summary(seconds) for name, r in records.items()},
+    }
+    for name, s in result["results"].items():
+        print(
+            f"{name}: {s['requests']} requests, {s['requests_per_s']:.1f}/s, "
+            f"p50 {s['p50_ms']} ms, p99 {s['p99_ms']} ms, {s['errors']} errors"
+        )
+    out = args.out or RESULTS / ("load_quick.json" if args.quick else "load.json")
+    section = None if args.no_markdown or args.quick else SECTION
+    publish(result, Path(out), render_markdown(result), section, TITLE)
+    return result
+
+
+if __name__ == "__main__":
+    main()
