@@ -331,25 +331,39 @@ def calibration(scenario: Scenario, split: Split, old_points: np.ndarray) -> dic
     return out
 
 
-def run_scenario(scenario: Scenario, split: Split, seeds: list[int], quick: bool) -> dict[str, Any]:
-    labels = split.labels
-    if quick:
+QUICK_METHODS = ("independent", "hbct", "bct", "procrustes")
+
+
+def quick_selection(scenario_name: str) -> dict[str, Any]:
+    """``--quick`` has no time to select: it reuses what the last full run chose on validation
+    for this scenario (``bench/results/compat.json``), else fixed settings; 5 epochs either way."""
+    chosen: dict[str, Any] | None = None
+    if RESULTS.exists():
+        for sc in json.loads(RESULTS.read_text())["scenarios"]:
+            if sc["scenario"]["name"] == scenario_name:
+                chosen = sc["selection"]
+    if chosen is None:
         base = {"hidden_dim": 0, "base_temperature": 0.05}
-        params0 = {**COMMON, **base, "epochs": 5}
-        selection = {
+        params0 = {**COMMON, **base}
+        chosen = {
             "base": base,
-            "lift_scale": 0.3,
+            "lift_scale": 1.0,
             "methods": {
                 "independent": params0,
-                "hbct": {**params0, "uncertainty": "knn", "old_proto_weight": 3.0},
+                "hbct": {**params0, "old_proto_weight": 3.0},
                 "bct": params0,
                 "procrustes": params0,
             },
-            "trials": [],
         }
-        rows = [
-            (m, m, selection["methods"][m]) for m in ("independent", "hbct", "bct", "procrustes")
-        ]
+    methods = {m: {**chosen["methods"][m], "epochs": 5} for m in QUICK_METHODS}
+    return {**chosen, "methods": methods, "trials": []}
+
+
+def run_scenario(scenario: Scenario, split: Split, seeds: list[int], quick: bool) -> dict[str, Any]:
+    labels = split.labels
+    if quick:
+        selection = quick_selection(scenario.name)
+        rows = [(m, m, selection["methods"][m]) for m in QUICK_METHODS]
     else:
         selection = select_settings(scenario, split)
         rows = method_rows(selection["methods"], ablations=scenario.name in ABLATION_SCENARIOS)
@@ -405,6 +419,23 @@ def _fmt(pair: list[float]) -> str:
     return f"{pair[0]:.3f} ± {pair[1]:.3f}"
 
 
+def _chosen(methods: dict[str, dict[str, Any]]) -> str:
+    """The settings selection changed per method, in a line."""
+    defaults = CompatParams()
+
+    def value(method: str, key: str) -> Any:
+        return methods[method].get(key, getattr(defaults, key))
+
+    keys = ("compat_weight", "old_proto_weight", "old_proto_temperature", "uncertainty")
+    shown = ", ".join(f"{k} {value('hbct', k)}" for k in keys)
+    weights = "; ".join(
+        f"{m} compat_weight {value(m, 'compat_weight')}"
+        for m in ("l2", "bct", "contrastive")
+        if m in methods
+    )
+    return f"hbct {shown}; {weights}"
+
+
 def render_markdown(payload: dict[str, Any]) -> str:
     lines = [
         f"Command: `{payload['command']}` — {payload['seeds']} seeds, mean ± sd; "
@@ -423,6 +454,7 @@ def render_markdown(payload: dict[str, Any]) -> str:
             f"### {name}",
             f"old→old CMC@1 {oo['cmc1']:.3f}, mAP {oo['map']:.3f}; base {sel['base']}, "
             f"lift scale {sel['lift_scale']}.",
+            f"Chosen on validation: {_chosen(sel['methods'])}.",
             "",
             "| method | new→old CMC@1 | new→old mAP | new→new CMC@1 | new→new mAP | P_com CMC@1 | P_com mAP | P_up CMC@1 | P_up mAP |",
             "|---|---|---|---|---|---|---|---|---|",
