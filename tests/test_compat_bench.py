@@ -43,3 +43,27 @@ def test_quick_without_a_full_run_uses_fixed_settings(
     assert sel["lift_scale"] == 1.0
     assert set(sel["methods"]) == set(compat.QUICK_METHODS)
     assert {p["epochs"] for p in sel["methods"].values()} == {5}
+
+
+def _summary(p_com: float, p_up: float) -> dict:
+    return {
+        "summary": {
+            "p_com": {k: [p_com, 0.0] for k in compat.METRICS},
+            "p_up": {k: [p_up, 0.0] for k in compat.METRICS},
+        }
+    }
+
+
+def test_bar_needs_a_win_over_every_baseline_and_the_p_up_floor() -> None:
+    def payload(hbct: tuple[float, float], bct: float) -> dict:
+        results = {"hbct": _summary(*hbct), "bct": _summary(bct, 0.0)}
+        return {"scenarios": [{"scenario": {"name": "external"}, "results": results}]}
+
+    met = compat.bar_lines(payload((0.75, 0.0), 0.5))
+    assert all(line.endswith("— met") for line in met) and len(met) == 4
+    behind = compat.bar_lines(payload((0.75, 0.0), 0.8))
+    assert sum(line.endswith("— missed") for line in behind) == 2
+    costly = compat.bar_lines(payload((0.75, -0.02), 0.5))
+    assert sum(line.endswith("— missed") for line in costly) == 2
+    short = compat.bar_lines(payload((0.65, 0.0), 0.5))
+    assert [line.endswith("— missed") for line in short] == [False, True, False, False]
