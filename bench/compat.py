@@ -480,7 +480,7 @@ def render_markdown(payload: dict[str, Any]) -> str:
         "P_up = (M(new,new) − M(ind,ind)) / M(ind,ind). Settings chosen on a validation split.",
         "",
     ]
-    bar = bar_lines(payload)
+    bar = [] if payload.get("quick") else bar_lines(payload)
     if bar:
         lines += ["The bar (issue 2), checked on the means below:", "", *bar, ""]
     for sc in payload["scenarios"]:
