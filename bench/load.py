@@ -5,7 +5,9 @@ uvicorn server on loopback (embedded mode: SQLite, index files flushed in the ba
                                        # bench/results/load.json and the bench.load section
     python -m bench.load --quick       # 4 searchers for 5 s on 2k rows, results not published
 
-Rows are synthetic (unit Gaussian directions, cosine gallery): the figures measure the service
+Rows are real-data-derived: the WordNet-noun MiniLM rows (gloss and lemma texts; the committed
+800-synset test fixture when the shared data is absent), drawn at random, each draw plus Gaussian
+noise of norm 0.1 (``bench.tiled``'s recipe), in a cosine gallery. The figures measure the service
 under concurrency, not search quality. Each searcher sends one JSON request of ``--queries``
 rows at a time and waits for the answer (closed loop); the ingester uploads batches of
 ``--batch`` new rows back to back. Every non-2xx answer and every transport error counts as an
@@ -29,11 +31,13 @@ import numpy as np
 from bench.machine import facts_markdown, load_average, machine_facts
 from bench.report import command_line, publish
 from bench.service import BENCH_KEY, create_gallery, start_service
-from bench.wordnet import REPO_ROOT
+from bench.tiled import DEFAULT_NOISE
+from bench.wordnet import FIELDS, OLD_MODEL, REPO_ROOT, load_wordnet
 
 RESULTS = REPO_ROOT / "bench/results"
 SECTION = "bench.load"
 TITLE = "Load (bench.load)"
+FIXTURE = REPO_ROOT / "tests/fixtures/wordnet_small.npz"
 
 
 class Recorder:
@@ -58,9 +62,23 @@ class Recorder:
         }
 
 
-def unit_rows(rng: np.random.Generator, n: int, dim: int) -> np.ndarray:
-    rows = rng.normal(size=(n, dim)).astype(np.float32)
-    return rows / np.linalg.norm(rows, axis=1, keepdims=True)
+def real_rows() -> tuple[np.ndarray, str]:
+    """The real MiniLM rows the load draws from, and where they came from."""
+    try:
+        data = load_wordnet(fields=FIELDS, models=(OLD_MODEL,))
+    except FileNotFoundError:
+        fixture = np.load(FIXTURE)
+        rows = np.concatenate([fixture[f"{f}.{OLD_MODEL}"] for f in FIELDS])
+        return rows.astype(np.float32), f"the test fixture's {len(rows):,} WordNet-noun MiniLM rows"
+    rows = np.concatenate([data.get(f, OLD_MODEL) for f in FIELDS])
+    return rows, f"the {len(rows):,} WordNet-noun MiniLM rows"
+
+
+def noisy_rows(rng: np.random.Generator, base: np.ndarray, n: int) -> np.ndarray:
+    """``n`` rows drawn from ``base``, each plus noise of norm ≈ ``DEFAULT_NOISE``."""
+    picked = base[rng.integers(0, len(base), size=n)]
+    jitter = rng.standard_normal(picked.shape, dtype=np.float32)
+    return picked + (DEFAULT_NOISE / np.sqrt(base.shape[1])) * jitter
 
 
 async def timed_post(
@@ -90,20 +108,22 @@ async def searcher(
 
 
 async def ingester(
-    client: httpx.AsyncClient, url: str, args, until: float, record: Recorder
+    client: httpx.AsyncClient, url: str, base: np.ndarray, args, until: float, record: Recorder
 ) -> None:
     rng = np.random.default_rng(args.seed + 1)
     batch_no = 0
     while time.monotonic() < until:
         ids = [f"load-{batch_no}-{i}" for i in range(args.batch)]
-        body = {"ids": ids, "vectors": unit_rows(rng, args.batch, args.dim).tolist()}
+        body = {"ids": ids, "vectors": noisy_rows(rng, base, args.batch).tolist()}
         await timed_post(client, url, body, record, args.batch)
         batch_no += 1
 
 
-async def run_load(base_url: str, gallery_id: str, args) -> tuple[dict[str, Recorder], float]:
+async def run_load(
+    base_url: str, gallery_id: str, base: np.ndarray, args
+) -> tuple[dict[str, Recorder], float]:
     rng = np.random.default_rng(args.seed)
-    queries = unit_rows(rng, 1000, args.dim)
+    queries = noisy_rows(rng, base, 1000)
     records = {"search": Recorder(), "ingest": Recorder()}
     headers = {"Authorization": f"Bearer {BENCH_KEY}"}
     limits = httpx.Limits(max_connections=args.clients + 2)
@@ -118,13 +138,15 @@ async def run_load(base_url: str, gallery_id: str, args) -> tuple[dict[str, Reco
             for _ in range(args.clients)
         ]
         tasks.append(
-            ingester(client, f"/v1/galleries/{gallery_id}/vectors", args, until, records["ingest"])
+            ingester(
+                client, f"/v1/galleries/{gallery_id}/vectors", base, args, until, records["ingest"]
+            )
         )
         await asyncio.gather(*tasks)
         return records, time.monotonic() - tic
 
 
-def seed_gallery(base_url: str, gallery_id: str, args) -> None:
+def seed_gallery(base_url: str, gallery_id: str, base: np.ndarray, args) -> None:
     rng = np.random.default_rng(args.seed)
     with httpx.Client(
         base_url=base_url, headers={"Authorization": f"Bearer {BENCH_KEY}"}, timeout=600
@@ -133,7 +155,7 @@ def seed_gallery(base_url: str, gallery_id: str, args) -> None:
             n = min(5000, args.rows - start)
             body = {
                 "ids": [f"seed-{start + i}" for i in range(n)],
-                "vectors": unit_rows(rng, n, args.dim).tolist(),
+                "vectors": noisy_rows(rng, base, n).tolist(),
             }
             client.post(f"/v1/galleries/{gallery_id}/vectors", json=body).raise_for_status()
 
@@ -146,9 +168,10 @@ def render_markdown(result: dict[str, Any]) -> str:
         f"{result['clients']} searching clients (closed loop, {result['queries']} queries of "
         f"k={result['k']} per request) and 1 client uploading batches of {result['batch']} rows, "
         f"together for {result['seconds']:.1f} s, against a real uvicorn server on loopback "
-        f"(embedded mode) holding a cosine gallery of {result['rows']:,} synthetic {result['dim']}-d "
-        f"rows at the start and {result['final_count']:,} at the end. Client and server shared "
-        "the machine's cores.",
+        f"(embedded mode) holding a cosine gallery of {result['rows']:,} {result['dim']}-d rows at the "
+        f"start and {result['final_count']:,} at the end; rows and queries are {result['source']} "
+        "drawn at random, each plus noise of norm 0.1 (real-data-derived). Client and server "
+        "shared the machine's cores.",
         "",
         "| requests | count | requests/s | rows/s | p50 ms | p99 ms | errors |",
         "|---|---|---|---|---|---|---|",
@@ -171,7 +194,6 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--clients", type=int, default=None)
     parser.add_argument("--duration", type=float, default=None, help="seconds of load")
     parser.add_argument("--rows", type=int, default=None, help="gallery rows before the load")
-    parser.add_argument("--dim", type=int, default=384)
     parser.add_argument("--queries", type=int, default=1, help="query rows per search request")
     parser.add_argument("--k", type=int, default=10)
     parser.add_argument("--batch", type=int, default=500, help="rows per upload")
@@ -183,16 +205,18 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     args.duration = args.duration or (5.0 if args.quick else 45.0)
     args.rows = args.rows if args.rows is not None else (2000 if args.quick else 20_000)
 
+    base, source = real_rows()
+    args.dim = base.shape[1]
     workdir = Path(tempfile.mkdtemp(prefix="nobackfill-bench-load-"))
     service = start_service(workdir / "data", startup_timeout=120)
     try:
         gallery_id = create_gallery(
             service,
-            {"name": "load", "dim": args.dim, "model_name": "synthetic", "metric": "cosine"},
+            {"name": "load", "dim": args.dim, "model_name": OLD_MODEL, "metric": "cosine"},
         )
-        seed_gallery(service.url, gallery_id, args)
+        seed_gallery(service.url, gallery_id, base, args)
         load_start = load_average()
-        records, seconds = asyncio.run(run_load(service.url, gallery_id, args))
+        records, seconds = asyncio.run(run_load(service.url, gallery_id, base, args))
         load_end = load_average()
         with service.client() as client:
             final_count = client.get(f"/v1/galleries/{gallery_id}").json()["count"]
@@ -211,6 +235,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "batch": args.batch,
         "rows": args.rows,
         "dim": args.dim,
+        "source": source,
         "final_count": final_count,
         "results": {name: r.summary(seconds) for name, r in records.items()},
     }

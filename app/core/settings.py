@@ -82,7 +82,10 @@ class Settings(BaseSettings):
     use_gpu: Literal["auto", "never"] = "auto"
     search_engine: Literal["auto", "torch", "faiss"] = Field(
         default="auto",
-        description="exact scoring of flat galleries: auto/torch (matrix product) or faiss",
+        description=(
+            "exact scoring of flat galleries: auto (FAISS below 4 queries on a CPU, torch above),"
+            " torch (matrix product) or faiss"
+        ),
     )
     model_cache_size: int = Field(default=8, ge=1)
     index_flush_interval_s: float = Field(

@@ -38,9 +38,14 @@ RERANK_BUDGET = 2**25
 SCAN_BUDGET = 2**24
 # Rows lifted at a time (bounds the float64 working copy).
 LIFT_BLOCK = 65536
-# Which engine scores a flat gallery exactly: "auto" (torch's matrix product, measured faster than
-# FAISS's flat scan at every batch size on the CPUs benchmarked, see BENCHMARKS.md), "torch" or
-# "faiss". IVF and HNSW always search through FAISS.
+# Which engine scores a flat gallery exactly: "auto", "torch" (matrix product) or "faiss" (flat
+# scan). IVF and HNSW always search through FAISS. "auto" on a CPU lets FAISS scan batches of fewer
+# than FAISS_BELOW_BATCH queries and torch the rest: on the quiet 2-core benchmark machine, at 100k
+# and 1M rows, FAISS scanned 1 and 2 queries 1.5–3× faster than torch (whose matrix-vector path
+# reads the gallery once per query), the two were about even at 4, and torch won from 8 up, 3–4×
+# at 256 (`python -m bench.search --batches 1 2 4 8`, BENCHMARKS.md). A GPU's torch scan takes
+# every batch.
+FAISS_BELOW_BATCH = 4
 SearchEngine = Literal["auto", "torch", "faiss"]
 SEARCH_ENGINES: tuple[str, ...] = ("auto", "torch", "faiss")
 
@@ -336,6 +341,13 @@ class LorentzIndex:
         positions[valid] = [position[int(c)] for c in candidates[valid]]
         return positions, valid
 
+    def _scans_with_torch(self, n_queries: int) -> bool:
+        if not self.scan_exactly:
+            return False
+        if self.engine == "torch" or self.scan_device.type != "cpu":
+            return True
+        return n_queries >= FAISS_BELOW_BATCH
+
     def _scan_tensor(self, rows: _Rows) -> torch.Tensor:
         """The rows on the scan's device (a GPU copy is made once per state of the rows)."""
         if self.scan_device.type == "cpu":
@@ -362,7 +374,7 @@ class LorentzIndex:
             return out_ids, out_dist
         m = min(n, max(overfetch * k, k + min_candidates))
         lifted_q = lifted_queries(queries, self.curv)
-        if self.scan_exactly:
+        if self._scans_with_torch(nq):
             gallery = self._scan_tensor(rows)
             found_at = top_inner_products(gallery, torch.from_numpy(lifted_q).to(gallery.device), m)
             positions = found_at.cpu().numpy()

@@ -171,6 +171,34 @@ def test_torch_scan_and_faiss_answer_alike(n_queries: int) -> None:
         np.testing.assert_allclose(dist, expected, rtol=1e-9)
 
 
+@pytest.mark.parametrize("n_queries", [1, 3, 4, 32])
+def test_auto_engine_lets_faiss_scan_small_batches_on_cpu(monkeypatch, n_queries: int) -> None:
+    """'auto' on a CPU: fewer than FAISS_BELOW_BATCH queries go through FAISS's flat scan,
+    larger batches through torch; either way the answer is the brute-force one."""
+    import app.search.index as index_module
+
+    gallery = points_at_radius(300, 12, 2.0, seed=17).astype(np.float32)
+    queries = points_at_radius(n_queries, 12, 2.0, seed=18)
+    ids = np.arange(300)
+    index = LorentzIndex.build(12, 1.0, "flat", {}, ids, gallery, engine="auto")
+    scans: list[int] = []
+    real_scan = index_module.top_inner_products
+
+    def counting_scan(*args, **kwargs):
+        scans.append(1)
+        return real_scan(*args, **kwargs)
+
+    monkeypatch.setattr(index_module, "top_inner_products", counting_scan)
+    found, _ = index.search(queries, 5)
+    order, _ = brute_force(queries, gallery.astype(np.float64), 5, 1.0)
+    np.testing.assert_array_equal(found, ids[order])
+    assert bool(scans) == (n_queries >= index_module.FAISS_BELOW_BATCH)
+    torch_only = LorentzIndex.build(12, 1.0, "flat", {}, ids, gallery, engine="torch")
+    scans.clear()
+    torch_only.search(queries, 5)
+    assert scans
+
+
 def test_blocked_scan_merges_like_one_pass(monkeypatch) -> None:
     """A gallery larger than the score budget is scanned in blocks; the merged best are the
     best of a single pass."""

@@ -11,7 +11,7 @@ import bench.load
 
 def test_load_smoke(tmp_path: Path) -> None:
     out = tmp_path / "load.json"
-    argv = ["--quick", "--duration", "3", "--rows", "500", "--dim", "32", "--out", str(out)]
+    argv = ["--quick", "--duration", "3", "--rows", "500", "--out", str(out)]
     result = bench.load.main(argv)
     search, ingest = result["results"]["search"], result["results"]["ingest"]
     assert search["errors"] == 0 and ingest["errors"] == 0, result
