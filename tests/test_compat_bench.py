@@ -67,3 +67,19 @@ def test_bar_needs_a_win_over_every_baseline_and_the_p_up_floor() -> None:
     assert sum(line.endswith("— missed") for line in costly) == 2
     short = compat.bar_lines(payload((0.65, 0.0), 0.5))
     assert [line.endswith("— missed") for line in short] == [False, True, False, False]
+
+
+def test_selection_needs_the_p_up_floor_on_each_metric() -> None:
+    old_old = {"cmc1": 0.5, "map": 0.4}
+    ind = {"cmc1": 0.7, "map": 0.6}
+
+    def result(new_new_cmc: float, new_new_map: float) -> dict:
+        return {
+            "new_old": {"cmc1": 0.6, "map": 0.5},
+            "new_new": {"cmc1": new_new_cmc, "map": new_new_map},
+        }
+
+    assert compat._selection_score(result(0.7, 0.6), old_old, ind)[0]
+    # Mean P_up is above the floor, but CMC@1's is below it.
+    assert not compat._selection_score(result(0.69, 0.62), old_old, ind)[0]
+    assert compat._selection_score(result(0.7, 0.6), old_old, ind)[1] == pytest.approx(0.5)
