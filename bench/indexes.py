@@ -26,7 +26,7 @@ import torch
 
 from app.ml.space import EuclideanLift
 from app.search.index import LorentzIndex, lifted_queries
-from bench.machine import facts_markdown, load_average, machine_facts
+from bench.machine import facts_markdown, load_average, run_record
 from bench.report import command_line, publish
 from bench.tiled import lift_points, tiled, wordnet_rows
 from bench.wordnet import REPO_ROOT
@@ -181,11 +181,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     rows = wordnet_rows()
     cases = [bench_case(rows, n, r, args.quick, args.seed) for n in sizes for r in radii]
     result = {
-        "command": command_line("bench.indexes", argv),
-        "seconds": time.perf_counter() - tic,
-        "machine": machine_facts(),
-        "load_start": load_start,
-        "load_end": load_average(),
+        **run_record(command_line("bench.indexes", argv), tic, load_start),
         "recall_target": RECALL_TARGET,
         "cases": cases,
     }

@@ -34,7 +34,7 @@ import numpy as np
 from app.ml.space import EuclideanLift
 from app.search.index import lifted_gallery
 from app.search.store import IndexSpec, IndexStore
-from bench.machine import facts_markdown, load_average, machine_facts
+from bench.machine import facts_markdown, load_average, run_record
 from bench.report import command_line, publish
 from bench.service import create_gallery, npy_bytes, start_service
 from bench.tiled import lift_points, tiled, wordnet_rows
@@ -222,11 +222,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     result = {
-        "command": command_line("bench.ingest", argv),
-        "seconds": time.perf_counter() - tic,
-        "machine": machine_facts(),
-        "load_start": load_start,
-        "load_end": load_average(),
+        **run_record(command_line("bench.ingest", argv), tic, load_start),
         "rows": n,
         "batch": batch,
         "paths": {name: summarise(t, batch) for name, t in times.items()},

@@ -100,3 +100,15 @@ def gemm_flops(device: torch.device, size: int = 2048, repeats: int = 5) -> floa
         synchronize(device)
 
     return 2.0 * size**3 / best_seconds(run, repeats)
+
+
+def run_record(command: str, started: float, load_start: list[float]) -> dict[str, Any]:
+    """What every benchmark's results start with: the command, its wall time since ``started``
+    (``time.perf_counter``), the machine and the load average before and after."""
+    return {
+        "command": command,
+        "seconds": time.perf_counter() - started,
+        "machine": machine_facts(),
+        "load_start": load_start,
+        "load_end": load_average(),
+    }

@@ -47,8 +47,8 @@ from bench.machine import (
     facts_markdown,
     gemm_flops,
     load_average,
-    machine_facts,
     read_bandwidth,
+    run_record,
     synchronize,
 )
 from bench.report import command_line, publish
@@ -423,12 +423,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         for size in sizes
     ]
     result = {
-        "command": command_line("bench.search", argv),
-        "seconds": time.perf_counter() - tic,
-        "machine": machine_facts(),
+        **run_record(command_line("bench.search", argv), tic, load_start),
         "device": str(device),
-        "load_start": load_start,
-        "load_end": load_average(),
         "noise": 0.1,
         "k": K,
         "sizes": results,

@@ -32,7 +32,7 @@ from app.ml.hmcl import METHODS
 from app.ml.space import EuclideanLift
 from app.ml.training import TrainingHooks
 from bench.continual import build_tasks, load_corpus, time_steps
-from bench.machine import facts_markdown, load_average, machine_facts
+from bench.machine import facts_markdown, load_average, run_record
 from bench.report import command_line, publish
 from bench.tiled import lift_points
 from bench.wordnet import NEW_MODEL, OLD_MODEL, REPO_ROOT, encode_labels, fine_labels, load_wordnet
@@ -159,11 +159,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     print("HMCL steps:", flush=True)
     hmcl = bench_hmcl(args.quick, args.seed)
     result = {
-        "command": command_line("bench.training", argv),
-        "seconds": time.perf_counter() - tic,
-        "machine": machine_facts(),
-        "load_start": load_start,
-        "load_end": load_average(),
+        **run_record(command_line("bench.training", argv), tic, load_start),
         "compat": compat,
         "hmcl": hmcl,
     }
