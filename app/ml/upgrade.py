@@ -29,6 +29,7 @@ from app.ml.training import NO_HOOKS, TrainingHooks
 
 __all__ = [
     "BACKBONE_METHODS",
+    "QueryLog",
     "UpgradeData",
     "UpgradeOutcome",
     "check_backbone_request",
@@ -41,12 +42,43 @@ NEIGHBOUR_K = 10
 
 
 @dataclass
+class QueryLog:
+    """Logged queries of one dataset: the new backbone's features for each query, optionally the
+    same queries embedded by the old model, and optionally the rows of ``UpgradeData`` (the
+    paired gallery items) each query is about. At least one of the two optional parts is set."""
+
+    features: np.ndarray  # Q×D float32, the new backbone (same D as UpgradeData.new_features)
+    old_vectors: np.ndarray | None = None  # Q×d float32, the old model's own Euclidean space
+    relevant: list[np.ndarray] | None = None  # per query: int64 row indices into UpgradeData
+
+    def __post_init__(self) -> None:
+        self.features = np.asarray(self.features, dtype=np.float32)
+        if self.features.ndim != 2:
+            raise ValueError("query features must be a 2-d array")
+        if self.old_vectors is None and self.relevant is None:
+            raise ValueError("a query log needs old_vectors, relevant, or both")
+        if self.old_vectors is not None:
+            self.old_vectors = np.asarray(self.old_vectors, dtype=np.float32)
+            if self.old_vectors.shape[0] != self.features.shape[0]:
+                raise ValueError("query old_vectors need one row per query")
+        if self.relevant is not None:
+            self.relevant = [np.asarray(r, dtype=np.int64).reshape(-1) for r in self.relevant]
+            if len(self.relevant) != self.features.shape[0]:
+                raise ValueError("query relevant lists need one entry per query")
+
+    def __len__(self) -> int:
+        return self.features.shape[0]
+
+
+@dataclass
 class UpgradeData:
-    """Paired rows: the user's new-backbone features and the same items' old embeddings."""
+    """Paired rows: the user's new-backbone features and the same items' old embeddings, and
+    the dataset's logged queries when it has any."""
 
     new_features: np.ndarray  # N×D float32
     old_vectors: np.ndarray  # N×d float32, in the old gallery's own Euclidean space
     labels: np.ndarray | None = None  # N int64 class codes, or None
+    queries: QueryLog | None = None
 
     def __post_init__(self) -> None:
         self.new_features = np.asarray(self.new_features, dtype=np.float32)
@@ -59,6 +91,16 @@ class UpgradeData:
             self.labels = np.asarray(self.labels, dtype=np.int64)
             if self.labels.shape != (self.new_features.shape[0],):
                 raise ValueError("labels need one entry per item")
+        if self.queries is not None:
+            n = self.new_features.shape[0]
+            if self.queries.features.shape[1] != self.new_features.shape[1]:
+                raise ValueError("query features need the dimension of the item features")
+            old = self.queries.old_vectors
+            if old is not None and old.shape[1] != self.old_vectors.shape[1]:
+                raise ValueError("query old_vectors need the dimension of the old vectors")
+            for rows in self.queries.relevant or []:
+                if rows.size and (rows.min() < 0 or rows.max() >= n):
+                    raise ValueError("query relevant rows must index the paired items")
 
     def __len__(self) -> int:
         return self.new_features.shape[0]
