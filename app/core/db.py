@@ -25,8 +25,6 @@ from sqlalchemy.orm import DeclarativeBase, Session, sessionmaker
 
 from app.core.settings import Settings
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-
 # Constraint names fixed by convention so that Alembic batch mode can find them on SQLite.
 NAMING_CONVENTION = {
     "ix": "ix_%(column_0_label)s",
@@ -133,11 +131,23 @@ class Database:
         self.engine.dispose()
 
 
+def migrations_dir() -> Path:
+    """The Alembic scripts, found as the ``migrations`` package: an installed copy (the image's
+    non-editable ``pip install .``) has them in site-packages beside ``app``, where no source tree
+    or ``alembic.ini`` exists."""
+    import migrations
+
+    return Path(next(iter(migrations.__path__))).resolve()
+
+
 def alembic_config(url: str):
+    """An Alembic configuration built in code (``alembic.ini`` serves only the ``alembic`` command
+    line in a checkout)."""
     from alembic.config import Config
 
-    config = Config(str(REPO_ROOT / "alembic.ini"))
-    config.set_main_option("script_location", str(REPO_ROOT / "migrations"))
+    config = Config()
+    config.set_main_option("script_location", str(migrations_dir()))
+    config.set_main_option("path_separator", "os")
     config.attributes["database_url"] = url
     return config
 

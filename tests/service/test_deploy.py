@@ -75,9 +75,39 @@ def project_commands() -> list[tuple[str, list[str]]]:
         if s.get("image", "").startswith("nobackfill")
     ]
     dockerfile = (REPO / "Dockerfile").read_text()
-    cmd = re.search(r"^CMD (\[.*\])$", dockerfile, flags=re.M)
-    commands.append(("Dockerfile CMD", yaml.safe_load(cmd.group(1))))
+    for n, cmd in enumerate(re.findall(r"^CMD (\[.*\])$", dockerfile, flags=re.M)):
+        commands.append((f"Dockerfile CMD {n}", yaml.safe_load(cmd)))
     return commands
+
+
+def dockerfile_stages() -> dict[str, str]:
+    """Each build stage's name and text."""
+    text = (REPO / "Dockerfile").read_text()
+    stages = re.findall(r"^FROM \S+ AS (\S+)\n(.*?)(?=^FROM |\Z)", text, flags=re.M | re.S)
+    return dict(stages)
+
+
+def test_api_and_worker_images_are_separate_build_targets() -> None:
+    stages = dockerfile_stages()
+    services = compose()["services"]
+    assert services["api"]["build"]["target"] == "api"
+    assert services["migrate"]["build"]["target"] == "api"
+    assert services["worker"]["build"]["target"] == "worker"
+    assert services["api"]["image"] != services["worker"]["image"]
+    # The API image is CPU-only (torch's CPU index); the worker has CUDA torch and FAISS's GPU
+    # build in place of faiss-cpu (both provide `faiss`).
+    assert re.search(
+        r'pip install "torch==2\.13\.0" --index-url "\$TORCH_CPU_INDEX_URL"', stages["api"]
+    )
+    assert "TORCH_CPU_INDEX_URL=" in stages["api"] and "/cpu" in stages["api"]
+    assert "--index-url" not in stages["worker"]
+    assert "pip uninstall -y faiss-cpu" in stages["worker"]
+    assert re.search(r'pip install "faiss-gpu==[\d.]+"', stages["worker"])
+    # The worker image's own command is compose's worker command.
+    worker_cmd = re.search(r"^CMD (\[.*\])$", stages["worker"], flags=re.M)
+    assert yaml.safe_load(worker_cmd.group(1)) == services["worker"]["command"]
+    for stage in ("api", "worker"):
+        assert "RUN pip install ." in stages[stage], stage
 
 
 @pytest.mark.parametrize(("where", "command"), project_commands())
