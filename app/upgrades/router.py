@@ -41,6 +41,8 @@ def create_upgrade(
 
 @router.get("/methods", response_model=MethodsOut)
 def list_methods(tenant_id: TenantDep) -> dict:
+    """Every method `POST /v1/upgrades` accepts: what it does, whether it needs labels, and each
+    parameter's type, default and accepted range or choices (as the trainer validates them)."""
     return service.all_methods()
 
 
