@@ -8,13 +8,15 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
-from sqlalchemy import text
+from fastapi_offline import FastAPIOffline
 
 from app.auth.service import ensure_local_key
 from app.core.db import Database, migrate
-from app.core.deps import ServiceState, StateDep
+from app.core.deps import ServiceState
 from app.core.errors import install_error_handlers
 from app.core.limits import BodyLimitMiddleware
+from app.core.observability import install_observability
+from app.core.openapi import install_openapi
 from app.core.settings import Settings, get_settings
 from app.datasets.router import router as datasets_router
 from app.galleries.router import router as galleries_router
@@ -80,13 +82,20 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             state.indexes.close()
             state.db.dispose()
 
-    app = FastAPI(
+    # fastapi-offline serves Swagger UI (/docs) and ReDoc (/redoc) from assets in its wheel, so
+    # the docs work without Internet access; validatorUrl None stops Swagger UI from sending the
+    # document to swagger.io's online validator.
+    app = FastAPIOffline(
+        docs_url="/docs",
+        redoc_url="/redoc",
         title="nobackfill",
         version="1",
         summary="Upgrade the embedding model behind a vector database without re-embedding it.",
         lifespan=lifespan,
+        swagger_ui_parameters={"validatorUrl": None},
     )
     install_error_handlers(app)
+    install_openapi(app)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_request_bytes)
     for router in (
         galleries_router,
@@ -97,10 +106,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     ):
         app.include_router(router)
 
-    @app.get("/healthz", tags=["health"])
-    def health(state: StateDep) -> dict[str, str]:
-        with state.db.engine.connect() as connection:
-            connection.execute(text("SELECT 1"))
-        return {"status": "ok"}
-
+    # Last: its middleware is then the outermost and sees every answer, the body limit's too.
+    install_observability(app)
     return app

@@ -61,3 +61,51 @@ def openapi_body(*models: type[BaseModel], multipart: dict[str, Any] | None = No
     if multipart is not None:
         content["multipart/form-data"] = {"schema": multipart}
     return {"requestBody": {"required": True, "content": content}}
+
+
+def _omitted_when_absent(*names: str):
+    """JSON-schema hook: these fields are left out of a body when they have no value, never sent
+    as null, so the schema shows their plain type."""
+
+    def hook(schema: dict[str, Any]) -> None:
+        for name in names:
+            prop = schema["properties"][name]
+            prop.pop("default", None)
+            branches = [b for b in prop.pop("anyOf", []) if b.get("type") != "null"]
+            if branches:
+                prop.update(branches[0])
+
+    return hook
+
+
+class ProblemFieldError(BaseModel):
+    """One bad input of a problem: where it is and what is wrong with it."""
+
+    model_config = ConfigDict(title="ProblemFieldError")
+
+    field: str = Field(description="JSON path into the request, e.g. `vectors[3][17]` or `params`")
+    message: str = Field(description="what is wrong and, where it helps, what is accepted")
+
+
+class ProblemDetails(BaseModel):
+    """RFC 9457 problem details, as every error of this service is answered
+    (`application/problem+json`)."""
+
+    model_config = ConfigDict(
+        title="Problem",
+        json_schema_extra=_omitted_when_absent("instance", "errors"),
+    )
+
+    type: str = Field(
+        description="`urn:nobackfill:problem:<slug>`, stable per kind of error "
+        "(e.g. `invalid-request`, `not-found`, `conflict`, `request-too-large`)"
+    )
+    title: str = Field(description="short summary of the kind of error")
+    status: int = Field(description="the HTTP status code")
+    detail: str = Field(description="what went wrong with this request, in words")
+    instance: str | None = Field(default=None, description="the request path")
+    errors: list[ProblemFieldError] | None = Field(
+        default=None,
+        description="one entry per bad input (422; 413 when an array has too many items); "
+        "absent otherwise",
+    )

@@ -41,6 +41,8 @@ def create_upgrade(
 
 @router.get("/methods", response_model=MethodsOut)
 def list_methods(tenant_id: TenantDep) -> dict:
+    """Every method `POST /v1/upgrades` accepts: what it does, whether it needs labels, and each
+    parameter's type, default and accepted range or choices (as the trainer validates them)."""
     return service.all_methods()
 
 
@@ -63,7 +65,11 @@ def get_upgrade(upgrade_id: str, session: SessionDep, tenant_id: TenantDep) -> d
     return service.upgrade_out(service.get_upgrade(session, tenant_id, upgrade_id))
 
 
-@router.post("/{upgrade_id}/cancel", response_model=UpgradeOut)
+@router.post(
+    "/{upgrade_id}/cancel",
+    response_model=UpgradeOut,
+    responses={409: {"description": "The upgrade has already finished, failed or been cancelled"}},
+)
 def cancel_upgrade(upgrade_id: str, session: SessionDep, tenant_id: TenantDep) -> dict:
     """Queued jobs are cancelled at once; running ones stop within one epoch."""
     job = service.get_upgrade(session, tenant_id, upgrade_id)

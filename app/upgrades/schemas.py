@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import math
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
 from app.core.schemas import Page, StrictModel
 
@@ -40,6 +41,19 @@ class UpgradeOut(BaseModel):
     seed: int
     eval_fraction: float
     progress: dict[str, Any] = Field(description="epoch, epochs, loss, … (latest report)")
+    phase: str | None = Field(
+        default=None,
+        description="what the job is doing now, as the trainer last reported it (e.g. training a "
+        "candidate, evaluating, storing); null before the first report",
+    )
+    eta_s: float | None = Field(
+        default=None,
+        description="the trainer's estimate of the seconds left; null when it has none",
+    )
+    candidate: str | None = Field(
+        default=None,
+        description="the method being trained when a job tries several (`auto`); else null",
+    )
     model_id: str | None
     report: dict[str, Any] | None
     error: str | None
@@ -49,11 +63,60 @@ class UpgradeOut(BaseModel):
     started_at: datetime | None
     finished_at: datetime | None
 
+    @model_validator(mode="before")
+    @classmethod
+    def _from_progress(cls, data: Any) -> Any:
+        """``phase``, ``eta_s`` and ``candidate`` are read from ``progress``, where the trainer
+        reports them; a value of the wrong shape reads as absent rather than failing the read."""
+        if not isinstance(data, dict):
+            return data
+        progress = data.get("progress") or {}
+        eta = progress.get("eta_s")
+        finite = isinstance(eta, int | float) and not isinstance(eta, bool) and math.isfinite(eta)
+        derived = {
+            "phase": progress.get("phase") if isinstance(progress.get("phase"), str) else None,
+            "eta_s": max(float(eta), 0.0) if finite else None,
+            "candidate": (
+                progress.get("candidate") if isinstance(progress.get("candidate"), str) else None
+            ),
+        }
+        return {**derived, **data}
+
 
 class UpgradeList(Page):
     items: list[UpgradeOut]
 
 
+class MethodParam(BaseModel):
+    """One trainer parameter, as the trainer's own validation accepts it."""
+
+    name: str
+    type: Literal["integer", "number", "boolean", "string", "array", "object"]
+    nullable: bool = Field(description="null is accepted (the trainer then picks the value)")
+    default: Any = Field(description="the value used when `params` omits this name")
+    minimum: int | float | None = Field(default=None, description="smallest accepted value")
+    exclusive_minimum: int | float | None = Field(
+        default=None, description="values must be greater than this"
+    )
+    maximum: int | float | None = Field(default=None, description="largest accepted value")
+    exclusive_maximum: int | float | None = Field(
+        default=None, description="values must be smaller than this"
+    )
+    choices: list[str] | None = Field(default=None, description="the accepted strings")
+
+
+class MethodOut(BaseModel):
+    name: str = Field(description="the `method` of POST /v1/upgrades")
+    kind: Literal["backbone", "continual"] = Field(
+        description="backbone: a new model for an old gallery (`gallery_id`); continual: the "
+        "next version of a model lineage (`base_model_id`)"
+    )
+    description: str
+    needs_labels: bool = Field(description="refused unless the dataset or gallery has labels")
+    params: list[MethodParam] = Field(description="what `params` of POST /v1/upgrades accepts")
+
+
 class MethodsOut(BaseModel):
-    backbone: list[str]
-    continual: list[str]
+    backbone: list[str] = Field(description="names of the backbone methods")
+    continual: list[str] = Field(description="names of the continual methods")
+    methods: list[MethodOut]

@@ -15,13 +15,15 @@ from app.core.tenancy import get_owned
 from app.datasets.service import get_dataset
 from app.galleries.service import get_gallery
 from app.models.service import get_model
-from app.upgrades import backbone, continual
+from app.upgrades import backbone, catalogue, continual
 from app.upgrades.models import CANCELLED, QUEUED, RUNNING, TERMINAL, UpgradeJob
 from app.upgrades.schemas import UpgradeCreate
 
 
-def all_methods() -> dict[str, list[str]]:
-    return {"backbone": list(backbone.METHODS), "continual": list(continual.METHODS)}
+def all_methods() -> dict[str, Any]:
+    """The method catalogue: names, descriptions and each parameter's type, default and range,
+    derived from the trainers (``app.upgrades.catalogue``)."""
+    return catalogue.catalogue()
 
 
 def get_upgrade(session: Session, tenant_id: str, upgrade_id: str) -> UpgradeJob:
