@@ -96,23 +96,33 @@ def stderr_console() -> Any:
 
 @contextmanager
 def row_progress(label: str) -> Iterator[Callable[[int, int], None]]:
-    """A progress bar of acknowledged rows on stderr."""
+    """A progress bar of acknowledged rows on stderr, drawn from the first report on: input
+    refused before anything is sent shows only its error."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
 
-    with Progress(
+    bar = Progress(
         "[progress.description]{task.description}",
         BarColumn(),
         MofNCompleteColumn(),
         "rows",
         TimeRemainingColumn(),
         console=stderr_console(),
-    ) as bar:
-        task = bar.add_task(label, total=None)
+    )
+    task = bar.add_task(label, total=None)
+    started = False
 
-        def update(done: int, total: int) -> None:
-            bar.update(task, completed=done, total=total)
+    def update(done: int, total: int) -> None:
+        nonlocal started
+        if not started:
+            bar.start()
+            started = True
+        bar.update(task, completed=done, total=total)
 
+    try:
         yield update
+    finally:
+        if started:
+            bar.stop()
 
 
 def upload_summary(result: dict[str, Any], what: str) -> str:
