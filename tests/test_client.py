@@ -299,3 +299,21 @@ def test_batch_limits_follow_413_details() -> None:
     assert limits.rows_for(parts) == (int(102400 * 0.9) - parts.fixed_bytes()) // parts.row_bytes()
     assert limits.lower_from("no number here", 10, parts) and limits.rows == 5
     assert not limits.lower_from("no number here", 1, parts)
+
+
+def test_the_local_key_file_is_used_for_a_server_on_this_machine_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "api_key").write_text("nbk_local_key_from_the_data_dir\n")
+    monkeypatch.setenv("NOBACKFILL_DATA_DIR", str(tmp_path))
+    monkeypatch.delenv("NOBACKFILL_KEY", raising=False)
+    monkeypatch.delenv("NOBACKFILL_URL", raising=False)
+    with Client() as local:
+        assert local.url == "http://127.0.0.1:8000"
+        assert local.key == "nbk_local_key_from_the_data_dir"
+    with Client("https://nobackfill.example.com") as remote:
+        assert remote.key is None and "Authorization" not in remote.http.headers
+    monkeypatch.setenv("NOBACKFILL_KEY", "nbk_from_env")
+    monkeypatch.setenv("NOBACKFILL_URL", "http://localhost:9000/")
+    with Client() as configured:
+        assert (configured.url, configured.key) == ("http://localhost:9000", "nbk_from_env")

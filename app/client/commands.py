@@ -336,13 +336,19 @@ def describe_job(job: dict[str, Any]) -> str:
     if job.get("error"):
         lines.append(f"  error: {job['error']}")
     metrics = (job.get("report") or {}).get("metrics") or {}
-    for name, values in metrics.items():
-        if isinstance(values, dict):
-            shown = ", ".join(
-                f"{k} {v:.3f}" for k, v in values.items() if isinstance(v, int | float)
-            )
-            lines.append(f"  {name}: {shown}")
+    lines += [f"  {name}: {numbers}" for name, numbers in metric_lines(metrics)]
     return "\n".join(lines)
+
+
+def metric_lines(metrics: dict[str, Any], prefix: str = "") -> Iterator[tuple[str, str]]:
+    """(name, "metric value, …") for every group of numbers in the report's nested metrics."""
+    for name, values in metrics.items():
+        if not isinstance(values, dict):
+            continue
+        numbers = ", ".join(f"{k} {v:.3f}" for k, v in values.items() if isinstance(v, int | float))
+        if numbers:
+            yield f"{prefix}{name}", numbers
+        yield from metric_lines(values, f"{prefix}{name} ")
 
 
 def methods(client: Client, args: argparse.Namespace) -> int:

@@ -168,22 +168,6 @@ def test_walkthrough_on_wordnet(
     code, out, _ = cli(capsys, "methods")
     assert code == 0 and "hbct" in out and "procrustes" in out
 
-    if has_route(server, "/v1/models/{model_id}/export"):
-        exported = tmp_path / "model.zip"
-        code, out, err = cli(
-            capsys, "export", job["model_id"], "--format", "onnx", "-o", str(exported)
-        )
-        assert code == 0, err
-        with zipfile.ZipFile(exported) as archive:
-            manifest = json.loads(archive.read("manifest.json"))
-            assert any(name.endswith(".onnx") for name in archive.namelist())
-        assert manifest["metric"] == "cosine"
-    if has_route(server, "/v1/upgrades/{upgrade_id}/report.html"):
-        page = tmp_path / "report.html"
-        code, out, err = cli(capsys, "report", job["id"], "-o", str(page))
-        assert code == 0, err
-        assert "<html" in page.read_text().lower()
-
 
 def test_client_commands_do_not_import_torch(environment: dict[str, str]) -> None:
     done = subprocess.run(
@@ -353,6 +337,73 @@ def test_wait_exits_non_zero_for_a_job_that_does_not_succeed(
     assert code == 1
     assert json.loads(out)["status"] == "cancelled"
     assert f"upgrade {job['id']} cancelled" in err
+
+
+@pytest.fixture(scope="module")
+def trained(server: RunningService, wordnet_small: dict) -> tuple[str, str]:
+    """(upgrade id, model id) of a quick procrustes upgrade, set up through the Python client."""
+    from app.client import Client
+
+    ids, old, new = wordnet_small["synset_id"], wordnet_small[OLD], wordnet_small[NEW]
+    with Client(server.url, BENCH_KEY) as client:
+        gallery = client.create_gallery(
+            "trained", dim=old.shape[1], model_name="all-MiniLM-L6-v2", metric="cosine"
+        )
+        client.upload_vectors(gallery["id"], ids, old, resume=False)
+        dataset = client.create_dataset("trained", gallery_id=gallery["id"])
+        client.upload_items(dataset["id"], ids[:400], new[:400], resume=False)
+        job = client.create_upgrade(dataset["id"], "procrustes", params=json.loads(QUICK))
+        job = client.wait_upgrade(job["id"], poll_s=0.2, timeout_s=300)
+    assert job["status"] == "succeeded", job["error"]
+    return job["id"], job["model_id"]
+
+
+def test_export_command(
+    server: RunningService,
+    capsys: pytest.CaptureFixture,
+    tmp_path: Path,
+    request: pytest.FixtureRequest,
+) -> None:
+    if not has_route(server, "/v1/models/{model_id}/export"):
+        pytest.skip("GET /v1/models/{id}/export is not in this build yet")
+    trained = request.getfixturevalue("trained")
+    exported = tmp_path / "model.zip"
+    code, out, err = cli(capsys, "export", trained[1], "--format", "onnx", "-o", str(exported))
+    assert code == 0, err
+    assert str(exported) in out
+    with zipfile.ZipFile(exported) as archive:
+        manifest = json.loads(archive.read("manifest.json"))
+        assert any(name.endswith(".onnx") for name in archive.namelist())
+    assert manifest["metric"] == "cosine" and manifest["model_name"] == "all-MiniLM-L6-v2"
+    code, _, err = cli(capsys, "export", "mdl_missing", "-o", str(tmp_path / "none.zip"))
+    assert code == 1 and "404" in err
+    assert not (tmp_path / "none.zip").exists()
+
+
+def test_report_command(
+    server: RunningService,
+    capsys: pytest.CaptureFixture,
+    tmp_path: Path,
+    request: pytest.FixtureRequest,
+) -> None:
+    if not has_route(server, "/v1/upgrades/{upgrade_id}/report.html"):
+        pytest.skip("GET /v1/upgrades/{id}/report.html is not in this build yet")
+    trained = request.getfixturevalue("trained")
+    page = tmp_path / "report.html"
+    code, _, err = cli(capsys, "report", trained[0], "-o", str(page))
+    assert code == 0, err
+    assert "<html" in page.read_text().lower()
+    code, _, err = cli(capsys, "report", "upg_missing", "-o", str(tmp_path / "none.html"))
+    assert code == 1 and "404" in err
+    assert not (tmp_path / "none.html").exists()
+
+
+def test_download_failures_leave_no_file(capsys: pytest.CaptureFixture, tmp_path: Path) -> None:
+    """Whatever this build serves: an unknown model is a 404 and no file is written."""
+    target = tmp_path / "out.zip"
+    code, _, err = cli(capsys, "export", "mdl_missing", "-o", str(target))
+    assert code == 1 and "(404)" in err
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_queries_command(
