@@ -1,14 +1,174 @@
-"""``nobackfill``: serve the API, migrate the database, create API keys."""
+"""nobackfill: the server's commands (serve, migrate, create-key) and the client's (galleries,
+datasets, upgrades, search, export, reports) against a running server.
+
+Client commands talk HTTP only: they import neither torch nor the service, so they start fast.
+The server is --url (or NOBACKFILL_URL, default http://127.0.0.1:8000), the API key --key (or
+NOBACKFILL_KEY; for a server on this machine, by default the key `nobackfill serve` stored in
+$NOBACKFILL_DATA_DIR/api_key, ./data/api_key)."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
+SERVER_COMMANDS = ("serve", "migrate", "create-key")
+
+
+def _client_parents() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
+    """Options every client command takes. SUPPRESS keeps a value given before the command
+    (``nobackfill --url U gallery get G``) when the command does not repeat it."""
+    connection = argparse.ArgumentParser(add_help=False)
+    connection.add_argument("--url", default=argparse.SUPPRESS, help="server (NOBACKFILL_URL)")
+    connection.add_argument("--key", default=argparse.SUPPRESS, help="API key (NOBACKFILL_KEY)")
+    output = argparse.ArgumentParser(add_help=False)
+    output.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
+    return connection, output
+
+
+def _add_upload_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--batch-size",
+        type=int,
+        help="rows per request (default: as many as 10,000 rows and 32 MiB allow; "
+        "lowered by itself when the server answers 413)",
+    )
+    parser.add_argument(
+        "--no-resume",
+        dest="resume",
+        action="store_false",
+        help="send every row, ignoring what an interrupted run of this upload acknowledged",
+    )
+
+
+def _add_client_commands(sub: argparse._SubParsersAction) -> None:
+    conn, out = _client_parents()
+    both = [conn, out]
+
+    gallery = sub.add_parser("gallery", help="create, show or fill a gallery of old vectors")
+    gallery_sub = gallery.add_subparsers(dest="action", required=True, metavar="ACTION")
+    create = gallery_sub.add_parser("create", parents=both, help="create a gallery")
+    create.add_argument("--name", required=True)
+    create.add_argument("--dim", type=int, help="the old vectors' dimension (external gallery)")
+    create.add_argument("--model-name", help="the old model's name (external gallery)")
+    create.add_argument("--metric", choices=["cosine", "dot"], help="external gallery")
+    create.add_argument("--model", dest="model_id", help="a trained model (model-bound gallery)")
+    create.add_argument("--modality", help="model-bound gallery: the model's modality")
+    create.add_argument("--index", choices=["flat", "ivf", "hnsw"], help="default: flat (exact)")
+    create.add_argument("--idempotency-key", help="retrying with the same key creates one gallery")
+    create.set_defaults(handler="gallery_create")
+    show = gallery_sub.add_parser("get", parents=both, help="show a gallery")
+    show.add_argument("gallery")
+    show.set_defaults(handler="gallery_get")
+    upload = gallery_sub.add_parser(
+        "upload", parents=both, help="upsert vectors by id from .npy files (batched, resumable)"
+    )
+    upload.add_argument("gallery")
+    upload.add_argument("--ids", required=True, help=".npy of N strings")
+    upload.add_argument(
+        "--vectors", required=True, help=".npy float N×D (model-bound gallery: features)"
+    )
+    upload.add_argument("--labels", help=".npy of N strings")
+    _add_upload_options(upload)
+    upload.set_defaults(handler="gallery_upload")
+
+    dataset = sub.add_parser("dataset", help="create, show or fill a dataset of new features")
+    dataset_sub = dataset.add_subparsers(dest="action", required=True, metavar="ACTION")
+    create = dataset_sub.add_parser("create", parents=both, help="create a dataset")
+    create.add_argument("--name", required=True)
+    create.add_argument("--gallery", help="the gallery whose item ids (and vectors) it pairs")
+    create.add_argument(
+        "--modality", dest="modalities", action="append", help="repeat for several modalities"
+    )
+    create.add_argument("--idempotency-key")
+    create.set_defaults(handler="dataset_create")
+    show = dataset_sub.add_parser("get", parents=both, help="show a dataset")
+    show.add_argument("dataset")
+    show.set_defaults(handler="dataset_get")
+    upload = dataset_sub.add_parser(
+        "upload", parents=both, help="upsert items by id from .npy files (batched, resumable)"
+    )
+    upload.add_argument("dataset")
+    upload.add_argument("--ids", required=True, help=".npy of N strings (the gallery's ids)")
+    upload.add_argument("--features", required=True, help=".npy float N×D, the new backbone's")
+    upload.add_argument("--labels", help=".npy of N strings")
+    _add_upload_options(upload)
+    upload.set_defaults(handler="dataset_upload")
+    queries = dataset_sub.add_parser(
+        "queries", parents=both, help="add logged queries (new features, old vectors, relevant ids)"
+    )
+    queries.add_argument("dataset")
+    queries.add_argument("--ids", required=True, help=".npy of Q strings (query ids)")
+    queries.add_argument("--features", required=True, help=".npy float Q×D, the new backbone's")
+    queries.add_argument("--old-vectors", help=".npy float Q×d, the same queries' old vectors")
+    queries.add_argument(
+        "--relevant",
+        help="JSON: a list (one list of gallery ids per query) or an object {query id: [ids]}",
+    )
+    _add_upload_options(queries)
+    queries.set_defaults(handler="dataset_queries")
+
+    upgrade = sub.add_parser("upgrade", parents=both, help="train an upgrade from a dataset")
+    upgrade.add_argument("--dataset", required=True)
+    upgrade.add_argument("--method", default="hbct", help="see `nobackfill methods` (hbct)")
+    upgrade.add_argument("--objective", help="what model selection optimises (server's default)")
+    upgrade.add_argument("--params", help="trainer parameters: JSON text, or @file.json")
+    upgrade.add_argument("--gallery", help="the old gallery (default: the dataset's)")
+    upgrade.add_argument("--base-model", help="continual upgrades: the version to continue")
+    upgrade.add_argument("--seed", type=int)
+    upgrade.add_argument("--eval-fraction", type=float, help="held-out share (server default 0.2)")
+    upgrade.add_argument("--idempotency-key")
+    _add_wait_options(upgrade)
+    upgrade.set_defaults(handler="upgrade_create")
+
+    status = sub.add_parser("status", parents=both, help="show an upgrade job (or wait for it)")
+    status.add_argument("upgrade")
+    _add_wait_options(status)
+    status.set_defaults(handler="upgrade_status")
+    cancel = sub.add_parser("cancel", parents=both, help="cancel an upgrade job")
+    cancel.add_argument("upgrade")
+    cancel.set_defaults(handler="upgrade_cancel")
+
+    methods = sub.add_parser("methods", parents=both, help="the upgrade methods this server offers")
+    methods.set_defaults(handler="methods")
+
+    search = sub.add_parser("search", parents=both, help="search a gallery with query rows")
+    search.add_argument("gallery")
+    search.add_argument("--queries", required=True, help=".npy float N×D")
+    search.add_argument("--k", type=int, default=10, help="neighbours per query (10)")
+    search.add_argument("--model", help="a trained model: the queries are its input features")
+    search.add_argument("--modality", help="the model's modality, when it has several")
+    search.add_argument("-o", "--output", help="write the results to .json or .npz")
+    search.set_defaults(handler="search")
+
+    export = sub.add_parser("export", parents=[conn], help="download a model for your own stack")
+    export.add_argument("model")
+    export.add_argument("--format", default="onnx", help="onnx (a zip: graph and manifest.json)")
+    export.add_argument("-o", "--output", required=True, help="file to write")
+    export.set_defaults(handler="export")
+
+    report = sub.add_parser("report", parents=[conn], help="download an upgrade's HTML report")
+    report.add_argument("upgrade")
+    report.add_argument("-o", "--output", required=True, help="file to write (report.html)")
+    report.set_defaults(handler="report")
+
+
+def _add_wait_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--wait", action="store_true", help="follow the job to its end; exit 1 unless it succeeds"
+    )
+    parser.add_argument("--timeout", type=float, help="with --wait: give up after this many s")
+    parser.add_argument("--poll", type=float, default=1.0, help="with --wait: seconds per poll")
+
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="nobackfill", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = argparse.ArgumentParser(
+        prog="nobackfill",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--url", default=None, help="server (NOBACKFILL_URL)")
+    parser.add_argument("--key", default=None, help="API key (NOBACKFILL_KEY)")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     serve = sub.add_parser("serve", help="run the HTTP API (settings from NOBACKFILL_*)")
     serve.add_argument("--host", help="default: NOBACKFILL_HOST (127.0.0.1)")
     serve.add_argument("--port", type=int, help="default: NOBACKFILL_PORT (8000)")
@@ -16,12 +176,11 @@ def build_parser() -> argparse.ArgumentParser:
     create = sub.add_parser("create-key", help="print a new API key (creates the tenant if new)")
     create.add_argument("--tenant", required=True, help="tenant name")
     create.add_argument("--name", default="", help="a label for the key")
+    _add_client_commands(sub)
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-
+def _server_command(args: argparse.Namespace) -> int:
     from app.core.settings import get_settings
 
     settings = get_settings()
@@ -55,6 +214,15 @@ def main(argv: list[str] | None = None) -> int:
         f"tenant: {created.tenant_name} ({created.tenant_id})\nAPI key: {created.key}\n"
     )
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command in SERVER_COMMANDS:
+        return _server_command(args)
+    from app.client.commands import run
+
+    return run(args)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,504 @@
+"""``Client``: the nobackfill HTTP API from Python (numpy in; numpy arrays and dicts out)."""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+import numpy as np
+
+from app.client.errors import ApiError, UploadInterrupted
+from app.client.results import SearchResults
+from app.client.uploads import (
+    BatchLimits,
+    Checkpoint,
+    InputError,
+    RowParts,
+    check_rows,
+    check_unique,
+    default_checkpoint_dir,
+    float_matrix,
+    npy_bytes,
+    string_array,
+)
+
+DEFAULT_URL = "http://127.0.0.1:8000"
+NPY_MEDIA_TYPE = "application/x-npy"
+TERMINAL = ("succeeded", "failed", "cancelled")
+# Answers that a retry of the same request may well not get (a proxy or a restarting server).
+RETRY_STATUSES = (502, 503, 504)
+LOOPBACK = ("127.0.0.1", "localhost", "::1", "[::1]")
+
+Progress = Callable[[int, int], None]
+
+
+def _local_key(url: str) -> str | None:
+    """The key ``nobackfill serve`` stores in its data directory, for a server on this machine
+    only (a local key is never sent elsewhere)."""
+    if urlsplit(url).hostname not in LOOPBACK:
+        return None
+    path = Path(os.environ.get("NOBACKFILL_DATA_DIR", "data")) / "api_key"
+    try:
+        return path.read_text().strip() or None
+    except OSError:
+        return None
+
+
+def _drop_none(values: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in values.items() if v is not None}
+
+
+class Client:
+    """A nobackfill server. ``url`` defaults to ``$NOBACKFILL_URL`` (else
+    http://127.0.0.1:8000), ``key`` to ``$NOBACKFILL_KEY`` (else, for a server on this machine,
+    ``$NOBACKFILL_DATA_DIR/api_key`` as ``nobackfill serve`` writes it).
+
+    Uploads are cut into batches of at most ``batch_rows`` rows and ``batch_bytes`` bytes (below
+    the server's default limits; a 413 naming a lower limit lowers them for this client) and
+    resume after an interruption from a checkpoint in ``checkpoint_dir`` (default
+    ``$NOBACKFILL_CHECKPOINT_DIR`` or ``~/.cache/nobackfill/uploads``). Requests that are safe to
+    repeat (reads, upserts, creates with an Idempotency-Key) are retried ``retries`` times after a
+    connection error or a 502/503/504."""
+
+    def __init__(
+        self,
+        url: str | None = None,
+        key: str | None = None,
+        *,
+        timeout: float = 300.0,
+        retries: int = 3,
+        retry_backoff_s: float = 0.5,
+        batch_rows: int = 10_000,
+        batch_bytes: int = 32 * 1024 * 1024,
+        checkpoint_dir: str | Path | None = None,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        self.url = (url or os.environ.get("NOBACKFILL_URL") or DEFAULT_URL).rstrip("/")
+        self.key = key or os.environ.get("NOBACKFILL_KEY") or _local_key(self.url)
+        self.retries = retries
+        self.retry_backoff_s = retry_backoff_s
+        self.limits = BatchLimits(rows=batch_rows, bytes=batch_bytes)
+        self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir else default_checkpoint_dir()
+        headers = {"Authorization": f"Bearer {self.key}"} if self.key else {}
+        self.http = httpx.Client(
+            base_url=self.url, headers=headers, timeout=timeout, transport=transport
+        )
+
+    def close(self) -> None:
+        self.http.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- transport ------------------------------------------------------------------------------
+    def request(
+        self, method: str, path: str, *, retry: bool | None = None, **kwargs: Any
+    ) -> httpx.Response:
+        """One API call; raises ``ApiError`` for a 4xx/5xx. ``retry`` defaults to True for GET."""
+        retry = method == "GET" if retry is None else retry
+        attempts = 1 + (self.retries if retry else 0)
+        for attempt in range(attempts):
+            last = attempt == attempts - 1
+            try:
+                response = self.http.request(method, path, **kwargs)
+            except httpx.TransportError:
+                if last:
+                    raise
+            else:
+                if response.status_code < 400:
+                    return response
+                if response.status_code not in RETRY_STATUSES or last:
+                    raise ApiError.from_response(response)
+            time.sleep(self.retry_backoff_s * 2**attempt)
+        raise AssertionError("unreachable")
+
+    def _json(self, method: str, path: str, **kwargs: Any) -> Any:
+        return self.request(method, path, **kwargs).json()
+
+    def _create(self, path: str, body: dict[str, Any], idempotency_key: str | None) -> Any:
+        # A key per call makes the retry of a create that the server did commit replay it.
+        headers = {"Idempotency-Key": idempotency_key or f"client-{uuid.uuid4()}"}
+        return self._json("POST", path, json=body, headers=headers, retry=True)
+
+    def _pages(self, path: str) -> Iterator[dict[str, Any]]:
+        token = None
+        while True:
+            page = self._json("GET", path, params=_drop_none({"page_token": token}))
+            yield from page["items"]
+            token = page.get("next_page_token")
+            if not token:
+                return
+
+    def health(self) -> dict[str, Any]:
+        return self._json("GET", "/healthz")
+
+    # -- galleries ------------------------------------------------------------------------------
+    def create_gallery(
+        self,
+        name: str,
+        *,
+        dim: int | None = None,
+        model_name: str | None = None,
+        metric: str | None = None,
+        model_id: str | None = None,
+        modality: str | None = None,
+        index: str | None = None,
+        index_params: dict[str, int] | None = None,
+        idempotency_key: str | None = None,
+    ) -> dict[str, Any]:
+        """An external gallery (``dim``, ``model_name``, ``metric``: "cosine" or "dot") or one
+        holding a trained model's embeddings (``model_id``, ``modality``)."""
+        body = _drop_none(
+            {
+                "name": name,
+                "dim": dim,
+                "model_name": model_name,
+                "metric": metric,
+                "model_id": model_id,
+                "modality": modality,
+                "index": index,
+                "index_params": index_params,
+            }
+        )
+        return self._create("/v1/galleries", body, idempotency_key)
+
+    def get_gallery(self, gallery_id: str) -> dict[str, Any]:
+        return self._json("GET", f"/v1/galleries/{gallery_id}")
+
+    def galleries(self) -> list[dict[str, Any]]:
+        return list(self._pages("/v1/galleries"))
+
+    def upload_vectors(
+        self,
+        gallery_id: str,
+        ids: Sequence[str] | np.ndarray,
+        vectors: np.ndarray | Sequence[Sequence[float]],
+        labels: Sequence[str] | np.ndarray | None = None,
+        *,
+        batch_size: int | None = None,
+        resume: bool = True,
+        progress: Progress | None = None,
+    ) -> dict[str, Any]:
+        """Upsert rows by id in batches; returns ``{"upserted", "count", "batches",
+        "resumed_from"}``. ``vectors`` are old-model vectors (external gallery) or backbone
+        features (model-bound gallery, as ``features``). Shapes, dtypes, NaN/Inf, duplicate ids
+        and the gallery's dimension are checked before anything is sent."""
+        gallery = self.get_gallery(gallery_id)
+        model_bound = gallery["kind"] == "model"
+        field = "features" if model_bound else "vectors"
+        parts = self._rows(ids, {field: vectors}, labels)
+        expected = gallery.get("input_dim") if model_bound else gallery["dim"]
+        width = parts.arrays[field].shape[1]
+        if expected is not None and width != expected:
+            raise InputError(f"{field}: {width} columns, but gallery {gallery_id} takes {expected}")
+        path = f"/v1/galleries/{gallery_id}/vectors"
+        return self._upload(
+            path, parts, batch_size, resume, progress, f"/v1/galleries/{gallery_id}"
+        )
+
+    # -- datasets -------------------------------------------------------------------------------
+    def create_dataset(
+        self,
+        name: str,
+        *,
+        gallery_id: str | None = None,
+        modalities: Sequence[str] | None = None,
+        idempotency_key: str | None = None,
+    ) -> dict[str, Any]:
+        body = _drop_none(
+            {
+                "name": name,
+                "gallery_id": gallery_id,
+                "modalities": None if modalities is None else list(modalities),
+            }
+        )
+        return self._create("/v1/datasets", body, idempotency_key)
+
+    def get_dataset(self, dataset_id: str) -> dict[str, Any]:
+        return self._json("GET", f"/v1/datasets/{dataset_id}")
+
+    def datasets(self) -> list[dict[str, Any]]:
+        return list(self._pages("/v1/datasets"))
+
+    def upload_items(
+        self,
+        dataset_id: str,
+        ids: Sequence[str] | np.ndarray,
+        features: np.ndarray | None = None,
+        labels: Sequence[str] | np.ndarray | None = None,
+        *,
+        modalities: Mapping[str, np.ndarray] | None = None,
+        batch_size: int | None = None,
+        resume: bool = True,
+        progress: Progress | None = None,
+    ) -> dict[str, Any]:
+        """Upsert a dataset's items (new-backbone ``features``, or one matrix per modality) in
+        batches, checked and resumable as ``upload_vectors``."""
+        if (features is None) == (modalities is None):
+            raise InputError("give features or modalities (one matrix per modality), not both")
+        matrices = (
+            {"features": features}
+            if features is not None
+            else {f"modalities.{name}": m for name, m in (modalities or {}).items()}
+        )
+        parts = self._rows(ids, matrices, labels)
+        dims = self.get_dataset(dataset_id).get("dims") or {}
+        for name, array in parts.arrays.items():
+            modality = name.removeprefix("modalities.") if "." in name else None
+            expected = dims.get(modality) if modality else next(iter(dims.values()), None)
+            if expected is not None and array.shape[1] != expected:
+                raise InputError(
+                    f"{name}: {array.shape[1]} columns, but dataset {dataset_id} holds {expected}"
+                )
+        path = f"/v1/datasets/{dataset_id}/items"
+        return self._upload(path, parts, batch_size, resume, progress, f"/v1/datasets/{dataset_id}")
+
+    def upload_queries(
+        self,
+        dataset_id: str,
+        ids: Sequence[str] | np.ndarray,
+        features: np.ndarray,
+        *,
+        old_vectors: np.ndarray | None = None,
+        relevant_ids: Sequence[Sequence[str]] | None = None,
+        batch_size: int | None = None,
+        resume: bool = True,
+        progress: Progress | None = None,
+    ) -> dict[str, Any]:
+        """Logged queries for a dataset (``POST /v1/datasets/{id}/queries``): the new backbone's
+        ``features`` per query, and the old model's ``old_vectors`` of the same queries and/or
+        the gallery ids ``relevant_ids`` each query is about."""
+        if old_vectors is None and relevant_ids is None:
+            raise InputError("queries need old_vectors, relevant_ids, or both")
+        matrices = {"features": features}
+        if old_vectors is not None:
+            matrices["old_vectors"] = old_vectors
+        parts = self._rows(ids, matrices, None, label_field=None)
+        if relevant_ids is not None:
+            relevant = [[str(i) for i in row] for row in relevant_ids]
+            check_rows(len(parts), "relevant_ids", relevant)
+            parts = RowParts(parts.arrays, {"relevant_ids": relevant})
+        path = f"/v1/datasets/{dataset_id}/queries"
+        return self._upload(path, parts, batch_size, resume, progress, None)
+
+    # -- upgrades -------------------------------------------------------------------------------
+    def methods(self) -> dict[str, Any]:
+        return self._json("GET", "/v1/upgrades/methods")
+
+    def create_upgrade(
+        self,
+        dataset_id: str,
+        method: str = "hbct",
+        *,
+        params: dict[str, Any] | None = None,
+        objective: str | None = None,
+        gallery_id: str | None = None,
+        base_model_id: str | None = None,
+        seed: int | None = None,
+        eval_fraction: float | None = None,
+        idempotency_key: str | None = None,
+    ) -> dict[str, Any]:
+        """Queue an upgrade job; returns the job (``status`` "queued")."""
+        body = _drop_none(
+            {
+                "dataset_id": dataset_id,
+                "method": method,
+                "params": params,
+                "objective": objective,
+                "gallery_id": gallery_id,
+                "base_model_id": base_model_id,
+                "seed": seed,
+                "eval_fraction": eval_fraction,
+            }
+        )
+        return self._create("/v1/upgrades", body, idempotency_key)
+
+    def get_upgrade(self, upgrade_id: str) -> dict[str, Any]:
+        return self._json("GET", f"/v1/upgrades/{upgrade_id}")
+
+    def upgrades(self) -> list[dict[str, Any]]:
+        return list(self._pages("/v1/upgrades"))
+
+    def cancel_upgrade(self, upgrade_id: str) -> dict[str, Any]:
+        return self._json("POST", f"/v1/upgrades/{upgrade_id}/cancel", retry=True)
+
+    def wait_upgrade(
+        self,
+        upgrade_id: str,
+        *,
+        poll_s: float = 1.0,
+        timeout_s: float | None = None,
+        on_progress: Callable[[dict[str, Any]], None] | None = None,
+    ) -> dict[str, Any]:
+        """Poll until the job succeeds, fails or is cancelled; returns the final job (check its
+        ``status``). ``on_progress(job)`` is called on every poll. ``TimeoutError`` after
+        ``timeout_s``."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            job = self.get_upgrade(upgrade_id)
+            if on_progress is not None:
+                on_progress(job)
+            if job["status"] in TERMINAL:
+                return job
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"upgrade {upgrade_id} still {job['status']} after {timeout_s} s"
+                )
+            time.sleep(poll_s)
+
+    def report_html(self, upgrade_id: str, path: str | Path | None = None) -> bytes | Path:
+        """The upgrade's self-contained HTML report: bytes, or written to ``path``."""
+        return self._download(f"/v1/upgrades/{upgrade_id}/report.html", None, path)
+
+    # -- models ---------------------------------------------------------------------------------
+    def get_model(self, model_id: str) -> dict[str, Any]:
+        return self._json("GET", f"/v1/models/{model_id}")
+
+    def models(self) -> list[dict[str, Any]]:
+        return list(self._pages("/v1/models"))
+
+    def export_model(
+        self, model_id: str, format: str = "onnx", path: str | Path | None = None
+    ) -> bytes | Path:
+        """The exported model (a zip: the ONNX graph and ``manifest.json``): bytes, or written to
+        ``path``."""
+        return self._download(f"/v1/models/{model_id}/export", {"format": format}, path)
+
+    # -- search ---------------------------------------------------------------------------------
+    def search(
+        self,
+        gallery_id: str,
+        queries: np.ndarray | Sequence[Sequence[float]],
+        k: int = 10,
+        *,
+        model_id: str | None = None,
+        modality: str | None = None,
+    ) -> SearchResults:
+        """The ``k`` nearest gallery items of each query row (old-space vectors, or with
+        ``model_id`` that model's input features), sent as ``.npy`` bodies in batches."""
+        matrix = float_matrix(queries, "queries")
+        parts = RowParts({"queries": matrix})
+        params = _drop_none({"k": k, "model_id": model_id, "modality": modality})
+        rows: list[list[dict[str, Any]]] = []
+        start = 0
+        while start < len(matrix):
+            batch = self.limits.rows_for(parts)
+            stop = min(len(matrix), start + batch)
+            try:
+                response = self.request(
+                    "POST",
+                    f"/v1/galleries/{gallery_id}/search",
+                    params=params,
+                    content=npy_bytes(matrix[start:stop]),
+                    headers={"Content-Type": NPY_MEDIA_TYPE},
+                    retry=True,
+                )
+            except ApiError as exc:
+                if exc.status == 413 and self.limits.lower_from(exc.detail, stop - start, parts):
+                    continue
+                raise
+            rows += response.json()["results"]
+            start = stop
+        return SearchResults.from_rows(rows, k)
+
+    # -- internals ------------------------------------------------------------------------------
+    def _rows(
+        self,
+        ids: Sequence[str] | np.ndarray,
+        matrices: Mapping[str, Any],
+        labels: Sequence[str] | np.ndarray | None,
+        *,
+        label_field: str | None = "labels",
+    ) -> RowParts:
+        id_array = string_array(ids, "ids")
+        check_unique(id_array)
+        arrays = {"ids": id_array}
+        for name, values in matrices.items():
+            arrays[name] = float_matrix(values, name)
+            check_rows(len(id_array), name, arrays[name])
+        if labels is not None and label_field is not None:
+            arrays[label_field] = string_array(labels, label_field)
+            check_rows(len(id_array), label_field, arrays[label_field])
+        return RowParts(arrays)
+
+    def _download(
+        self, path: str, params: dict[str, Any] | None, target: str | Path | None
+    ) -> bytes | Path:
+        """The response body, or streamed into ``target`` (a temporary file renamed at the end,
+        so a cut-off download never leaves a partial file under the name asked for)."""
+        if target is None:
+            return self.request("GET", path, params=params).content
+        target = Path(target)
+        partial = target.with_name(f".{target.name}.partial")
+        with self.http.stream("GET", path, params=params) as response:
+            if response.status_code >= 400:
+                response.read()
+                raise ApiError.from_response(response)
+            try:
+                with partial.open("wb") as handle:
+                    for chunk in response.iter_bytes(1 << 20):
+                        handle.write(chunk)
+                partial.replace(target)
+            finally:
+                partial.unlink(missing_ok=True)
+        return target
+
+    def _upload(
+        self,
+        path: str,
+        parts: RowParts,
+        batch_size: int | None,
+        resume: bool,
+        progress: Progress | None,
+        count_from: str | None,
+    ) -> dict[str, Any]:
+        total = len(parts)
+        checkpoint = Checkpoint.open(
+            self.checkpoint_dir, parts.fingerprint(self.url + path), self.url + path, total
+        )
+        start = checkpoint.rows_done if resume else 0
+        resumed_from, batches, last = start, 0, None
+        if progress is not None:
+            progress(start, total)
+        while start < total:
+            rows = self.limits.rows_for(parts, batch_size)
+            stop = min(total, start + rows)
+            files, data = parts.multipart(start, stop)
+            try:
+                response = self.request("POST", path, files=files, data=data, retry=True)
+            except ApiError as exc:
+                if exc.status == 413 and self.limits.lower_from(exc.detail, stop - start, parts):
+                    continue
+                if start:
+                    exc.add_note(
+                        f"rows 0–{start} of {total} were stored before this batch; "
+                        "the batch and the rows after it were not"
+                    )
+                raise
+            except httpx.TransportError as exc:
+                raise UploadInterrupted(start, total, exc) from exc
+            last = response.json()
+            start = stop
+            batches += 1
+            checkpoint.advance(start)
+            if progress is not None:
+                progress(start, total)
+        checkpoint.finish()
+        if last is None and count_from is not None:
+            # Every row was acknowledged before this run (its last batch, then an interruption).
+            last = {"count": self._json("GET", count_from)["count"]}
+        return {
+            "upserted": total - resumed_from,
+            "count": None if last is None else last.get("count"),
+            "batches": batches,
+            "resumed_from": resumed_from,
+        }

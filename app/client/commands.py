@@ -1,0 +1,463 @@
+"""The client commands of ``nobackfill`` (parsed in ``app.cli``): thin wrappers over ``Client``
+that read ``.npy`` files, draw progress on stderr and print results (``--json``: on stdout)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+
+from app.client.client import Client
+from app.client.errors import ApiError, UploadInterrupted
+from app.client.results import SearchResults
+from app.client.uploads import InputError
+
+EXIT_FAILED = 1
+EXIT_INTERRUPTED = 130
+
+
+class CommandError(Exception):
+    """A failure the command explains in one message (bad file, bad option)."""
+
+
+def load_npy(path: str | None, option: str) -> np.ndarray | None:
+    """A ``.npy`` file, memory-mapped (never unpickled); None when the option was not given."""
+    if path is None:
+        return None
+    try:
+        return np.load(path, mmap_mode="r", allow_pickle=False)
+    except FileNotFoundError as exc:
+        raise CommandError(f"{option} {path}: no such file") from exc
+    except (OSError, ValueError) as exc:
+        raise CommandError(f"{option} {path}: not a readable .npy array ({exc})") from exc
+
+
+def load_json_option(text: str | None, option: str) -> Any:
+    """JSON given inline or, as ``@file.json``, in a file."""
+    if text is None:
+        return None
+    source = text
+    if text.startswith("@"):
+        try:
+            source = Path(text[1:]).read_text()
+        except OSError as exc:
+            raise CommandError(f"{option} {text[1:]}: {exc.strerror or exc}") from exc
+    try:
+        return json.loads(source)
+    except ValueError as exc:
+        raise CommandError(f"{option}: not valid JSON ({exc})") from exc
+
+
+def load_relevant(path: str | None, query_ids: np.ndarray) -> list[list[str]] | None:
+    """``--relevant``: a list of id lists in query order, or ``{query id: [ids]}``."""
+    if path is None:
+        return None
+    try:
+        value = json.loads(Path(path).read_text())
+    except FileNotFoundError as exc:
+        raise CommandError(f"--relevant {path}: no such file") from exc
+    except (OSError, ValueError) as exc:
+        raise CommandError(f"--relevant {path}: not readable JSON ({exc})") from exc
+    if isinstance(value, dict):
+        missing = [q for q in query_ids.tolist() if q not in value]
+        if missing:
+            raise CommandError(f"--relevant {path}: no entry for queries {missing[:5]}")
+        value = [value[q] for q in query_ids.tolist()]
+    if not isinstance(value, list) or not all(
+        isinstance(row, list) and all(isinstance(i, str) for i in row) for row in value
+    ):
+        raise CommandError(
+            f"--relevant {path}: expected a list of lists of gallery ids (strings), one per query, "
+            "or an object {query id: [gallery ids]}"
+        )
+    return value
+
+
+def emit(args: argparse.Namespace, result: Any, text: str) -> None:
+    """``result`` as JSON with ``--json``; ``text`` for people otherwise."""
+    if getattr(args, "json", False):
+        sys.stdout.write(json.dumps(result, indent=2, default=str) + "\n")
+    else:
+        sys.stdout.write(text.rstrip("\n") + "\n")
+
+
+def stderr_console() -> Any:
+    from rich.console import Console
+
+    return Console(stderr=True)
+
+
+@contextmanager
+def row_progress(label: str) -> Iterator[Callable[[int, int], None]]:
+    """A progress bar of acknowledged rows on stderr, drawn from the first report on: input
+    refused before anything is sent shows only its error."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
+
+    bar = Progress(
+        "[progress.description]{task.description}",
+        BarColumn(),
+        MofNCompleteColumn(),
+        "rows",
+        TimeRemainingColumn(),
+        console=stderr_console(),
+    )
+    task = bar.add_task(label, total=None)
+    started = False
+
+    def update(done: int, total: int) -> None:
+        nonlocal started
+        if not started:
+            bar.start()
+            started = True
+        bar.update(task, completed=done, total=total)
+
+    try:
+        yield update
+    finally:
+        if started:
+            bar.stop()
+
+
+def upload_summary(result: dict[str, Any], what: str) -> str:
+    text = f"{result['upserted']} {what} upserted in {result['batches']} batches"
+    if result["resumed_from"]:
+        text += f" (resumed: the first {result['resumed_from']} were already acknowledged)"
+    if result.get("count") is not None:
+        text += f"; it now holds {result['count']}"
+    return text
+
+
+# -- galleries and datasets -----------------------------------------------------------------------
+def gallery_create(client: Client, args: argparse.Namespace) -> int:
+    gallery = client.create_gallery(
+        args.name,
+        dim=args.dim,
+        model_name=args.model_name,
+        metric=args.metric,
+        model_id=args.model_id,
+        modality=args.modality,
+        index=args.index,
+        idempotency_key=args.idempotency_key,
+    )
+    emit(args, gallery, f"{gallery['id']}\t{describe_gallery(gallery)}")
+    return 0
+
+
+def describe_gallery(gallery: dict[str, Any]) -> str:
+    space = (
+        f"model {gallery['model_id']}"
+        if gallery["kind"] == "model"
+        else f"{gallery['model_name']}, {gallery['metric']}"
+    )
+    return f"gallery {gallery['name']!r}: dim {gallery['dim']} ({space}), {gallery['count']} items"
+
+
+def gallery_get(client: Client, args: argparse.Namespace) -> int:
+    gallery = client.get_gallery(args.gallery)
+    emit(args, gallery, f"{gallery['id']}\t{describe_gallery(gallery)}")
+    return 0
+
+
+def gallery_upload(client: Client, args: argparse.Namespace) -> int:
+    ids = load_npy(args.ids, "--ids")
+    vectors = load_npy(args.vectors, "--vectors")
+    labels = load_npy(args.labels, "--labels")
+    with row_progress(f"gallery {args.gallery}") as progress:
+        result = client.upload_vectors(
+            args.gallery,
+            ids,
+            vectors,
+            labels,
+            batch_size=args.batch_size,
+            resume=args.resume,
+            progress=progress,
+        )
+    emit(args, result, upload_summary(result, "vectors"))
+    return 0
+
+
+def dataset_create(client: Client, args: argparse.Namespace) -> int:
+    dataset = client.create_dataset(
+        args.name,
+        gallery_id=args.gallery,
+        modalities=args.modalities,
+        idempotency_key=args.idempotency_key,
+    )
+    emit(args, dataset, f"{dataset['id']}\t{describe_dataset(dataset)}")
+    return 0
+
+
+def describe_dataset(dataset: dict[str, Any]) -> str:
+    gallery = f" for gallery {dataset['gallery_id']}" if dataset.get("gallery_id") else ""
+    return f"dataset {dataset['name']!r}{gallery}: {dataset['count']} items"
+
+
+def dataset_get(client: Client, args: argparse.Namespace) -> int:
+    dataset = client.get_dataset(args.dataset)
+    emit(args, dataset, f"{dataset['id']}\t{describe_dataset(dataset)}")
+    return 0
+
+
+def dataset_upload(client: Client, args: argparse.Namespace) -> int:
+    ids = load_npy(args.ids, "--ids")
+    features = load_npy(args.features, "--features")
+    labels = load_npy(args.labels, "--labels")
+    with row_progress(f"dataset {args.dataset}") as progress:
+        result = client.upload_items(
+            args.dataset,
+            ids,
+            features,
+            labels,
+            batch_size=args.batch_size,
+            resume=args.resume,
+            progress=progress,
+        )
+    emit(args, result, upload_summary(result, "items"))
+    return 0
+
+
+def dataset_queries(client: Client, args: argparse.Namespace) -> int:
+    ids = load_npy(args.ids, "--ids")
+    features = load_npy(args.features, "--features")
+    old_vectors = load_npy(args.old_vectors, "--old-vectors")
+    if old_vectors is None and args.relevant is None:
+        raise CommandError("give --old-vectors, --relevant, or both")
+    assert ids is not None and features is not None
+    relevant = load_relevant(args.relevant, np.asarray(ids).astype(str))
+    with row_progress(f"queries {args.dataset}") as progress:
+        result = client.upload_queries(
+            args.dataset,
+            ids,
+            features,
+            old_vectors=old_vectors,
+            relevant_ids=relevant,
+            batch_size=args.batch_size,
+            resume=args.resume,
+            progress=progress,
+        )
+    emit(args, result, upload_summary(result, "queries"))
+    return 0
+
+
+# -- upgrades -------------------------------------------------------------------------------------
+def upgrade_create(client: Client, args: argparse.Namespace) -> int:
+    params = load_json_option(args.params, "--params")
+    if params is not None and not isinstance(params, dict):
+        raise CommandError('--params: expected a JSON object, e.g. {"epochs": 20}')
+    job = client.create_upgrade(
+        args.dataset,
+        args.method,
+        params=params,
+        objective=args.objective,
+        gallery_id=args.gallery,
+        base_model_id=args.base_model,
+        seed=args.seed,
+        eval_fraction=args.eval_fraction,
+        idempotency_key=args.idempotency_key,
+    )
+    if not args.wait:
+        emit(args, job, f"{job['id']}\tupgrade {job['method']}: {job['status']}")
+        return 0
+    return follow(client, args, job["id"])
+
+
+def upgrade_status(client: Client, args: argparse.Namespace) -> int:
+    if args.wait:
+        return follow(client, args, args.upgrade)
+    job = client.get_upgrade(args.upgrade)
+    emit(args, job, describe_job(job))
+    return 0
+
+
+def upgrade_cancel(client: Client, args: argparse.Namespace) -> int:
+    job = client.cancel_upgrade(args.upgrade)
+    emit(args, job, describe_job(job))
+    return 0
+
+
+def progress_text(progress: dict[str, Any]) -> str:
+    """The job's ``progress`` in words: phase, candidate, epoch/epochs, loss, ETA (each when
+    the server reports it)."""
+    parts = [str(progress[k]) for k in ("phase", "candidate") if progress.get(k)]
+    if progress.get("epochs"):
+        parts.append(f"epoch {progress.get('epoch', 0)}/{progress['epochs']}")
+    if isinstance(progress.get("loss"), int | float):
+        parts.append(f"loss {progress['loss']:.4g}")
+    if isinstance(progress.get("eta_s"), int | float):
+        parts.append(f"ETA {progress['eta_s']:.0f} s")
+    return ", ".join(parts)
+
+
+def follow(client: Client, args: argparse.Namespace, upgrade_id: str) -> int:
+    """Wait for the job with a progress bar on stderr; exit 1 unless it succeeded."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(
+        TextColumn("[progress.description]{task.description}"),
+        BarColumn(),
+        TextColumn("{task.fields[info]}"),
+        TimeElapsedColumn(),
+        console=stderr_console(),
+    ) as bar:
+        task = bar.add_task(f"upgrade {upgrade_id}", total=None, info="queued")
+
+        def update(job: dict[str, Any]) -> None:
+            progress = job.get("progress") or {}
+            epochs = progress.get("epochs") or None
+            info = progress_text(progress) or job["status"]
+            bar.update(task, total=epochs, completed=progress.get("epoch", 0), info=info)
+
+        job = client.wait_upgrade(
+            upgrade_id, poll_s=args.poll, timeout_s=args.timeout, on_progress=update
+        )
+        if job["status"] == "succeeded":
+            bar.update(task, total=1, completed=1, info="succeeded")
+    emit(args, job, describe_job(job))
+    if job["status"] != "succeeded":
+        reason = job.get("error") or "no reason given"
+        sys.stderr.write(f"error: upgrade {upgrade_id} {job['status']}: {reason}\n")
+        return EXIT_FAILED
+    return 0
+
+
+def describe_job(job: dict[str, Any]) -> str:
+    lines = [f"{job['id']}\tupgrade {job['method']}: {job['status']}"]
+    if job.get("progress") and job["status"] in ("queued", "running"):
+        lines.append(f"  progress: {progress_text(job['progress'])}")
+    if job.get("model_id"):
+        lines.append(f"  model: {job['model_id']}")
+    if job.get("error"):
+        lines.append(f"  error: {job['error']}")
+    metrics = (job.get("report") or {}).get("metrics") or {}
+    lines += [f"  {name}: {numbers}" for name, numbers in metric_lines(metrics)]
+    return "\n".join(lines)
+
+
+def metric_lines(metrics: dict[str, Any], prefix: str = "") -> Iterator[tuple[str, str]]:
+    """(name, "metric value, …") for every group of numbers in the report's nested metrics."""
+    for name, values in metrics.items():
+        if not isinstance(values, dict):
+            continue
+        numbers = ", ".join(f"{k} {v:.3f}" for k, v in values.items() if isinstance(v, int | float))
+        if numbers:
+            yield f"{prefix}{name}", numbers
+        yield from metric_lines(values, f"{prefix}{name} ")
+
+
+def methods(client: Client, args: argparse.Namespace) -> int:
+    catalogue = client.methods()
+    lines = []
+    for kind, entries in catalogue.items():
+        if not isinstance(entries, list):
+            continue
+        lines.append(f"{kind}:")
+        for entry in entries:
+            if isinstance(entry, dict):
+                name = entry.get("name", "?")
+                about = entry.get("description") or ""
+                lines.append(f"  {name}" + (f"  {about}" if about else ""))
+            else:
+                lines.append(f"  {entry}")
+    emit(args, catalogue, "\n".join(lines))
+    return 0
+
+
+# -- search and downloads -------------------------------------------------------------------------
+def search(client: Client, args: argparse.Namespace) -> int:
+    queries = load_npy(args.queries, "--queries")
+    assert queries is not None
+    if queries.ndim == 1:
+        queries = queries[None, :]
+    output = Path(args.output) if args.output else None
+    if output is not None and output.suffix not in (".json", ".npz"):
+        raise CommandError(f"-o {output}: write .json or .npz")
+    found = client.search(
+        args.gallery, queries, args.k, model_id=args.model, modality=args.modality
+    )
+    if output is not None:
+        write_results(found, output)
+    text = "\n".join(
+        f"{i}\t" + "  ".join(f"{hit['id']} ({hit['distance']:.4f})" for hit in row)
+        for i, row in enumerate(found.rows)
+    )
+    emit(args, found.to_dict(), text if output is None else f"wrote {output}")
+    return 0
+
+
+def write_results(found: SearchResults, path: Path) -> None:
+    if path.suffix == ".json":
+        path.write_text(json.dumps(found.to_dict()))
+        return
+    arrays = {"ids": found.ids, "distances": found.distances, "labels": found.labels}
+    if found.scores is not None:
+        arrays["scores"] = found.scores
+    np.savez(path, **arrays)
+
+
+def export(client: Client, args: argparse.Namespace) -> int:
+    path = client.export_model(args.model, args.format, args.output)
+    sys.stdout.write(f"wrote {path} ({Path(path).stat().st_size} bytes)\n")
+    return 0
+
+
+def report(client: Client, args: argparse.Namespace) -> int:
+    path = client.report_html(args.upgrade, args.output)
+    sys.stdout.write(f"wrote {path} ({Path(path).stat().st_size} bytes)\n")
+    return 0
+
+
+HANDLERS: dict[str, Callable[[Client, argparse.Namespace], int]] = {
+    "gallery_create": gallery_create,
+    "gallery_get": gallery_get,
+    "gallery_upload": gallery_upload,
+    "dataset_create": dataset_create,
+    "dataset_get": dataset_get,
+    "dataset_upload": dataset_upload,
+    "dataset_queries": dataset_queries,
+    "upgrade_create": upgrade_create,
+    "upgrade_status": upgrade_status,
+    "upgrade_cancel": upgrade_cancel,
+    "methods": methods,
+    "search": search,
+    "export": export,
+    "report": report,
+}
+
+
+def fail(message: str) -> int:
+    sys.stderr.write(f"error: {message}\n")
+    return EXIT_FAILED
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run one client command; every failure is one readable message on stderr and exit 1."""
+    handler = HANDLERS[args.handler]
+    try:
+        with Client(args.url, args.key) as client:
+            try:
+                return handler(client, args)
+            except ApiError as exc:
+                hint = ""
+                if exc.status == 401:
+                    hint = "\n  (give the API key with --key or NOBACKFILL_KEY)"
+                notes = "".join(f"\n  {note}" for note in getattr(exc, "__notes__", []))
+                return fail(f"{exc}{notes}{hint}")
+            except httpx.TransportError as exc:
+                return fail(f"cannot reach {client.url}: {exc}")
+    except (CommandError, InputError, UploadInterrupted) as exc:
+        return fail(str(exc))
+    except TimeoutError as exc:
+        return fail(str(exc))
+    except OSError as exc:
+        # Writing -o FILE (a missing folder, a full disk): the server's side is done.
+        return fail(f"{exc.filename or ''}: {exc.strerror or exc}")
+    except KeyboardInterrupt:
+        sys.stderr.write("interrupted (an upload resumes when run again)\n")
+        return EXIT_INTERRUPTED
