@@ -3,7 +3,7 @@
 from app.auth.models import ApiKey, Tenant
 from app.core.db import Base
 from app.core.idempotency import IdempotencyRecord
-from app.datasets.models import Dataset, DatasetItem
+from app.datasets.models import Dataset, DatasetItem, DatasetQuery
 from app.galleries.models import Gallery, GalleryVector
 from app.models.models import TrainedModel
 from app.upgrades.models import UpgradeJob
@@ -13,6 +13,7 @@ __all__ = [
     "Base",
     "Dataset",
     "DatasetItem",
+    "DatasetQuery",
     "Gallery",
     "GalleryVector",
     "IdempotencyRecord",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Request, Response, status
 from fastapi.responses import JSONResponse
 
 from app.core.deps import IdempotencyDep, SessionDep, StateDep, TenantDep
@@ -11,15 +11,19 @@ from app.core.idempotency import StoredResponse, create_once, stored_json
 from app.core.schemas import LimitQuery, PageTokenQuery, openapi_body
 from app.core.tenancy import tenant_page
 from app.core.uploads import read_body
-from app.datasets import service
+from app.datasets import queries, service
 from app.datasets.models import Dataset
 from app.datasets.schemas import (
     ITEMS_MULTIPART,
+    QUERIES_MULTIPART,
     DatasetCreate,
     DatasetList,
     DatasetOut,
     ItemsResult,
     ItemsUpload,
+    QueriesDeleted,
+    QueriesResult,
+    QueriesUpload,
 )
 
 router = APIRouter(prefix="/v1/datasets", tags=["datasets"])
@@ -61,6 +65,13 @@ def get_dataset(dataset_id: str, session: SessionDep, tenant_id: TenantDep) -> d
     return service.dataset_out(service.get_dataset(session, tenant_id, dataset_id))
 
 
+@router.delete("/{dataset_id}", status_code=204)
+def delete_dataset(dataset_id: str, session: SessionDep, tenant_id: TenantDep) -> Response:
+    """Delete the dataset, its items and its queries; 409 while an upgrade trains on it."""
+    service.delete_dataset(session, service.get_dataset(session, tenant_id, dataset_id))
+    return Response(status_code=status.HTTP_204_NO_CONTENT)
+
+
 @router.post(
     "/{dataset_id}/items",
     response_model=ItemsResult,
@@ -91,3 +102,44 @@ async def upload_items(
         fields.get("labels"),
     )
     return {"upserted": upserted, "count": count}
+
+
+@router.post(
+    "/{dataset_id}/queries",
+    response_model=QueriesResult,
+    openapi_extra=openapi_body(QueriesUpload, multipart=QUERIES_MULTIPART),
+)
+async def upload_queries(
+    dataset_id: str, request: Request, state: StateDep, session: SessionDep, tenant_id: TenantDep
+) -> dict:
+    """Upsert logged queries by id, all or nothing: JSON, or multipart `.npy` parts (`ids`,
+    `features`, `old_vectors`) with `relevant_ids` as a JSON part. The dataset needs a gallery
+    (409 otherwise): relevant ids are its item ids, old vectors are in its space."""
+    dataset = service.get_dataset(session, tenant_id, dataset_id)
+    fields = await read_body(
+        request,
+        QueriesUpload,
+        array_fields={"features", "old_vectors"},
+        string_fields={"ids"},
+        json_fields={"relevant_ids"},
+    )
+    for required in ("ids", "features"):
+        if required not in fields:
+            raise invalid(required, "required")
+    upserted = queries.upsert_queries(
+        session,
+        state.settings,
+        dataset,
+        fields["ids"],
+        fields["features"],
+        fields.get("old_vectors"),
+        fields.get("relevant_ids"),
+    )
+    return {"upserted": upserted, "queries": service.query_counts(dataset)}
+
+
+@router.delete("/{dataset_id}/queries", response_model=QueriesDeleted)
+def delete_queries(dataset_id: str, session: SessionDep, tenant_id: TenantDep) -> dict:
+    """Clear the dataset's query log (to upload it again, e.g. with old vectors this time)."""
+    dataset = service.get_dataset(session, tenant_id, dataset_id)
+    return {"deleted": queries.delete_queries(session, dataset)}

@@ -30,6 +30,12 @@ class DatasetCreate(StrictModel):
         return value
 
 
+class QueryCounts(BaseModel):
+    count: int = Field(description="logged queries")
+    with_old_vectors: int = Field(description="queries with the old model's embedding")
+    with_relevance: int = Field(description="queries with relevant gallery items")
+
+
 class DatasetOut(BaseModel):
     id: str
     name: str
@@ -37,6 +43,7 @@ class DatasetOut(BaseModel):
     modalities: list[str]
     dims: dict[str, int] = Field(description="feature dimension per modality (set by uploads)")
     count: int
+    queries: QueryCounts = Field(description="the query log (POST /v1/datasets/{id}/queries)")
     created_at: datetime
 
 
@@ -68,4 +75,44 @@ ITEMS_MULTIPART = {
         "labels": {"type": "string", "format": "binary", "description": ".npy of strings"},
     },
     "description": "several modalities: one part `modalities.<name>` (.npy N×D) per modality",
+}
+
+
+class QueriesUpload(StrictModel):
+    """Logged queries, upserted by id, all or nothing: row i of ``features`` (new backbone, the
+    dataset's first-modality dimension), of ``old_vectors`` (the old model, the gallery's
+    dimension) and ``relevant_ids[i]`` (gallery item ids) are query ``ids[i]``. Give
+    ``old_vectors``, ``relevant_ids`` or both; a dataset's queries all have old vectors or none
+    do."""
+
+    ids: list[str] = Field(min_length=1)
+    features: Matrix
+    old_vectors: Matrix | None = None
+    relevant_ids: list[list[str]] | None = Field(
+        default=None,
+        description="per query, the gallery items it is about (empty only with old_vectors)",
+    )
+
+
+class QueriesResult(BaseModel):
+    upserted: int
+    queries: QueryCounts
+
+
+class QueriesDeleted(BaseModel):
+    deleted: int
+
+
+QUERIES_MULTIPART = {
+    "type": "object",
+    "required": ["ids", "features"],
+    "properties": {
+        "ids": {"type": "string", "format": "binary", "description": ".npy of strings"},
+        "features": {"type": "string", "format": "binary", "description": ".npy float Q×D"},
+        "old_vectors": {"type": "string", "format": "binary", "description": ".npy float Q×d"},
+        "relevant_ids": {
+            "type": "string",
+            "description": "JSON: one array of gallery item ids per query",
+        },
+    },
 }

@@ -11,17 +11,52 @@ from sqlalchemy.orm import Session
 
 from app.core.arrays import as_matrix, check_batch_size, check_count, check_ids, check_labels
 from app.core.db import new_id
-from app.core.errors import FieldError, invalid, invalid_fields
+from app.core.errors import FieldError, conflict, invalid, invalid_fields
 from app.core.settings import Settings
 from app.core.tenancy import check_name_free, check_tenant_limit, get_owned
 from app.datasets.models import Dataset, DatasetItem
 from app.datasets.schemas import DatasetCreate
 from app.galleries.models import GalleryVector
 from app.galleries.service import IN_CHUNK, get_gallery
+from app.upgrades.models import QUEUED, RUNNING, UpgradeJob
 
 
 def get_dataset(session: Session, tenant_id: str, dataset_id: str) -> Dataset:
     return get_owned(session, Dataset, tenant_id, dataset_id, "dataset")
+
+
+def lock_dataset(session: Session, dataset_id: str) -> Dataset:
+    """The dataset row, locked for this transaction and re-read (not the identity map's copy)."""
+    return session.scalar(
+        select(Dataset)
+        .where(Dataset.id == dataset_id)
+        .with_for_update()
+        .execution_options(populate_existing=True)
+    )
+
+
+def gallery_ids_present(session: Session, gallery_id: str, ids: Sequence[str]) -> set[str]:
+    """Which of ``ids`` the gallery holds."""
+    unique = sorted(set(ids))
+    found: set[str] = set()
+    for start in range(0, len(unique), IN_CHUNK):
+        found.update(
+            session.scalars(
+                select(GalleryVector.item_id).where(
+                    GalleryVector.gallery_id == gallery_id,
+                    GalleryVector.item_id.in_(unique[start : start + IN_CHUNK]),
+                )
+            )
+        )
+    return found
+
+
+def query_counts(dataset: Dataset) -> dict[str, int]:
+    return {
+        "count": dataset.query_count,
+        "with_old_vectors": dataset.queries_with_old_vectors,
+        "with_relevance": dataset.queries_with_relevance,
+    }
 
 
 def create_dataset(
@@ -58,8 +93,26 @@ def dataset_out(dataset: Dataset) -> dict[str, Any]:
         "modalities": dataset.modalities,
         "dims": dataset.dims,
         "count": dataset.count,
+        "queries": query_counts(dataset),
         "created_at": dataset.created_at,
     }
+
+
+def delete_dataset(session: Session, dataset: Dataset) -> None:
+    """The dataset with its items and queries (the database cascades); finished upgrades keep
+    their reports and models, with ``dataset_id`` null."""
+    dataset = lock_dataset(session, dataset.id)
+    active = list(
+        session.scalars(
+            select(UpgradeJob.id).where(
+                UpgradeJob.dataset_id == dataset.id, UpgradeJob.status.in_((QUEUED, RUNNING))
+            )
+        )
+    )
+    if active:
+        raise conflict(f"upgrades {active} train on this dataset; cancel them first")
+    session.delete(dataset)
+    session.commit()
 
 
 def _matrices(
@@ -84,16 +137,7 @@ def _matrices(
 
 
 def _check_in_gallery(session: Session, gallery_id: str, ids: list[str]) -> None:
-    found: set[str] = set()
-    for start in range(0, len(ids), IN_CHUNK):
-        found.update(
-            session.scalars(
-                select(GalleryVector.item_id).where(
-                    GalleryVector.gallery_id == gallery_id,
-                    GalleryVector.item_id.in_(ids[start : start + IN_CHUNK]),
-                )
-            )
-        )
+    found = gallery_ids_present(session, gallery_id, ids)
     missing = [n for n, i in enumerate(ids) if i not in found]
     if missing:
         raise invalid_fields(
@@ -120,7 +164,7 @@ def upsert_items(
         validated[modality] = as_matrix(rows, field, dim=dim, max_dim=settings.max_dim)
     if dataset.gallery_id is not None:
         _check_in_gallery(session, dataset.gallery_id, ids)
-    dataset = session.scalar(select(Dataset).where(Dataset.id == dataset.id).with_for_update())
+    dataset = lock_dataset(session, dataset.id)
     label_list = list(labels) if labels is not None else [None] * len(ids)
     for modality, matrix in validated.items():
         for start in range(0, len(ids), IN_CHUNK):

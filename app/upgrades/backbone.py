@@ -1,6 +1,6 @@
 """Backbone upgrades against an external gallery: check the request, assemble the paired data
-from the database, train, and report the trained model beside the Procrustes adapter fitted on the
-same split."""
+(and the dataset's query log) from the database, train, and report the trained model beside the
+Procrustes adapter fitted on the same split."""
 
 from __future__ import annotations
 
@@ -12,12 +12,14 @@ from sqlalchemy.orm import Session
 
 from app.core.errors import FieldError, invalid_fields
 from app.datasets.models import Dataset, DatasetItem
+from app.datasets.queries import load_queries
 from app.datasets.service import load_items
 from app.galleries.models import Gallery, GalleryVector
 from app.galleries.service import lift_of
 from app.ml.training import TrainingHooks
 from app.ml.upgrade import (
     BACKBONE_METHODS,
+    QueryLog,
     UpgradeData,
     check_backbone_request,
     run_backbone_upgrade,
@@ -25,6 +27,15 @@ from app.ml.upgrade import (
 from app.upgrades.trained import TrainedOutput
 
 METHODS: tuple[str, ...] = tuple(BACKBONE_METHODS)
+# The job's objective travels in its params (beside the trainer's knobs, shown by GET
+# /v1/upgrades/{id}); it is taken out again before the knobs reach the trainer.
+OBJECTIVE_PARAM = "objective"
+QUERY_SUMMARY = (
+    "queries",
+    "queries_with_old_vectors",
+    "queries_with_relevance",
+    "queries_relevant_dropped",
+)
 
 
 def _paired(dataset: Dataset, gallery: Gallery):
@@ -49,6 +60,7 @@ def check_request(
     *,
     seed: int,
     eval_fraction: float,
+    objective: str | None,
 ) -> None:
     """What the trainer would refuse, refused before a job exists (422 naming the field)."""
     paired = session.scalar(_paired(dataset, gallery)) or 0
@@ -61,7 +73,17 @@ def check_request(
             _paired(dataset, gallery).where(GalleryVector.label.is_(None))
         )
         labelled = not (unlabelled_items and unlabelled_vectors)
-    problems = check_backbone_request(method, params, paired, eval_fraction, seed, labelled)
+    problems = check_backbone_request(
+        method,
+        params,
+        paired,
+        eval_fraction,
+        seed,
+        labelled,
+        objective=objective,
+        n_queries=dataset.query_count,
+        queries_with_relevance=dataset.queries_with_relevance,
+    )
     if "dataset_id" in problems:
         problems["dataset_id"] = (
             f"{paired} dataset items have vectors in gallery {gallery.id}: {problems['dataset_id']}"
@@ -81,9 +103,44 @@ def label_codes(labels: list[str | None]) -> np.ndarray | None:
     return np.array([index[label] for label in labels], dtype=np.int64)
 
 
-def load_inputs(session: Session, dataset: Dataset, gallery: Gallery) -> tuple[UpgradeData, int]:
-    """Dataset rows paired with the gallery's stored old vectors by item id. Labels: the
-    dataset's when every item has one, else the gallery's when every item has one, else none."""
+def _query_log(
+    session: Session, dataset: Dataset, paired_ids: list[str]
+) -> tuple[QueryLog | None, dict[str, int]]:
+    """The dataset's queries with relevant ids mapped to rows of the paired data; relevant ids
+    whose items are not paired (no dataset features) are dropped and counted."""
+    logged = load_queries(session, dataset)
+    if logged is None:
+        return None, dict.fromkeys(QUERY_SUMMARY, 0)
+    row_of = {item_id: n for n, item_id in enumerate(paired_ids)}
+    relevant = [[row_of[i] for i in items if i in row_of] for items in logged.relevant_ids]
+    given = sum(len(items) for items in logged.relevant_ids)
+    kept = sum(len(rows) for rows in relevant)
+    summary = {
+        "queries": len(logged.ids),
+        "queries_with_old_vectors": 0 if logged.old_vectors is None else len(logged.ids),
+        "queries_with_relevance": sum(1 for rows in relevant if rows),
+        "queries_relevant_dropped": given - kept,
+    }
+    has_relevance = summary["queries_with_relevance"] > 0
+    if logged.old_vectors is None and not has_relevance:
+        # Nothing left to learn from: every relevant item lacks dataset features.
+        return None, summary
+    log = QueryLog(
+        features=logged.features,
+        old_vectors=logged.old_vectors,
+        relevant=[np.array(rows, dtype=np.int64) for rows in relevant] if has_relevance else None,
+    )
+    return log, summary
+
+
+def load_inputs(
+    session: Session, dataset: Dataset, gallery: Gallery
+) -> tuple[UpgradeData, dict[str, int]]:
+    """Dataset rows paired with the gallery's stored old vectors by item id, and the dataset's
+    query log. Labels: the dataset's when every item has one, else the gallery's when every item
+    has one, else none. Also returns what was loaded, for the report (``paired_items``,
+    ``queries``, ``queries_with_old_vectors``, ``queries_with_relevance``,
+    ``queries_relevant_dropped``)."""
     ids, arrays, item_labels = load_items(session, dataset)
     stored: dict[str, tuple[bytes, str | None]] = {}
     for start in range(0, len(ids), 500):
@@ -103,8 +160,14 @@ def load_inputs(session: Session, dataset: Dataset, gallery: Gallery) -> tuple[U
     labels = label_codes([item_labels[n] for n in keep])
     if labels is None:
         labels = label_codes([stored[i][1] for i in paired_ids])
-    data = UpgradeData(new_features=np.array(features), old_vectors=np.array(old), labels=labels)
-    return data, len(paired_ids)
+    queries, summary = _query_log(session, dataset, paired_ids)
+    data = UpgradeData(
+        new_features=np.array(features),
+        old_vectors=np.array(old),
+        labels=labels,
+        queries=queries,
+    )
+    return data, {"paired_items": len(paired_ids), **summary}
 
 
 def train(
@@ -118,16 +181,25 @@ def train(
     hooks: TrainingHooks,
 ) -> TrainedOutput:
     """The trainer's report already sets the ``procrustes`` adapter, fitted on the same split,
-    beside the trained model (``report["metrics"]``)."""
+    beside the trained model (``report["metrics"]``). ``params`` may hold the job's objective."""
+    knobs = {k: v for k, v in params.items() if k != OBJECTIVE_PARAM}
     lift = lift_of(gallery)
     outcome = run_backbone_upgrade(
-        method, data, lift, params=params, seed=seed, eval_fraction=eval_fraction, hooks=hooks
+        method,
+        data,
+        lift,
+        params=knobs,
+        seed=seed,
+        eval_fraction=eval_fraction,
+        hooks=hooks,
+        objective=params.get(OBJECTIVE_PARAM),
     )
     return TrainedOutput(
         model=outcome.model,
         report={"paired_items": len(data), **outcome.report},
         params=outcome.params,
         kind="backbone",
+        method=outcome.method,
         space={
             "space_model_name": gallery.model_name,
             "space_dim": gallery.dim,

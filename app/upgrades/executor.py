@@ -16,6 +16,7 @@ import socket
 import threading
 import time
 import traceback
+from dataclasses import replace
 from datetime import timedelta
 from enum import Enum
 from typing import Any
@@ -210,9 +211,9 @@ def _train(
         gallery = session.get(Gallery, job.gallery_id) if job.gallery_id else None
         if gallery is None:
             raise ValueError("the gallery of this upgrade was deleted")
-        data, _ = backbone.load_inputs(session, dataset, gallery)
+        data, loaded = backbone.load_inputs(session, dataset, gallery)
         session.expunge(gallery)
-    return backbone.train(
+    out = backbone.train(
         job.method,
         data,
         gallery,
@@ -221,6 +222,20 @@ def _train(
         eval_fraction=job.eval_fraction,
         hooks=hooks,
     )
+    return replace(out, report={**loaded, **out.report})
+
+
+def _set_phase(db: Database, job_id: str, worker: str, phase: str) -> None:
+    """Mark what the job does now, keeping the trainer's latest progress beside it."""
+    with db.session() as session:
+        current = session.scalar(select(UpgradeJob.progress).where(UpgradeJob.id == job_id))
+        session.execute(
+            update(UpgradeJob)
+            .where(
+                UpgradeJob.id == job_id, UpgradeJob.status == RUNNING, UpgradeJob.worker == worker
+            )
+            .values(progress={**(current or {}), "phase": phase}, heartbeat_at=utcnow())
+        )
 
 
 def _store(db: Database, settings: Settings, job: UpgradeJob, worker: str, out: TrainedOutput):
@@ -238,7 +253,7 @@ def _store(db: Database, settings: Settings, job: UpgradeJob, worker: str, out: 
         id=model_id,
         tenant_id=job.tenant_id,
         kind=out.kind,
-        method=job.method,
+        method=out.method or job.method,
         upgrade_id=job.id,
         parent_id=out.parent_id,
         root_id=out.root_id or model_id,
@@ -307,6 +322,7 @@ def execute(
         with monitor as hooks:
             out = _train(db, settings, job, hooks)
             hooks.check()
+        _set_phase(db, job_id, worker, "storing")
         model_id = _store(db, settings, job, worker, out)
         log.info("upgrade %s succeeded: model %s", job_id, model_id)
     except TrainingCancelled:

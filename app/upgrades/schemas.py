@@ -13,7 +13,24 @@ from app.core.schemas import Page, StrictModel
 
 class UpgradeCreate(StrictModel):
     dataset_id: str = Field(min_length=1, max_length=40)
-    method: str = Field(min_length=1, max_length=32, description="see GET /v1/upgrades/methods")
+    method: str = Field(
+        default="auto",
+        min_length=1,
+        max_length=32,
+        description=(
+            "see GET /v1/upgrades/methods; `auto` (backbone upgrades) trains the candidates and "
+            "serves the best on validation for the objective"
+        ),
+    )
+    objective: Literal["query", "class", "instance"] | None = Field(
+        default=None,
+        description=(
+            "backbone upgrades: what the model must be good at. `query`: logged queries find "
+            "their relevant items; `class`: same-label neighbours; `instance`: each item's own "
+            "old vector. Default: `query` when queries carry relevance, else `class` with "
+            "labels, else `instance`"
+        ),
+    )
     gallery_id: str | None = Field(
         default=None, min_length=1, max_length=40, description="backbone upgrades: the old gallery"
     )

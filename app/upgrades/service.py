@@ -48,6 +48,8 @@ def _validate_backbone(session: Session, tenant_id: str, request: UpgradeCreate,
         raise invalid("gallery_id", "backbone upgrades need an external gallery (old vectors)")
     if len(dataset.modalities) != 1:
         raise invalid("dataset_id", "backbone upgrades take a one-modality dataset")
+    if backbone.OBJECTIVE_PARAM in (request.params or {}):
+        raise invalid("params", "the objective is a field of the request, not a parameter")
     backbone.check_request(
         session,
         request.method,
@@ -56,6 +58,7 @@ def _validate_backbone(session: Session, tenant_id: str, request: UpgradeCreate,
         gallery,
         seed=request.seed,
         eval_fraction=request.eval_fraction,
+        objective=request.objective,
     )
     return gallery.id
 
@@ -64,9 +67,14 @@ def create_upgrade(
     session: Session, settings: Settings, tenant_id: str, request: UpgradeCreate
 ) -> UpgradeJob:
     dataset = get_dataset(session, tenant_id, request.dataset_id)
+    params = dict(request.params or {})
     if request.method in backbone.METHODS:
         gallery_id = _validate_backbone(session, tenant_id, request, dataset)
+        if request.objective is not None:
+            params[backbone.OBJECTIVE_PARAM] = request.objective
     elif request.method in continual.METHODS:
+        if request.objective is not None:
+            raise invalid("objective", "continual upgrades have no objective to choose")
         if request.gallery_id is not None:
             raise invalid("gallery_id", "continual upgrades search galleries of their lineage")
         base = (
@@ -84,7 +92,7 @@ def create_upgrade(
         dataset_id=dataset.id,
         gallery_id=gallery_id,
         base_model_id=request.base_model_id,
-        params=request.params or {},
+        params=params,
         seed=request.seed,
         eval_fraction=request.eval_fraction,
         status=QUEUED,

@@ -16,6 +16,8 @@ class TrainedOutput:
     report: dict[str, Any]
     params: dict[str, Any]
     kind: str
+    # The method actually served, when the job's names a choice (``auto``: the chosen candidate).
+    method: str | None = None
     # Backbone models: the old space they search (space_model_name, space_dim, lift, gallery).
     space: dict[str, Any] = field(default_factory=dict)
     # Continual versions: lineage, the rotation since the parent and the state to continue from.

@@ -5,7 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from fastapi.testclient import TestClient
+from sqlalchemy import select
 
+from app.datasets.models import Dataset
 from tests.service.conftest import field_names, problem, snapshot
 from tests.service.test_galleries_api import make_gallery, npy, seed_vectors
 
@@ -118,3 +120,70 @@ def test_unsupported_media_type(client: TestClient) -> None:
         headers={"Content-Type": "text/plain"},
     )
     problem(response, 415)
+
+
+def queue_job(client: TestClient, dataset_id: str, status: str) -> str:
+    """An upgrade row on the dataset, as the runner leaves it (no trainer involved)."""
+    from app.core.db import new_id
+    from app.upgrades.models import UpgradeJob
+
+    with client.app.state.service.db.session() as session:
+        tenant_id = session.scalar(select(Dataset.tenant_id).where(Dataset.id == dataset_id))
+        job = UpgradeJob(
+            id=new_id("upg"),
+            tenant_id=tenant_id,
+            method="procrustes",
+            dataset_id=dataset_id,
+            params={},
+            status=status,
+            progress={},
+        )
+        session.add(job)
+    return job.id
+
+
+def test_delete_takes_items_and_queries(client: TestClient) -> None:
+    gallery_id = make_gallery(client)
+    seed_vectors(client, gallery_id, n=5)
+    dataset = make_dataset(client, gallery_id=gallery_id)
+    kept = make_dataset(client, name="kept", gallery_id=gallery_id)
+    for d in (dataset, kept):
+        client.post(
+            f"/v1/datasets/{d['id']}/items",
+            json={"ids": ["item-0", "item-1"], "features": [[1.0, 2.0], [3.0, 4.0]]},
+        )
+        client.post(
+            f"/v1/datasets/{d['id']}/queries",
+            json={"ids": ["q"], "features": [[1.0, 0.0]], "relevant_ids": [["item-1"]]},
+        )
+    before = snapshot(client)
+    assert client.delete(f"/v1/datasets/{dataset['id']}").status_code == 204
+    after = snapshot(client)
+    assert after["datasets"] == before["datasets"] - 1
+    assert after["dataset_items"] == before["dataset_items"] - 2
+    assert after["dataset_queries"] == before["dataset_queries"] - 1
+    problem(client.get(f"/v1/datasets/{dataset['id']}"), 404)
+    problem(client.delete(f"/v1/datasets/{dataset['id']}"), 404)
+    assert client.get(f"/v1/datasets/{kept['id']}").json()["queries"]["count"] == 1
+    assert client.delete(f"/v1/datasets/{kept['id']}").status_code == 204
+    # No dataset pairs with the gallery any more: it can go too.
+    assert client.delete(f"/v1/galleries/{gallery_id}").status_code == 204
+
+
+@pytest.mark.parametrize("status", ["queued", "running"])
+def test_delete_refused_while_an_upgrade_trains_on_it(client: TestClient, status: str) -> None:
+    dataset = make_dataset(client)
+    job_id = queue_job(client, dataset["id"], status)
+    before = snapshot(client)
+    conflict = problem(client.delete(f"/v1/datasets/{dataset['id']}"), 409)
+    assert job_id in conflict["detail"]
+    assert snapshot(client) == before
+
+
+@pytest.mark.parametrize("status", ["succeeded", "failed", "cancelled"])
+def test_delete_after_the_upgrades_ended_keeps_them(client: TestClient, status: str) -> None:
+    dataset = make_dataset(client)
+    job_id = queue_job(client, dataset["id"], status)
+    assert client.delete(f"/v1/datasets/{dataset['id']}").status_code == 204
+    job = client.get(f"/v1/upgrades/{job_id}").json()
+    assert job["status"] == status and job["dataset_id"] is None

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
-from sqlalchemy import create_engine, inspect
+from sqlalchemy import create_engine, inspect, text
 
 from app.core.all_models import Base
 from app.core.db import alembic_config
@@ -46,5 +47,45 @@ def test_upgrade_matches_models_then_downgrade_empties(fresh_url: str) -> None:
             assert set(inspect(connection).get_table_names()) <= {"alembic_version"}
         # And back up again: the chain is repeatable.
         command.upgrade(config, "head")
+    finally:
+        engine.dispose()
+
+
+def test_0002_keeps_existing_datasets_with_an_empty_query_log(fresh_url: str) -> None:
+    """Datasets made before query logs existed get zero counts; downgrading keeps them."""
+    config = alembic_config(fresh_url)
+    command.upgrade(config, "0001")
+    engine = create_engine(fresh_url)
+    now = datetime.now(UTC)
+    try:
+        with engine.begin() as connection:
+            connection.execute(
+                text("INSERT INTO tenants (id, name, created_at) VALUES ('t', 't', :now)"),
+                {"now": now},
+            )
+            connection.execute(
+                text(
+                    "INSERT INTO datasets (id, tenant_id, name, modalities, dims, count, "
+                    "created_at) VALUES ('ds_1', 't', 'old', :modalities, '{}', 0, :now)"
+                ),
+                {"now": now, "modalities": '["default"]'},
+            )
+        command.upgrade(config, "0002")
+        with engine.connect() as connection:
+            row = connection.execute(
+                text(
+                    "SELECT query_count, queries_with_old_vectors, queries_with_relevance "
+                    "FROM datasets WHERE id = 'ds_1'"
+                )
+            ).one()
+            assert tuple(row) == (0, 0, 0)
+            assert "dataset_queries" in inspect(connection).get_table_names()
+        command.downgrade(config, "0001")
+        with engine.connect() as connection:
+            assert "dataset_queries" not in inspect(connection).get_table_names()
+            columns = {c["name"] for c in inspect(connection).get_columns("datasets")}
+            assert "query_count" not in columns
+            ids = connection.execute(text("SELECT id FROM datasets")).scalars().all()
+            assert ids == ["ds_1"]
     finally:
         engine.dispose()

@@ -92,6 +92,11 @@ def test_cancel_a_queued_job(client: TestClient, recorded: RecordingRunner) -> N
         ({"params": {"no_such_knob": 1}}, "params", 422),
         ({"eval_fraction": 0.01}, "dataset_id", 422),
         ({"surprise": True}, "surprise", 422),
+        ({"objective": "sorcery"}, "objective", 422),
+        ({"params": {"objective": "class"}}, "params", 422),
+        # No logged queries carry relevance, so there is nothing to measure `query` on.
+        ({"objective": "query"}, "objective", 422),
+        ({"method": "auto", "objective": "query"}, "objective", 422),
     ],
 )
 def test_bad_upgrade_requests_queue_nothing(
@@ -143,3 +148,29 @@ def test_label_hungry_methods_need_labels(client: TestClient, recorded: Recordin
     assert field_names(errors) == ["method"]
     unlabelled_ok = client.post("/v1/upgrades", json={"dataset_id": dataset["id"], "method": "l2"})
     assert unlabelled_ok.status_code == 202, unlabelled_ok.text
+
+
+def test_method_defaults_to_auto_and_the_objective_is_kept(
+    client: TestClient, recorded: RecordingRunner
+) -> None:
+    _, dataset_id = paired_setup(client)
+    default = client.post("/v1/upgrades", json={"dataset_id": dataset_id})
+    assert default.status_code == 202, default.text
+    assert default.json()["method"] == "auto" and default.json()["params"] == {}
+    chosen = client.post(
+        "/v1/upgrades",
+        json={"dataset_id": dataset_id, "objective": "instance", "params": {"epochs": 3}},
+    )
+    assert chosen.status_code == 202, chosen.text
+    assert chosen.json()["params"] == {"epochs": 3, "objective": "instance"}
+    assert len(recorded.submitted) == 2
+
+
+def test_continual_upgrades_take_no_objective(
+    client: TestClient, recorded: RecordingRunner
+) -> None:
+    dataset = make_dataset(client, name="task-1")
+    before = snapshot(client)
+    body = {"dataset_id": dataset["id"], "method": "finetune", "objective": "class"}
+    assert field_names(problem(client.post("/v1/upgrades", json=body), 422)) == ["objective"]
+    assert snapshot(client) == before and recorded.submitted == []
