@@ -10,8 +10,9 @@ their head outputs: Δw₀ᵐ = 0 and X_m ΔW_sᵐᵀ = Y_m Ωᵀ for one skew �
 After every AdamW step the realized displacement δᵐ = W̃ᵐ − Wᵐ is replaced by the closest
 admissible one (the moments stay as AdamW left them):
 - ``hmcl-mr`` (Ω = 0): δ_sᵐ ← δ_sᵐ(I − P_m), δ₀ᵐ ← 0, P_m = V_m V_mᵀ the protected subspace;
-- ``hmcl-ca``: δ_sᵐ ← δ_sᵐ(I − P_m) + Ω B_mᵀ, δ₀ᵐ ← 0, B_m = X_m⁺Y_m the least-squares map and
-  Ω the skew solution of ΩH + HΩ = F − Fᵀ, H = Σ B_mᵀB_m, F = Σ δ_sᵐ B_m;
+- ``hmcl-ca``: δ_sᵐ ← δ_sᵐ(I − P_m) + Ω B_mᵀP_m, δ₀ᵐ ← 0, B_m = X_m⁺Y_m the least-squares map and
+  Ω the skew solution of ΩH + HΩ = F − Fᵀ, H = Σ B_mᵀP_mB_m, F = Σ δ_sᵐ P_m B_m (the closest
+  admissible update at every ρ: see ``closest_admissible_correction``);
 then task anchoring W ← βW_task_start + (1 − β)(W + δ*). ``finetune`` (plain AdamW) and ``ewc``
 (AdamW on the loss plus a diagonal-Fisher penalty) are the baselines, on the same schedule.
 
@@ -20,10 +21,6 @@ old lifted features, Σ z zᵀ ((D+1)×(D+1)), its row count, and EWC's diagonal
 basis V_m and the least-squares map B_m are derived from it and the current head at each task
 start (B_m = (Σ x xᵀ)⁺ Σ x zᵀ Wᵐᵀ is exact given the moments). No raw feature is kept, so the
 state's size does not depend on the number of tasks.
-
-B_m maps all of X (``least_squares_map="full"``, the default, as written in the method) or only
-its protected part X V Vᵀ (``"protected"``): the latter rotates only the protected-feature part
-of each old output, which measured more drift in ``bench.continual`` for a cheaper step.
 
 Each model version records the orthogonal R with y_new ≈ R·y_parent on the old data, fitted by
 orthogonal Procrustes from the same moments (the default for CA), or exp of the anchored sum of Ω.
@@ -191,15 +188,15 @@ def protected_subspace(
 class ProtectedGeometry:
     """What the corrections need for one task, derived once at its start.
 
-    Per modality: the protected basis V_m (D×r_m) and the least-squares map B_m = V_b C_m
-    (V_b = V_m for the map of the protected part X_p⁺Y, ``None`` = the standard basis for X⁺Y).
-    Shared: eigenvectors U of H = Σ B_mᵀB_m with eigenvalues h, and C_m U. When H is nearly
+    Per modality: the protected basis V_m (D×r_m) and C_m = V_mᵀX_m⁺Y_m (r_m×d), so that the
+    protected part of the least-squares map is P_m B_m = V_m C_m; since V_m are eigenvectors of
+    X_mᵀX_m this is also X_p⁺Y_m for X_p = X_m V_m V_mᵀ. Shared: eigenvectors U of
+    H = Σ C_mᵀC_m = Σ B_mᵀP_mB_m with eigenvalues h, and C_m U. When H is nearly
     full rank U is its whole eigenbasis (h may hold zeros) and ``lyapunov_weights`` holds
     1/(h_i + h_j), 0 where both vanish; otherwise U spans only the range (h > 0).
     """
 
     bases: dict[str, Tensor]
-    map_bases: dict[str, Tensor | None]
     coefficients: dict[str, Tensor]
     h_vectors: Tensor
     h_values: Tensor
@@ -208,21 +205,13 @@ class ProtectedGeometry:
     lyapunov_weights: Tensor | None = None
 
     def least_squares_map(self, name: str) -> Tensor:
-        """B_m = V_b C_m (D×d)."""
-        map_basis = self.map_bases[name]
-        coef = self.coefficients[name]
-        return coef if map_basis is None else map_basis @ coef
+        """P_m B_m = V_m C_m (D×d): the least-squares map of the protected features."""
+        return self.bases[name] @ self.coefficients[name]
 
     def to(self, dtype: torch.dtype) -> ProtectedGeometry:
         """A copy in another float type (derived in float64, applied in the weights' type)."""
-        bases = {k: v.to(dtype) for k, v in self.bases.items()}
         return ProtectedGeometry(
-            bases,
-            # keep "the map basis is the protected basis" visible: the correction uses it
-            {
-                k: bases[k] if v is self.bases[k] else (None if v is None else v.to(dtype))
-                for k, v in self.map_bases.items()
-            },
+            {k: v.to(dtype) for k, v in self.bases.items()},
             {k: v.to(dtype) for k, v in self.coefficients.items()},
             self.h_vectors.to(dtype),
             self.h_values.to(dtype),
@@ -250,32 +239,21 @@ def protected_geometry(
     energy: float,
     min_rank: int,
     rank_tol: float = RANK_TOL,
-    full_map: bool = False,
 ) -> ProtectedGeometry:
     """Protected bases, least-squares maps and H's eigenbasis from lifted second moments Σ z zᵀ
     (computed in float64 whatever the inputs' type).
 
-    ``full_map=False``: B_m = X_p⁺Y on the protected part X_p = X V Vᵀ (span V_b = span V).
-    ``full_map=True``: B_m = X⁺Y on all of X (V_b = X's whole numerical row space), so the
-    rotation term moves every old output, not only its protected-feature part.
+    Only the protected part P_m B_m = V_m C_m of the least-squares map B_m = X_m⁺Y_m enters the
+    closest admissible update; C_m = Λ_m⁻¹V_mᵀ(Σ x zᵀ)W_mᵀ needs no other eigenvector of XᵀX.
     """
-    bases, map_bases, coefs, captured = {}, {}, {}, {}
+    bases, coefs, captured = {}, {}, {}
     dim = next(iter(heads.values())).shape[0]
     h_matrix = torch.zeros(dim, dim, dtype=torch.float64)
     for name, moment in second_moments.items():
         moment = moment.double()
         basis, evals, frac = protected_subspace(moment[1:, 1:], energy, min_rank, rank_tol)
-        head = heads[name].double()
-        map_basis: Tensor | None
-        if full_map:
-            # B = X⁺Y = V_all Λ⁻¹ V_allᵀ Σ x zᵀ Wᵀ, stored as one D×d matrix (V_b = I).
-            all_basis, all_evals, _ = protected_subspace(moment[1:, 1:], 1.0, 0, rank_tol)
-            coef = all_basis @ least_squares_coefficients(moment, all_basis, all_evals, head)
-            map_basis = None
-        else:
-            coef = least_squares_coefficients(moment, basis, evals, head)
-            map_basis = basis
-        bases[name], map_bases[name], coefs[name], captured[name] = basis, map_basis, coef, frac
+        coef = least_squares_coefficients(moment, basis, evals, heads[name].double())
+        bases[name], coefs[name], captured[name] = basis, coef, frac
         h_matrix += coef.T @ coef
     h_vals, h_vecs = torch.linalg.eigh(h_matrix)
     h_max = float(h_vals.max()) if h_vals.numel() else 0.0
@@ -292,7 +270,6 @@ def protected_geometry(
     u = h_vecs[:, keep]
     return ProtectedGeometry(
         bases,
-        map_bases,
         coefs,
         u,
         h_vals[keep],
@@ -358,29 +335,25 @@ class SkewGenerator:
         return cls(basis, basis.new_zeros(rank, rank), outer)
 
 
-def _map_features(spatial_step: Tensor, map_basis: Tensor | None) -> Tensor:
-    """δ_s V_b, or δ_s itself when the map lives in the standard basis (V_b = I)."""
-    return spatial_step if map_basis is None else spatial_step @ map_basis
-
-
 def shared_rotation_generator(
     deltas: Mapping[str, Tensor], geometry: ProtectedGeometry
 ) -> SkewGenerator:
-    """The skew Ω of the closest admissible update: ΩH + HΩ = F − Fᵀ, F = Σ δ_sᵐ B_m.
+    """The skew Ω of the closest admissible update: ΩH + HΩ = F − Fᵀ with H = Σ C_mᵀC_m and
+    F = Σ (δ_sᵐV_m) C_m = Σ δ_sᵐ P_m B_m (derivation: ``closest_admissible_correction``).
 
     In H's eigenbasis U with K = F − Fᵀ: Ω̃ = UᵀΩU has Ω̃_ij = (UᵀKU)_ij / (h_i + h_j), 0 where
-    h_i + h_j = 0 (``solve_skew_lyapunov``), with no eigen-solve per step. With B_m = V_b C_m:
-    FU = Σ (δ_sV_b)(C_mU) and UᵀKU = UᵀFU − (UᵀFU)ᵀ.
+    h_i + h_j = 0 (``solve_skew_lyapunov``), with no eigen-solve per step:
+    FU = Σ (δ_sV)(C_mU) and UᵀKU = UᵀFU − (UᵀFU)ᵀ.
     - U the whole eigenbasis (``lyapunov_weights`` set): Ω = U Ω̃ Uᵀ.
     - U the range only (d×R, h > 0; Q⊥ = I − UUᵀ): Ω = U A Uᵀ + U G − GᵀUᵀ with A = Ω̃ and
       G = diag(1/h) UᵀK Q⊥ = diag(1/h)(−(KU)ᵀ − (UᵀKU)Uᵀ) (UᵀK = −(KU)ᵀ for skew K), where
-      KU = FU − Σ C_mᵀ((δ_sV_b)ᵀU): O(dDr_b + dR²) per step instead of O(d³).
+      KU = FU − Σ C_mᵀ((δ_sV)ᵀU): O(dDr + dR²) per step instead of O(d³).
     """
     u, h, weights = geometry.h_vectors, geometry.h_values, geometry.lyapunov_weights
     f_u = torch.zeros_like(u)
     ft_u = torch.zeros_like(u)
     for name, delta in deltas.items():
-        dv = _map_features(delta[:, 1:], geometry.map_bases[name])  # δ_s V_b, d×r_b
+        dv = delta[:, 1:] @ geometry.bases[name]  # δ_s V, d×r
         f_u += dv @ geometry.coefficients_in_h_basis[name]
         if weights is None:  # FᵀU only feeds G
             ft_u += geometry.coefficients[name].T @ (dv.T @ u)
@@ -436,11 +409,30 @@ def closest_admissible_correction(
     geometry: ProtectedGeometry,
     omega: Tensor | SkewGenerator | None = None,
 ) -> tuple[dict[str, Tensor], SkewGenerator | Tensor]:
-    """CA: δ_sᵐ ← δ_sᵐ(I − P_m) + Ω B_mᵀ, δ₀ᵐ ← 0, jointly over modalities; returns (δ*, Ω).
+    """CA: the admissible step closest to δ, jointly over modalities; returns (δ*, Ω).
 
-    ``omega`` (dense or factored) overrides the Lyapunov solution; Ω = 0 gives MR exactly. Then
-    X_m δ_s*ᵀ = Y_m Ωᵀ on the protected part of the old data: old outputs move by the shared
-    first-order rotation I + Ω.
+    Admissible steps. With X_m the old features (N×D), P_m = V_mV_mᵀ their protected subspace,
+    X_p = X_mP_m and B_m = X_m⁺Y_m the least-squares map of the old outputs Y_m, a step Δᵐ is
+    admissible iff Δ₀ᵐ = 0 and, for one skew Ω shared by all modalities,
+
+        X_p Δ_sᵐᵀ = X_p B_m Ωᵀ   (the protected outputs move by the rotation I + Ω),
+
+    where X_p B_m = Π_{X_p} Y_m is the part of the old outputs the protected features explain
+    (V_m are eigenvectors of X_mᵀX_m, so P_mB_m = X_p⁺Y_m). X_p has full column rank on span V_m,
+    so this says Δ_sᵐP_m = Ω B_mᵀP_m = Ω C_mᵀV_mᵀ (C_m = V_mᵀB_m), and Δ_sᵐ(I − P_m) is free.
+
+    Closest. Σ_m ‖Δᵐ − δᵐ‖² splits into Σ‖(Δ_sᵐ − δ_sᵐ)(I − P_m)‖² + ‖δ₀ᵐ‖² (minimised by keeping
+    δ_sᵐ(I − P_m)) and Σ‖ΩC_mᵀ − δ_sᵐV_m‖², whose gradient over skew Ω vanishes iff the skew
+    part of (ΩH − F) does: with H = Σ C_mᵀC_m and F = Σ (δ_sᵐV_m)C_m,
+
+        ΩH + HΩ = F − Fᵀ,   δ_sᵐ* = δ_sᵐ(I − P_m) + Ω C_mᵀV_mᵀ,   δ₀ᵐ* = 0.
+
+    At ρ = 1 with full rank this is the paper's Eq. 44–46. Using all of B_m (Ω B_mᵀ, F = Σ δ_sB_m)
+    instead of its protected part P_mB_m would add a rotation term to the free part as well: not
+    the closest point, and not idempotent. Here an admissible δ gives F = ΩH, so the solution is
+    δ itself (on the range of H, the only part of Ω that moves anything): CA∘CA = CA.
+
+    ``omega`` (dense or factored) overrides the Lyapunov solution; Ω = 0 gives MR exactly.
     """
     if omega is None:
         omega = shared_rotation_generator(deltas, geometry)
@@ -448,13 +440,8 @@ def closest_admissible_correction(
     out = {}
     for name, delta in deltas.items():
         spatial, basis = delta[:, 1:], geometry.bases[name]
-        map_basis, omega_ct = geometry.map_bases[name], rotation_terms[name]
-        if map_basis is basis:
-            # δ_s − (δ_sV)Vᵀ + (ΩCᵀ)Vᵀ with one d×r×D product: Ω B_mᵀ = Ω Cᵀ Vᵀ.
-            corrected = spatial + (omega_ct - spatial @ basis) @ basis.T
-        else:
-            rotation = omega_ct if map_basis is None else omega_ct @ map_basis.T
-            corrected = spatial - (spatial @ basis) @ basis.T + rotation
+        # δ_s − (δ_sV)Vᵀ + (ΩCᵀ)Vᵀ with one d×r×D product: Ω B_mᵀP_m = Ω Cᵀ Vᵀ.
+        corrected = spatial + (rotation_terms[name] - spatial @ basis) @ basis.T
         out[name] = torch.cat([torch.zeros_like(delta[:, :1]), corrected], dim=1)
     return out, omega
 
@@ -585,9 +572,7 @@ class ContinualParams:
     curvature 0.1, lr 5e-4 (the paper's); ρ = 0.8 (the top of the paper's range), β = 0.1 and
     k_min = 8 inside theirs. lr and 20 epochs were chosen on the first WordNet task's held-out
     recall, where every method trains alike (nothing is protected yet;
-    ``python -m bench.continual --sweep-first-task``). The least-squares map of
-    all old features measured less drift than that of their protected part
-    (``bench/results/continual_quick.json`` against ``continual_quick_protected_map.json``).
+    ``python -m bench.continual --sweep-first-task``).
     """
 
     lr: float = 5e-4
@@ -599,7 +584,6 @@ class ContinualParams:
     energy: float = 0.8  # ρ
     min_rank: int = 8  # k_min
     anchor: float = 0.1  # β
-    least_squares_map: str = "full"  # B_m = X⁺Y ("full") or X_p⁺Y on X_p = XVVᵀ ("protected")
     ewc_lambda: float = 1.0
     fisher_batch_size: int = 256
     rotation: str | None = None  # None: DEFAULT_ROTATION[method]
@@ -624,7 +608,7 @@ class ContinualParams:
                 if name not in ("rotation", "apex_modality", "dim"):
                     raise ValueError(f"parameter {name!r} must not be null")
                 clean[name] = None
-            elif name in ("rotation", "apex_modality", "least_squares_map"):
+            elif name in ("rotation", "apex_modality"):
                 if not isinstance(value, str):
                     raise ValueError(f"parameter {name!r} must be a string")
                 clean[name] = value
@@ -656,10 +640,6 @@ class ContinualParams:
             (
                 self.rotation is None or self.rotation in ROTATION_FITS,
                 f"rotation must be one of {list(ROTATION_FITS)}",
-            ),
-            (
-                self.least_squares_map in ("protected", "full"),
-                "least_squares_map must be 'protected' or 'full'",
             ),
             (self.curv > 0, "curv must be > 0"),
             (self.lift_scale > 0, "lift_scale must be > 0"),
@@ -889,7 +869,6 @@ class TaskTrainer:
                 self.task_start,
                 self.params.energy,
                 self.params.min_rank,
-                full_map=self.params.least_squares_map == "full",
             )
             # Derived in float64; applied in the weights' float32: the correction's rounding
             # (≈1e-7 relative) is far below the AdamW step it corrects.
