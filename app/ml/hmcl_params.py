@@ -24,16 +24,16 @@ DEFAULT_ROTATION = {
 class ContinualParams:
     """Settings of one continual task; ``curv``, ``lift_scale``, ``dim`` are fixed at the first.
 
-    Defaults: AdamW without weight decay, one accumulated step per epoch over batches of 1024,
+    Defaults: AdamW without weight decay, one step per mini-batch of ``batch_size`` rows, at
+    least ``epochs`` epochs and at least ``min_steps`` steps (small tasks get more epochs),
     curvature 0.1, lr 5e-4 (the paper's); ρ = 0.8 (the top of the paper's range), β = 0.1 and
-    k_min = 8 inside theirs. lr and 20 epochs were chosen on the first WordNet task's held-out
-    recall, where every method trains alike (nothing is protected yet;
-    ``python -m bench.continual --sweep-first-task``).
+    k_min = 8 inside theirs. HMCL corrects every step and anchors once per epoch.
     """
 
     lr: float = 5e-4
     epochs: int = 20
-    batch_size: int = 1024
+    batch_size: int = 256
+    min_steps: int = 200
     temperature: float = 0.07
     entailment_weight: float = 0.2
     weight_decay: float = 0.0
@@ -85,6 +85,7 @@ class ContinualParams:
             (self.lr > 0 and math.isfinite(self.lr), "lr must be > 0"),
             (self.epochs >= 1, "epochs must be ≥ 1"),
             (self.batch_size >= 2, "batch_size must be ≥ 2"),
+            (self.min_steps >= 0, "min_steps must be ≥ 0"),
             (self.temperature > 0, "temperature must be > 0"),
             (self.entailment_weight >= 0, "entailment_weight must be ≥ 0"),
             (self.weight_decay >= 0, "weight_decay must be ≥ 0"),

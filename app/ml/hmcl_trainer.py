@@ -187,19 +187,26 @@ class TaskTrainer:
             # Derived in float64; applied in the weights' float32: the correction's rounding
             # (≈1e-7 relative) is far below the AdamW step it corrects.
             self.geometry = geometry.to(torch.float32)
-            # Anchored sum of Ω, G ← (1 − β)(G + Ω): the first-order rotation since task start.
+            # Σ Ω over the steps, scaled by (1 − β) at each anchoring: the first-order rotation
+            # since the task's start.
             self.generator_sum = SkewGenerator.zeros(geometry.h_vectors)
         self.ewc_active = method == "ewc" and bool(state.fisher) and self.params.ewc_lambda > 0
+        self.rows = next(iter(self.features.values())).shape[0]
+        self.batches_per_epoch = max(1, math.ceil(self.rows / self.params.batch_size))
+        # Small data gets more epochs rather than fewer steps: a task of 200 pairs trained for
+        # 20 one-batch epochs stays near chance (20 AdamW steps of 5e-4 barely move a head).
+        self.planned_epochs = max(
+            self.params.epochs, math.ceil(self.params.min_steps / self.batches_per_epoch)
+        )
         self.steps_done = 0
+        self.epochs_done = 0
         self.correction_seconds = 0.0
         self.losses: list[float] = []
 
     def _batches(self) -> list[Tensor]:
-        n = next(iter(self.features.values())).shape[0]
-        perm = torch.randperm(n, generator=self.generator)
-        n_batches = max(1, math.ceil(n / self.params.batch_size))
+        perm = torch.randperm(self.rows, generator=self.generator)
         # Near-equal batches: a tiny last batch would make an easy, noisy InfoNCE term.
-        return list(torch.tensor_split(perm, n_batches))
+        return list(torch.tensor_split(perm, self.batches_per_epoch))
 
     def task_loss(self, rows: Tensor) -> Tensor:
         emb = {m: self.model(x[rows], m) for m, x in self.features.items()}
@@ -221,48 +228,65 @@ class TaskTrainer:
             total = total + (self.parent.fisher[name] * diff * diff).sum()
         return 0.5 * self.params.ewc_lambda * total
 
-    def step(self) -> float:
-        """One epoch: accumulate the gradient, AdamW step, correction and anchoring; the loss."""
-        batches = self._batches()
-        n = sum(len(b) for b in batches)
+    def train_step(self, rows: Tensor) -> float:
+        """One optimizer step on one mini-batch: AdamW, then (HMCL with protected data) the
+        admissible correction of the realized displacement; the batch loss."""
         self.optimizer.zero_grad(set_to_none=True)
-        total = 0.0
-        for rows in batches:
-            loss = self.task_loss(rows) * (len(rows) / n)
-            loss.backward()
-            total += float(loss.detach())
+        loss = self.task_loss(rows)
         if self.ewc_active:
-            penalty = self.ewc_penalty()
-            penalty.backward()
-            total += float(penalty.detach())
+            loss = loss + self.ewc_penalty()
+        loss.backward()
         if self.geometry is None:
             self.optimizer.step()
         else:
             before = {k: v.detach().clone() for k, v in self.model.heads.items()}
             self.optimizer.step()
             tic = time.perf_counter()
-            self._correct_and_anchor(before)
+            self._correct(before)
             self.correction_seconds += time.perf_counter() - tic
         self.steps_done += 1
+        return float(loss.detach())
+
+    def epoch(self) -> float:
+        """One pass over the task in mini-batches, then (HMCL with protected data) the anchoring
+        W ← βW_task_start + (1 − β)W; the epoch's mean loss.
+
+        Anchoring once per epoch, not per optimizer step, keeps the paper's bound with the epoch
+        as the unit: ‖W − W_task_start‖ ≤ (1 − β)u/β for epochs that move W by at most u. Per
+        mini-batch it would cap the whole task at ≈ (1 − β)/β optimizer steps of movement.
+        """
+        batches = self._batches()
+        total = sum(self.train_step(rows) * len(rows) for rows in batches) / self.rows
+        if self.geometry is not None:
+            self._anchor()
+        self.epochs_done += 1
         self.losses.append(total)
         return total
 
     @torch.no_grad()
-    def _correct_and_anchor(self, before: Mapping[str, Tensor]) -> None:
+    def _correct(self, before: Mapping[str, Tensor]) -> None:
         assert self.geometry is not None and self.generator_sum is not None
         deltas = {k: self.model.heads[k].detach() - before[k] for k in before}
-        beta = self.params.anchor
         if self.method == "hmcl-ca":
             corrected, omega = closest_admissible_correction(deltas, self.geometry)
             assert isinstance(omega, SkewGenerator)
             outer = None if omega.outer is None else omega.outer.double()
             omega64 = SkewGenerator(self.generator_sum.basis, omega.inner.double(), outer)
-            self.generator_sum = self.generator_sum.scaled_sum(omega64, 1.0 - beta)
+            self.generator_sum = self.generator_sum.scaled_sum(omega64, 1.0)
         else:
             corrected = minimal_rotation_correction(deltas, self.geometry.bases)
         for name, weight in self.model.heads.items():
-            weight.copy_(
-                anchor_to_task_start(before[name] + corrected[name], self.task_start[name], beta)
+            weight.copy_(before[name] + corrected[name])
+
+    @torch.no_grad()
+    def _anchor(self) -> None:
+        beta = self.params.anchor
+        for name, weight in self.model.heads.items():
+            weight.copy_(anchor_to_task_start(weight, self.task_start[name], beta))
+        if self.generator_sum is not None:
+            # The anchored sum of Ω: the first-order rotation since the task's start.
+            self.generator_sum = self.generator_sum.scaled_sum(
+                SkewGenerator.zeros(self.generator_sum.basis), 1.0 - beta
             )
 
     def fisher_diagonal(self) -> dict[str, Tensor]:
@@ -339,6 +363,7 @@ class TaskTrainer:
             "rows": int(next(iter(self.features.values())).shape[0]),
             "old_rows": int(self.parent.row_count),
             "params": params,
+            "epochs": self.epochs_done,
             "steps": self.steps_done,
             "loss_first": self.losses[0] if self.losses else None,
             "loss_last": self.losses[-1] if self.losses else None,
@@ -427,10 +452,10 @@ def run_continual_task(
     trainer = TaskTrainer(method, base_state, task_features, labels, params=params, seed=seed)
     if eval_tasks:
         trainer.validate_eval_tasks(eval_tasks)  # fail before training, not after
-    epochs = trainer.params.epochs
+    epochs = trainer.planned_epochs
     for epoch in range(epochs):
         hooks.check()
-        loss = trainer.step()
+        loss = trainer.epoch()
         hooks.report(epoch + 1, epochs, loss)
     hooks.check()
     return trainer.finish(eval_tasks)
