@@ -26,8 +26,12 @@ from app.ml.hmcl_metrics import drift_measures, paired_recall_at_k, symmetric_re
 from app.ml.hmcl_model import ContinualResult, ContinualState, LorentzLinearHeads
 from app.ml.hmcl_params import DEFAULT_ROTATION, METHODS, ContinualParams
 from app.ml.hmcl_rotations import OutputMoments, map_query_to_ancestor
+from app.ml.hmcl_warnings import report_warnings
 from app.ml.lorentz import entailment_violation, pairwise_lorentz_distance
 from app.ml.training import NO_HOOKS, TrainingHooks
+
+# The report's own-task recall uses at most this many pairs (its cost grows with the square).
+OWN_RECALL_ROWS = 2000
 
 
 def contrastive_entailment_loss(
@@ -378,7 +382,18 @@ class TaskTrainer:
             }
         if eval_tasks:
             report["eval_tasks"] = self._evaluate_old_tasks(eval_tasks, rotation)
+        task_recall, recall_rows = self._own_recall()
+        report["task_recall_at_5"] = task_recall
+        report["warnings"] = report_warnings(report, task_recall, recall_rows)
         return report
+
+    @torch.no_grad()
+    def _own_recall(self) -> tuple[float, int]:
+        """Symmetric recall@5 on (up to ``OWN_RECALL_ROWS`` of) the task's own pairs."""
+        perm = torch.randperm(self.rows, generator=torch.Generator().manual_seed(self.seed))
+        rows = perm[:OWN_RECALL_ROWS]
+        emb = {m: self.model.embed(x[rows], m) for m, x in self.features.items()}
+        return symmetric_recall_at_k(emb, self.curv), len(rows)
 
     def validate_eval_tasks(
         self, eval_tasks: Mapping[str, Mapping[str, np.ndarray]]
@@ -416,6 +431,7 @@ class TaskTrainer:
             r_new = symmetric_recall_at_k(after, self.curv)
             compensated = map_query_to_ancestor(after[query], [rot])
             out[task_name] = {
+                "rows": int(next(iter(tensors.values())).shape[0]),
                 "recall_at_5_parent": r_parent,
                 "recall_at_5_new": r_new,
                 "retention": r_new / r_parent if r_parent > 0 else None,
