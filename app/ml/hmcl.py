@@ -7,13 +7,14 @@ head f(W; z) = [sqrt(K + ‖Wz‖²); Wz] with W = [w₀ W_s] ∈ R^{d×(D+1)}, 
 by one shared spatial rotation; to first order, with X_m the old features' spatial part and Y_m
 their head outputs: Δw₀ᵐ = 0 and X_m ΔW_sᵐᵀ = Y_m Ωᵀ for one skew Ω.
 
-After every AdamW step the realized displacement δᵐ = W̃ᵐ − Wᵐ is replaced by the closest
+After every AdamW (mini-batch) step the realized displacement δᵐ = W̃ᵐ − Wᵐ is replaced by the closest
 admissible one (the moments stay as AdamW left them):
 - ``hmcl-mr`` (Ω = 0): δ_sᵐ ← δ_sᵐ(I − P_m), δ₀ᵐ ← 0, P_m = V_m V_mᵀ the protected subspace;
 - ``hmcl-ca``: δ_sᵐ ← δ_sᵐ(I − P_m) + Ω B_mᵀP_m, δ₀ᵐ ← 0, B_m = X_m⁺Y_m the least-squares map and
   Ω the skew solution of ΩH + HΩ = F − Fᵀ, H = Σ B_mᵀP_mB_m, F = Σ δ_sᵐ P_m B_m (the closest
   admissible update at every ρ: see ``closest_admissible_correction``);
-then task anchoring W ← βW_task_start + (1 − β)(W + δ*). ``finetune`` (plain AdamW) and ``ewc``
+and once per epoch the anchoring W ← βW_task_start + (1 − β)W. Where nothing is protected yet
+(a lineage's first task) there is no correction and no anchoring. ``finetune`` (plain AdamW) and ``ewc``
 (AdamW on the loss plus a diagonal-Fisher penalty) are the baselines, on the same schedule.
 
 The continual state keeps, per modality, only the accumulated **uncentred** second moment of the
@@ -22,13 +23,22 @@ basis V_m and the least-squares map B_m are derived from it and the current head
 start (B_m = (Σ x xᵀ)⁺ Σ x zᵀ Wᵐᵀ is exact given the moments). No raw feature is kept, so the
 state's size does not depend on the number of tasks.
 
-Each model version records the orthogonal R with y_new ≈ R·y_parent on the old data, fitted by
-orthogonal Procrustes from the same moments (the default for CA), or exp of the anchored sum of Ω.
-The latter is only first order, and where H is nearly singular the Lyapunov solution is large in
-directions the fitted old outputs barely span while the real outputs do not vanish there: measured
-on WordNet it explains the old rows' motion worse than no rotation at all, so it stays an option
-whose residual every report shows. A query embedded by version j reaches a gallery of an ancestor
-i through ``map_query_to_ancestor``.
+The recorded rotation (what it guarantees, precisely). Each version records one orthogonal R
+(``rotation``: "procrustes", the default for CA; "identity", the default otherwise; or
+"generator", exp of the anchored sum of Ω). The Procrustes R minimises, over all orthogonal
+matrices, e² = Σ‖y_new − R·y_parent‖² over **every** row of every earlier task and modality
+(exact from the stored moments, no raw row kept); the report gives sqrt(e² / Σ‖y_parent‖²) for
+each candidate (``old_rows_relative_residual``). Nothing beyond that minimum is promised: the
+admissibility constraint makes the protected part of the old outputs move by one shared rotation
+to first order only, and the unprotected part (energy 1 − ρ), second-order terms and anchoring
+leave the residual. What it buys: on the hyperboloid ds² = ‖dx‖² − (x·dx)²/x₀² ≤ ‖dx‖², so the
+Lorentz distance is at most the Euclidean distance of the space components, and a query mapped
+into the parent's frame, Rᵀy_new, lies within d_L ≤ ‖y_new − R·y_parent‖ of where the parent put
+the same item; across versions i → j (``map_query_to_ancestor``) these per-version distances add
+up (triangle inequality; rotations keep norms). The "generator" option is only first order and,
+where H is nearly singular, large in directions the old outputs barely span: measured on WordNet
+it explained the old rows' motion worse than no rotation at all, so it stays an option whose
+residual every report shows.
 
 This module re-exports the public names of the parts: ``hmcl_geometry`` (the admissible update),
 ``hmcl_rotations`` (rotations between versions), ``hmcl_params`` (settings), ``hmcl_model``
