@@ -51,7 +51,7 @@ def _fixture_tasks(wordnet_small: dict) -> list[Task]:
 
 def test_one_small_stream_produces_every_figure(wordnet_small: dict) -> None:
     tasks = _fixture_tasks(wordnet_small)
-    params = {"epochs": 3, "dim": 64}
+    params = {"epochs": 3, "min_steps": 0, "dim": 64}
     runs = {
         m: [run_method(m, tasks, params, seed=s) for s in (0, 1)] for m in ("hmcl-ca", "finetune")
     }

@@ -142,19 +142,19 @@ def test_ca_constraint_holds_on_real_features(wordnet_small: dict) -> None:
     _assert_constraint(feats, heads, deltas, corrected, omega.dense())
 
 
-@pytest.mark.parametrize("full_map", [False, True])
 def test_ca_constraint_holds_on_the_protected_part_with_partial_energy(
-    wordnet_small: dict, full_map: bool
+    wordnet_small: dict,
 ) -> None:
     """ρ < 1 over all 800 real rows, with a trained-looking w₀ ≠ 0: exact on X_p = X V Vᵀ with
-    outputs X_p B_m, B_m the least-squares map (of X_p, or of all of X with ``full_map``)."""
+    outputs X_p B_m, B_m the least-squares map; the free part of the step is kept as it was."""
     feats = _real_features(wordnet_small, slice(None))
     g = _gen(4)
     heads = _near_identity_heads(g, time_weight=0.1)
     deltas = {m: torch.randn(384, 385, generator=g, dtype=torch.float64) for m in heads}
-    geometry = protected_geometry(_moments(feats), heads, 0.7, 8, full_map=full_map)
+    geometry = protected_geometry(_moments(feats), heads, 0.7, 8)
     corrected, omega = closest_admissible_correction(deltas, geometry)
     dense = omega.dense()
+    mr = minimal_rotation_correction(deltas, geometry.bases)
     for m in MODALITIES:
         basis = geometry.bases[m]
         assert 8 <= basis.shape[1] < 384
@@ -163,11 +163,23 @@ def test_ca_constraint_holds_on_the_protected_part_with_partial_energy(
         lhs = protected @ corrected[m][:, 1:].T
         rhs = outputs @ dense.T
         assert float((lhs - rhs).abs().max()) < 1e-6 * float(lhs.abs().max())
-        # B_m is the least-squares map: its residual is orthogonal to the features it maps.
-        fitted_on = feats[m] if full_map else protected
+        # P_m B_m is the protected part of X⁺Y and the least-squares map of X_p: its residual is
+        # orthogonal to the protected features.
         y = _lifted(feats[m]) @ heads[m].T
-        normal = fitted_on.T @ (y - fitted_on @ geometry.least_squares_map(m))
-        assert float(normal.abs().max()) < 1e-8 * float((fitted_on.T @ y).abs().max())
+        normal = protected.T @ (y - protected @ geometry.least_squares_map(m))
+        assert float(normal.abs().max()) < 1e-8 * float((protected.T @ y).abs().max())
+        # X is rank-deficient: X⁺Y is the minimum-norm solution (gelsd).
+        full_map = torch.linalg.lstsq(feats[m], y, driver="gelsd").solution
+        assert torch.allclose(
+            basis @ basis.T @ full_map, geometry.least_squares_map(m), atol=1e-8, rtol=1e-6
+        )
+        # The unprotected part of the step is MR's: CA adds nothing outside span V.
+        free = torch.eye(384, dtype=torch.float64) - basis @ basis.T
+        assert torch.allclose(corrected[m][:, 1:] @ free, mr[m][:, 1:] @ free, atol=1e-10)
+    # Closest: MR (Ω = 0) is admissible too, so CA lands nearer the proposed step.
+    dist_ca = sum(float((corrected[m] - deltas[m]).norm() ** 2) for m in MODALITIES) ** 0.5
+    dist_mr = sum(float((mr[m] - deltas[m]).norm() ** 2) for m in MODALITIES) ** 0.5
+    assert dist_ca < dist_mr
 
 
 def test_mr_equals_ca_with_rotation_forced_to_zero(wordnet_small: dict) -> None:
@@ -191,12 +203,32 @@ def test_mr_equals_ca_with_rotation_forced_to_zero(wordnet_small: dict) -> None:
         assert not torch.allclose(mr[m], ca[m])  # CA does rotate
 
 
+def _protected_rows(x: np.ndarray, y: np.ndarray, energy: float) -> tuple[np.ndarray, np.ndarray]:
+    """X_p = X V Vᵀ (V: top right singular vectors of X carrying a fraction ``energy`` of ‖X‖²)
+    and Π Y, the projection of the outputs on X_p's column space — from the rows, with numpy."""
+    _, sing, vt = np.linalg.svd(x, full_matrices=False)
+    captured = np.cumsum(sing**2) / np.sum(sing**2)
+    rank = int(np.searchsorted(captured, energy - 1e-12)) + 1
+    rank = min(rank, int(np.sum(sing > 1e-10 * sing[0])))
+    x_p = x @ vt[:rank].T @ vt[:rank]
+    return x_p, x_p @ np.linalg.pinv(x_p) @ y
+
+
 def _brute_force(
-    feats: dict[str, Tensor], heads: dict[str, Tensor], deltas: dict[str, Tensor]
+    feats: dict[str, Tensor],
+    heads: dict[str, Tensor],
+    deltas: dict[str, Tensor],
+    energy: float = 1.0,
 ) -> tuple[dict[str, Tensor], Tensor]:
-    """min Σ‖δ'ᵐ − δᵐ‖² s.t. X_m δ_s'ᵐᵀ = Y_m Ωᵀ, δ₀'ᵐ = 0, Ω skew — solved as a generic
-    equality-constrained least-squares problem over (δ', ω) via the constraint's null space."""
+    """min Σ‖δ'ᵐ − δᵐ‖² s.t. X_p δ_s'ᵐᵀ = (Π Y_m) Ωᵀ, δ₀'ᵐ = 0, Ω skew (X_p, Π Y_m: see
+    ``_protected_rows``; at ρ = 1 with fewer rows than dimensions, X_m δ_s'ᵐᵀ = Y_m Ωᵀ) — solved
+    as a generic equality-constrained least-squares problem over (δ', ω) via the constraint's
+    null space."""
     dim, in_dim = next(iter(deltas.values())).shape[0], next(iter(feats.values())).shape[1]
+    rows = {
+        m: _protected_rows(x.numpy(), (_lifted(x) @ heads[m].T).numpy(), energy)
+        for m, x in feats.items()
+    }
     iu = np.triu_indices(dim, 1)
     n_delta = dim * in_dim
     n_vars = len(MODALITIES) * n_delta + len(iu[0])
@@ -211,8 +243,7 @@ def _brute_force(
         ds, omega = unpack(u)
         out = []
         for d, m in zip(ds, MODALITIES, strict=True):
-            x = feats[m].numpy()
-            y = (_lifted(feats[m]) @ heads[m].T).numpy()
+            x, y = rows[m]
             out.append((x @ d.T - y @ omega.T).ravel())
         return np.concatenate(out)
 
@@ -228,31 +259,33 @@ def _brute_force(
     )
 
 
-@pytest.mark.parametrize("full_map", [False, True])
+@pytest.mark.parametrize("energy", [0.5, 0.8, 1.0])
 @pytest.mark.parametrize(
-    ("rows", "in_dim", "dim", "seed"), [(3, 5, 4, 0), (2, 6, 6, 1), (4, 7, 3, 2)]
+    ("rows", "in_dim", "dim", "seed"),
+    [(3, 5, 4, 0), (2, 6, 6, 1), (4, 7, 3, 2), (9, 6, 5, 3), (12, 5, 7, 4)],
 )
 def test_closed_form_matches_brute_force_constrained_least_squares(
-    rows: int, in_dim: int, dim: int, seed: int, full_map: bool
+    rows: int, in_dim: int, dim: int, seed: int, energy: float
 ) -> None:
-    feats, heads, deltas = _random_problem(rows, in_dim, dim, seed)
-    geometry = protected_geometry(_moments(feats), heads, 1.0, 0, full_map=full_map)
+    """At every ρ, also with more rows than dimensions (then Y ∉ span X: w₀ ≠ 0 adds z₀)."""
+    feats, heads, deltas = _random_problem(rows, in_dim, dim, seed, time_weight=0.5)
+    geometry = protected_geometry(_moments(feats), heads, energy, 0)
     corrected, omega = closest_admissible_correction(deltas, geometry)
-    brute, brute_omega = _brute_force(feats, heads, deltas)
+    brute, brute_omega = _brute_force(feats, heads, deltas, energy)
     for m in MODALITIES:
         assert torch.allclose(corrected[m][:, 1:], brute[m], atol=1e-8)
+        assert float(corrected[m][:, 0].abs().max()) == 0.0
     # Ω is unique on the range of H (the part that moves old outputs); compare Ω B_mᵀ there.
     for m in MODALITIES:
         b = geometry.least_squares_map(m)
         assert torch.allclose(omega.dense() @ b.T, brute_omega @ b.T, atol=1e-8)
 
 
-@pytest.mark.parametrize("full_map", [False, True])
-def test_low_rank_generator_equals_dense_lyapunov_solution(full_map: bool) -> None:
+def test_low_rank_generator_equals_dense_lyapunov_solution() -> None:
     # H full rank / nearly full (whole eigenbasis) / low rank (range only, with the Q⊥ terms)
     for rows, dim, seed in [(30, 8, 0), (3, 10, 1), (2, 12, 2)]:
         feats, heads, deltas = _random_problem(rows, 12, dim, seed)
-        geometry = protected_geometry(_moments(feats), heads, 0.6, 2, full_map=full_map)
+        geometry = protected_geometry(_moments(feats), heads, 0.6, 2)
         h_matrix = sum(c.T @ c for c in geometry.coefficients.values())
         f_matrix = sum(deltas[m][:, 1:] @ geometry.least_squares_map(m) for m in MODALITIES)
         rhs = f_matrix - f_matrix.T
@@ -267,6 +300,55 @@ def test_low_rank_generator_equals_dense_lyapunov_solution(full_map: bool) -> No
         through_dense, _ = closest_admissible_correction(deltas, geometry, low_rank)
         for m in MODALITIES:
             assert torch.allclose(factored[m], through_dense[m], atol=1e-9)
+
+
+def _random_skew(dim: int, g: torch.Generator) -> Tensor:
+    a = torch.randn(dim, dim, generator=g, dtype=torch.float64)
+    return a - a.T
+
+
+@pytest.mark.parametrize("energy", [0.5, 0.8, 1.0])
+@pytest.mark.parametrize(
+    ("rows", "in_dim", "dim", "seed"), [(30, 12, 8, 0), (3, 12, 10, 1), (9, 6, 5, 3)]
+)
+def test_ca_is_idempotent_and_keeps_admissible_steps(
+    rows: int, in_dim: int, dim: int, seed: int, energy: float
+) -> None:
+    """H full rank, nearly full and low rank (range-only Ω): CA∘CA = CA, and a step that is
+    already admissible (free part anything, protected part Ω₀ B_mᵀP_m) comes back unchanged."""
+    feats, heads, deltas = _random_problem(rows, in_dim, dim, seed, time_weight=0.5)
+    geometry = protected_geometry(_moments(feats), heads, energy, 1)
+    once, _ = closest_admissible_correction(deltas, geometry)
+    twice, _ = closest_admissible_correction(once, geometry)
+    g = _gen(100 + seed)
+    omega0 = _random_skew(dim, g)
+    admissible = {}
+    for m in MODALITIES:
+        scale = float(once[m].abs().max())
+        assert torch.allclose(twice[m], once[m], atol=1e-10 * scale)
+        basis = geometry.bases[m]
+        free = torch.randn(dim, in_dim, generator=g, dtype=torch.float64)
+        free = free - free @ basis @ basis.T
+        spatial = free + omega0 @ geometry.least_squares_map(m).T @ basis @ basis.T
+        admissible[m] = torch.cat([torch.zeros(dim, 1, dtype=torch.float64), spatial], dim=1)
+    kept, _ = closest_admissible_correction(admissible, geometry)
+    for m in MODALITIES:
+        assert torch.allclose(kept[m], admissible[m], atol=1e-9 * float(admissible[m].abs().max()))
+
+
+def test_ca_is_idempotent_on_a_real_step(wordnet_small: dict) -> None:
+    """ρ = 0.8 on real features with a trained-looking w₀: CA twice = CA once (the issue saw a
+    59 % change when the rotation term reached outside the protected subspace)."""
+    feats = _real_features(wordnet_small, slice(None))
+    g = _gen(12)
+    heads = _near_identity_heads(g, time_weight=0.1)
+    deltas = {m: 1e-3 * torch.randn(384, 385, generator=g, dtype=torch.float64) for m in heads}
+    geometry = protected_geometry(_moments(feats), heads, 0.8, 8)
+    once, _ = closest_admissible_correction(deltas, geometry)
+    twice, _ = closest_admissible_correction(once, geometry)
+    for m in MODALITIES:
+        change = float((twice[m] - once[m]).norm() / once[m].norm())
+        assert change < 1e-9
 
 
 def _geometry_change(

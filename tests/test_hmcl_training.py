@@ -24,7 +24,8 @@ from app.ml.training import TrainingCancelled, TrainingHooks
 
 MINILM = "all-MiniLM-L6-v2"
 MODALITIES = ("lemma", "gloss")
-FAST = {"epochs": 4, "batch_size": 256, "dim": 128}  # a smaller head keeps the tests fast
+# A smaller head and no step minimum keep the tests fast.
+FAST = {"epochs": 4, "batch_size": 256, "min_steps": 0, "dim": 128}
 
 
 def _tasks(wordnet_small: dict) -> list[dict[str, np.ndarray]]:
@@ -90,15 +91,16 @@ def test_state_round_trips_and_does_not_grow_with_tasks(wordnet_small: dict, fir
 
 
 def test_trainer_step_applies_the_admissible_correction(wordnet_small: dict, first_task) -> None:
-    """One real CA step: old protected outputs move by (1 − β)·Ω, the shared rotation."""
+    """One real CA step moves old protected outputs by Ω, the shared rotation; the epoch's
+    anchoring then scales the displacement and the recorded Ω sum by (1 − β)."""
     task2 = _tasks(wordnet_small)[1]
     params = {**FAST, "energy": 0.8}
     trainer = TaskTrainer("hmcl-ca", first_task.state, task2, params=params, seed=0)
     geometry = trainer.geometry
     assert geometry is not None
     start = {k: v.double() for k, v in trainer.task_start.items()}
-    trainer.step()
-    omega = trainer.generator_sum.dense()  # (1 − β)·Ω after one step
+    trainer.train_step(torch.arange(trainer.rows)[:256])
+    omega = trainer.generator_sum.dense()  # Ω after one step
     old = _tasks(wordnet_small)[0]
     for m in MODALITIES:
         z = trainer.model.lifted(torch.from_numpy(old[m]).double(), m)
@@ -110,6 +112,13 @@ def test_trainer_step_applies_the_admissible_correction(wordnet_small: dict, fir
         # float32 weights: agreement to float32 rounding of the weights, not 1e-6.
         assert float((moved - expected).abs().max()) < 1e-3 * float(expected.abs().max())
         assert float(expected.abs().max()) > 1e-4
+    moved = {m: trainer.model.heads[m].detach().double() - start[m] for m in MODALITIES}
+    trainer._anchor()
+    beta = params.get("anchor", 0.1)
+    assert torch.allclose(trainer.generator_sum.dense(), (1 - beta) * omega, atol=1e-12)
+    for m in MODALITIES:
+        after = trainer.model.heads[m].detach().double() - start[m]
+        assert torch.allclose(after, (1 - beta) * moved[m], atol=1e-6)
 
 
 def test_methods_keep_old_geometry_in_order(wordnet_small: dict, first_task) -> None:
@@ -277,7 +286,7 @@ def test_drift_measures_ignore_a_shared_rotation_and_see_a_stretch(wordnet_small
 def test_all_methods_run(wordnet_small: dict, first_task) -> None:
     for method in METHODS:
         result = run_continual_task(
-            method, first_task.state, _tasks(wordnet_small)[1], params={"epochs": 1}
+            method, first_task.state, _tasks(wordnet_small)[1], params={"epochs": 1, "min_steps": 0}
         )
         assert result.report["method"] == method and result.state.tasks_seen == 2
 
@@ -290,9 +299,13 @@ def test_modalities_from_different_encoders_and_any_order(wordnet_small: dict) -
         "lemma": wordnet_small["lemma.all-mpnet-base-v2"][rows],
         "gloss": wordnet_small[f"gloss.{MINILM}"][rows],
     }
-    first = run_continual_task("finetune", None, task, params={"epochs": 2, "dim": 96})
+    first = run_continual_task(
+        "finetune", None, task, params={"epochs": 2, "min_steps": 0, "dim": 96}
+    )
     assert first.model.input_dims == {"lemma": 768, "gloss": 384}
     assert first.model.embed(task["lemma"], "lemma").shape == (200, 96)
     swapped = {"gloss": task["gloss"], "lemma": task["lemma"]}
-    second = run_continual_task("hmcl-mr", first.state, swapped, params={"epochs": 2})
+    second = run_continual_task(
+        "hmcl-mr", first.state, swapped, params={"epochs": 2, "min_steps": 0}
+    )
     assert second.model.modalities == ("lemma", "gloss")

@@ -98,6 +98,35 @@ def test_exp_map_is_finite_at_zero_and_saturates() -> None:
 
 
 @pytest.mark.parametrize("c", CURVS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_exp_map_saturates_at_the_documented_norm_along_v(c: float, dtype: torch.dtype) -> None:
+    """√c‖v‖ is clamped to asinh(2¹⁵): ‖exp₀(v)‖ ≤ 2¹⁵/√c, reached exactly past the clamp, and
+    the point keeps v's direction (algorithms §1)."""
+    g = torch.Generator().manual_seed(11)
+    directions = torch.randn(20, 5, generator=g, dtype=torch.float64)
+    directions = directions / directions.norm(dim=-1, keepdim=True)
+    bound = 2.0**15 / math.sqrt(c)
+    for length in (100.0, 1e3, 1e6):
+        x = L.exp_map0((directions * length).to(dtype), c).double()
+        norms = x.norm(dim=-1)
+        assert torch.all(norms <= bound * (1 + 1e-5)), (length, norms.max().item(), bound)
+        assert torch.allclose(norms, torch.full_like(norms, bound), rtol=1e-5)
+        assert torch.allclose(x / norms[:, None], directions, atol=1e-6)
+    # Just below the clamp nothing changes: the direct formula still holds.
+    t = 0.99 * L.MAX_EXP_ARG
+    v = directions * (t / math.sqrt(c))
+    assert torch.allclose(
+        L.exp_map0(v, c).norm(dim=-1),
+        torch.full((20,), math.sinh(t) / math.sqrt(c), dtype=torch.float64),
+        rtol=1e-9,
+    )
+    # The gradient stays finite on the saturated side.
+    v = (directions[:3] * 100.0).clone().requires_grad_(True)
+    L.exp_map0(v, c).sum().backward()
+    assert torch.isfinite(v.grad).all()
+
+
+@pytest.mark.parametrize("c", CURVS)
 def test_distance_to_origin_and_uncertainty(c: float) -> None:
     x = _points(50, 4, 2.0, 7)
     origin = torch.zeros(1, 4, dtype=torch.float64)

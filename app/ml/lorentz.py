@@ -62,12 +62,14 @@ def pairwise_lorentz_distance(x: Tensor, y: Tensor, curv: float | Tensor = 1.0) 
 
 
 def exp_map0(v: Tensor, curv: float | Tensor = 1.0) -> Tensor:
-    """Exponential map at the origin: tangent vector v ↦ sinh(√c‖v‖)·v / (√c‖v‖) (space part)."""
+    """Exponential map at the origin: tangent vector v ↦ sinh(t)·v / (√c‖v‖) (space part), with
+    t = √c‖v‖ clamped to [ε, asinh(2¹⁵)]: ‖exp₀(v)‖ = sinh(t)/√c ≤ 2¹⁵/√c, direction v/‖v‖."""
     rc_norm = curv**0.5 * torch.norm(v, dim=-1, keepdim=True)
-    # Below eps the ratio sinh(t)/t is 1 to working precision (and 0/0 otherwise); above
-    # asinh(2^15) sinh overflows float32 after a few squarings downstream.
-    rc_norm = torch.clamp(rc_norm, min=_eps(v), max=MAX_EXP_ARG)
-    return torch.sinh(rc_norm) * v / rc_norm
+    # Above asinh(2^15) sinh overflows float32 after a few squarings downstream: the radius
+    # saturates there while the direction v/‖v‖ is kept (the divisor is the unclamped norm).
+    radius = torch.sinh(torch.clamp(rc_norm, min=_eps(v), max=MAX_EXP_ARG))
+    # Below eps the ratio sinh(t)/t is 1 to working precision; the floor avoids 0/0 at v = 0.
+    return radius * v / torch.clamp(rc_norm, min=_eps(v))
 
 
 def log_map0(x: Tensor, curv: float | Tensor = 1.0) -> Tensor:

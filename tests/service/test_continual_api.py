@@ -10,7 +10,7 @@ from tests.service.conftest import field_names, problem, snapshot
 from tests.service.test_datasets_api import make_dataset
 from tests.service.test_galleries_api import make_gallery
 
-QUICK = {"epochs": 2}
+QUICK = {"epochs": 2, "min_steps": 0}
 
 
 def paired_dataset(client: TestClient, name: str, modalities=("image", "text"), n=40, dims=(5, 3)):
