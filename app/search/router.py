@@ -14,11 +14,9 @@ from app.core.schemas import openapi_body
 from app.core.uploads import read_json_model
 from app.galleries.service import get_gallery
 from app.search import service
-from app.search.schemas import SearchRequest, SearchResponse
+from app.search.schemas import NPY_MEDIA_TYPE, SearchRequest, SearchResponse
 
 router = APIRouter(prefix="/v1/galleries", tags=["search"])
-
-NPY_MEDIA_TYPE = "application/x-npy"
 DEFAULT_K = SearchRequest.model_fields["k"].default
 
 

@@ -6,6 +6,8 @@ from pydantic import BaseModel, Field
 
 from app.core.schemas import Matrix, ModalityName, StrictModel
 
+NPY_MEDIA_TYPE = "application/x-npy"
+
 
 class SearchRequest(StrictModel):
     """Without ``model_id``: vectors in the gallery's own space. With ``model_id``: that model's
