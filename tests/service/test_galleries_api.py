@@ -201,7 +201,8 @@ def test_npy_multipart_upload(client: TestClient) -> None:
     hit = client.post(
         f"/v1/galleries/{gallery_id}/search", json={"vectors": [[0, 0, 1, 0]], "k": 1}
     )
-    assert hit.json()["results"][0][0] == {"id": "ü-ñ", "distance": 0.0, "label": "x"}
+    best = hit.json()["results"][0][0]
+    assert best == {"id": "ü-ñ", "distance": 0.0, "score": pytest.approx(1.0), "label": "x"}
 
 
 BAD_UPSERTS = [
