@@ -15,27 +15,18 @@ import pytest
 import torch
 from fastapi.testclient import TestClient
 
-from app.auth.service import create_key
 from app.ml.heads import LorentzHead
 from app.models.export import ExportTarget, export_onnx
 from tests.service.conftest import field_names, problem, snapshot
 from tests.service.test_continual_api import paired_dataset
 from tests.service.test_datasets_api import make_dataset
-from tests.service.test_galleries_api import npy
+from tests.service.test_galleries_api import npy, other_tenant
 
 OLD, NEW = "gloss.all-MiniLM-L6-v2", "gloss.all-mpnet-base-v2"
 NPY = {"Content-Type": "application/x-npy"}
 # Fast heads: the tests check the export, not the trainers' quality.
 METHODS = {"procrustes": {}, "l2": {"epochs": 2, "hidden_dim": 16}}
 K = 10
-
-
-def other_tenant(client: TestClient) -> dict[str, str]:
-    """Authorization headers of a second tenant."""
-    with client.app.state.service.db.sessions() as session:
-        created = create_key(session, "rival")
-        session.commit()
-    return {"Authorization": f"Bearer {created.key}"}
 
 
 def real_setup(client: TestClient, wordnet: dict, metric: str = "cosine") -> tuple[str, str, list]:
