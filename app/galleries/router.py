@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request, Response, status
+import io
+from typing import Annotated
+
+import numpy as np
+from fastapi import APIRouter, Header, Query, Request, Response, status
 from fastapi.responses import JSONResponse
 
 from app.core.deps import IdempotencyDep, SessionDep, StateDep, TenantDep
@@ -21,8 +25,10 @@ from app.galleries.schemas import (
     GalleryOut,
     UpsertResult,
     VectorsDelete,
+    VectorsOut,
     VectorsUpsert,
 )
+from app.search.schemas import NPY_MEDIA_TYPE
 
 router = APIRouter(prefix="/v1/galleries", tags=["galleries"])
 
@@ -106,6 +112,43 @@ async def upsert_vectors(
         session, state.settings, state.indexes, state.models, gallery, batch
     )
     return {"upserted": upserted, "count": count}
+
+
+@router.get(
+    "/{gallery_id}/vectors",
+    response_model=VectorsOut,
+    responses={
+        200: {
+            "content": {
+                NPY_MEDIA_TYPE: {"schema": {"type": "string", "format": "binary"}},
+            },
+            "description": f"JSON, or with `Accept: {NPY_MEDIA_TYPE}` the vectors alone as one "
+            "N×dim float32 .npy array (rows in the order of `ids`)",
+        }
+    },
+)
+def read_vectors(
+    gallery_id: str,
+    state: StateDep,
+    session: SessionDep,
+    tenant_id: TenantDep,
+    ids: Annotated[
+        list[str] | None,
+        Query(description="repeat per item: `?ids=a&ids=b` (as many as fit a URL)"),
+    ] = None,
+    accept: Annotated[str | None, Header()] = None,
+) -> dict | Response:
+    """Stored vectors by item id, in the order asked for. Ids the gallery does not hold answer
+    404 naming each (`ids[n]`)."""
+    gallery = service.get_gallery(session, tenant_id, gallery_id)
+    if not ids:
+        raise invalid("ids", "required: give ?ids=…, once per item")
+    found, matrix, labels, metadata = service.read_vectors(session, state.settings, gallery, ids)
+    if accept is not None and NPY_MEDIA_TYPE in accept.lower():
+        buf = io.BytesIO()
+        np.save(buf, matrix, allow_pickle=False)
+        return Response(buf.getvalue(), media_type=NPY_MEDIA_TYPE)
+    return {"ids": found, "vectors": matrix.tolist(), "labels": labels, "metadata": metadata}
 
 
 @router.delete("/{gallery_id}/vectors", response_model=DeleteResult)

@@ -103,6 +103,18 @@ class VectorsDelete(StrictModel):
     missing_ok: bool = Field(default=False, description="ignore ids the gallery does not hold")
 
 
+class VectorsOut(BaseModel):
+    """Stored rows in the order asked for, in the shape an upsert takes (it can be sent back)."""
+
+    ids: list[str]
+    vectors: list[list[float]] = Field(
+        description="as stored: the uploaded old-space vectors (external galleries, float32) or "
+        "the model's space components (model-bound galleries)"
+    )
+    labels: list[str | None]
+    metadata: list[dict[str, Any] | None]
+
+
 class UpsertResult(BaseModel):
     upserted: int
     count: int

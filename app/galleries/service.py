@@ -396,3 +396,36 @@ def verify_all_indexes(session: Session, store: IndexStore) -> dict[str, str]:
             index_spec(gallery), stored_ids, point_loader(session, gallery)
         )
     return outcome
+
+
+def read_vectors(
+    session: Session, settings: Settings, gallery: Gallery, ids: Sequence[Any]
+) -> tuple[list[str], np.ndarray, list[str | None], list[dict[str, Any] | None]]:
+    """The stored rows of ``ids``, in their order: (ids, N×dim float32 vectors as stored, labels,
+    metadata). Ids the gallery does not hold are a 404 naming each."""
+    check_batch_size(len(ids), "ids", settings.max_vectors_per_request)
+    ids = check_ids(ids, "ids", max_length=settings.max_id_length)
+    found: dict[str, tuple[bytes, str | None, dict[str, Any] | None]] = {}
+    for start in range(0, len(ids), IN_CHUNK):
+        rows = session.execute(
+            select(
+                GalleryVector.item_id,
+                GalleryVector.vector,
+                GalleryVector.label,
+                GalleryVector.item_metadata,
+            ).where(
+                GalleryVector.gallery_id == gallery.id,
+                GalleryVector.item_id.in_(ids[start : start + IN_CHUNK]),
+            )
+        )
+        found.update((item_id, (vector, label, meta)) for item_id, vector, label, meta in rows)
+    missing = [n for n, item_id in enumerate(ids) if item_id not in found]
+    if missing:
+        raise invalid_fields(
+            [FieldError(f"ids[{n}]", f"{ids[n]!r} is not in this gallery") for n in missing[:20]],
+            status=404,
+        )
+    matrix = np.frombuffer(b"".join(found[i][0] for i in ids), dtype="<f4").reshape(
+        len(ids), gallery.dim
+    )
+    return ids, matrix.astype(np.float32), [found[i][1] for i in ids], [found[i][2] for i in ids]

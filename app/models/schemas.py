@@ -36,7 +36,10 @@ class ModelList(Page):
 
 
 class EmbedRequest(StrictModel):
-    features: Matrix = Field(min_length=1)
+    """``features``: the NEW backbone's features, the model's inputs. (Old-space ``vectors`` are
+    never embedded: galleries store them and search takes them as they are.)"""
+
+    features: Matrix = Field(min_length=1, description="the new backbone's features (N×input_dim)")
     modality: ModalityName | None = None
 
 

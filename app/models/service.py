@@ -21,6 +21,7 @@ from app.core.tenancy import get_owned
 from app.galleries.models import Gallery
 from app.ml.lorentz import uncertainty
 from app.ml.models import EmbeddingModel, model_from_bytes
+from app.models.export import EXPORT_FORMATS, ExportTarget, export_onnx
 from app.models.models import TrainedModel
 
 BACKBONE, CONTINUAL = "backbone", "continual"
@@ -51,23 +52,29 @@ class ModelCache:
             if row.id in self._models:
                 self._models.move_to_end(row.id)
                 return self._models[row.id]
-        try:
-            blob = read_verified(
-                artifact_file(self.settings, row.artifact_path), row.artifact_sha256
-            )
-        except (ChecksumMismatch, FileNotFoundError) as exc:
-            raise Problem(
-                500,
-                "Model artifact unusable",
-                f"model {row.id}: {exc}; restore the artifact from a backup or retrain",
-                slug="artifact-unusable",
-            ) from exc
-        model = model_from_bytes(blob)
+        model = model_from_bytes(read_artifact(self.settings, row))
         with self._lock:
             self._models[row.id] = model
             while len(self._models) > self.settings.model_cache_size:
                 self._models.popitem(last=False)
         return model
+
+    def forget(self, model_id: str) -> None:
+        with self._lock:
+            self._models.pop(model_id, None)
+
+
+def read_artifact(settings: Settings, row: TrainedModel) -> bytes:
+    """The artifact's bytes, checksum verified; a missing or altered file is a 500 problem."""
+    try:
+        return read_verified(artifact_file(settings, row.artifact_path), row.artifact_sha256)
+    except (ChecksumMismatch, FileNotFoundError) as exc:
+        raise Problem(
+            500,
+            "Model artifact unusable",
+            f"model {row.id}: {exc}; restore the artifact from a backup or retrain",
+            slug="artifact-unusable",
+        ) from exc
 
 
 def get_model(session: Session, tenant_id: str, model_id: str) -> TrainedModel:
@@ -187,3 +194,69 @@ def remove_orphan_artifacts(session: Session, settings: Settings, min_age_s: flo
             continue
         file.unlink(missing_ok=True)
         logging.getLogger(__name__).warning("removed orphan artifact %s", file.name)
+
+
+def delete_model(
+    session: Session, settings: Settings, cache: ModelCache, row: TrainedModel
+) -> None:
+    """Delete a model nothing depends on, then its files (after the commit: a crash in between
+    leaves orphan files, which ``remove_orphan_artifacts`` collects, never a row without them)."""
+    from app.upgrades.models import QUEUED, RUNNING, UpgradeJob
+
+    galleries = list(session.scalars(select(Gallery.id).where(Gallery.bound_model_id == row.id)))
+    if galleries:
+        raise conflict(
+            f"galleries {sorted(galleries)} hold vectors embedded by model {row.id}; "
+            "delete them first"
+        )
+    children = list(
+        session.scalars(select(TrainedModel.id).where(TrainedModel.parent_id == row.id))
+    )
+    if children:
+        raise conflict(
+            f"model versions {sorted(children)} continue from model {row.id}; delete them first"
+        )
+    active = list(
+        session.scalars(
+            select(UpgradeJob.id).where(
+                UpgradeJob.base_model_id == row.id, UpgradeJob.status.in_((QUEUED, RUNNING))
+            )
+        )
+    )
+    if active:
+        raise conflict(f"upgrades {sorted(active)} are training from model {row.id}; cancel them")
+    files = [name for name in (row.artifact_path, row.state_path) if name]
+    session.delete(row)
+    session.commit()
+    cache.forget(row.id)
+    for name in files:
+        artifact_file(settings, name).unlink(missing_ok=True)
+
+
+def export_target(row: TrainedModel, modality: str | None) -> ExportTarget:
+    """What the exporter needs to know about ``row``; ``modality`` defaults to the first."""
+    chosen = row.modalities[0] if modality is None else resolve_modality(row, modality)
+    return ExportTarget(
+        model_id=row.id,
+        kind=row.kind,
+        method=row.method,
+        modality=chosen,
+        input_dim=int(row.input_dims[chosen]),
+        output_dim=int(row.output_dim),
+        curv=float(row.curv),
+        space_model_name=row.space_model_name,
+        space_dim=row.space_dim,
+        lift=dict(row.lift) if row.lift is not None else None,
+    )
+
+
+def export_model(
+    cache: ModelCache, row: TrainedModel, export_format: str, modality: str | None
+) -> bytes:
+    """The export bundle (a zip) of ``row`` in ``export_format``."""
+    if export_format not in EXPORT_FORMATS:
+        raise invalid(
+            "format", f"unknown format {export_format!r}, expected one of {list(EXPORT_FORMATS)}"
+        )
+    target = export_target(row, modality)
+    return export_onnx(cache.load(row), target)

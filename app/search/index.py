@@ -364,14 +364,25 @@ class LorentzIndex:
         """The k nearest ids per query (−1 padded when fewer exist) and float64 distances (inf
         padded), nearest first. The float32 scan proposes max(overfetch·k, k + min_candidates)
         candidates; their order and distances come from the float64 formula."""
+        ids, dist, _ = self.search_with_points(
+            queries, k, overfetch=overfetch, min_candidates=min_candidates
+        )
+        return ids, dist
+
+    def search_with_points(
+        self, queries: np.ndarray, k: int, *, overfetch: int = 4, min_candidates: int = 64
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``search`` plus the hits' stored points (nq × k × d float32, NaN padded), read from
+        the same state of the rows as the distances (a concurrent write cannot mismatch them)."""
         queries = np.asarray(queries, dtype=np.float64).reshape(-1, self.dim)
         nq = len(queries)
         out_ids = np.full((nq, k), -1, dtype=np.int64)
         out_dist = np.full((nq, k), np.inf, dtype=np.float64)
+        out_points = np.full((nq, k, self.dim), np.nan, dtype=np.float32)
         rows = self._rows
         n = len(rows.ids)
         if n == 0 or nq == 0:
-            return out_ids, out_dist
+            return out_ids, out_dist, out_points
         m = min(n, max(overfetch * k, k + min_candidates))
         lifted_q = lifted_queries(queries, self.curv)
         if self._scans_with_torch(nq):
@@ -386,9 +397,13 @@ class LorentzIndex:
         chunk = max(1, RERANK_BUDGET // (m * self.dim))
         for start in range(0, nq, chunk):
             part = slice(start, start + chunk)
-            ids, dist = self._rerank(rows, queries[part], positions[part], valid[part], found)
+            ids, dist, points = self._rerank(
+                rows, queries[part], positions[part], valid[part], found
+            )
             out_ids[part, :found], out_dist[part, :found] = ids, dist
-        return out_ids, out_dist
+            out_points[part, :found] = points
+        out_points[out_ids < 0] = np.nan
+        return out_ids, out_dist, out_points
 
     def _rerank(
         self,
@@ -397,13 +412,15 @@ class LorentzIndex:
         positions: np.ndarray,
         valid: np.ndarray,
         k: int,
-    ) -> tuple[np.ndarray, np.ndarray]:
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         dist = exact_distances(queries[:, None, :], rows.lifted[positions][..., 1:], self.curv)
         dist[~valid] = np.inf
         order = np.argsort(dist, axis=1, kind="stable")[:, :k]
         top_dist = np.take_along_axis(dist, order, axis=1)
-        top_ids = rows.ids[np.take_along_axis(positions, order, axis=1)]
-        return np.where(np.isfinite(top_dist), top_ids, -1), top_dist
+        top_positions = np.take_along_axis(positions, order, axis=1)
+        top_ids = rows.ids[top_positions]
+        top_points = rows.lifted[top_positions][..., 1:]
+        return np.where(np.isfinite(top_dist), top_ids, -1), top_dist, top_points
 
     # -- serialisation --------------------------------------------------------------------------
     def _meta(self) -> dict[str, Any]:

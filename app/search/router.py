@@ -14,11 +14,9 @@ from app.core.schemas import openapi_body
 from app.core.uploads import read_json_model
 from app.galleries.service import get_gallery
 from app.search import service
-from app.search.schemas import SearchRequest, SearchResponse
+from app.search.schemas import NPY_MEDIA_TYPE, SearchRequest, SearchResponse
 
 router = APIRouter(prefix="/v1/galleries", tags=["search"])
-
-NPY_MEDIA_TYPE = "application/x-npy"
 DEFAULT_K = SearchRequest.model_fields["k"].default
 
 
@@ -63,10 +61,13 @@ async def search(
         ),
     ] = None,
 ) -> dict:
-    """k nearest gallery items per query, by exact Lorentz distance. With `model_id` the vectors
-    are that model's input features; an incompatible model answers 409. The rows come as JSON
-    (`vectors`) or, faster for large batches, as one `.npy` body (`Content-Type:
-    application/x-npy`) with `k`, `model_id` and `modality` in the query string."""
+    """k nearest gallery items per query, by exact Lorentz distance, each with its `distance` and
+    `score` (cosine similarity for cosine galleries). Without `model_id` the rows are old-space
+    `vectors` (what the gallery stores); with `model_id` they are the new backbone's `features`,
+    that model's inputs (`vectors` is accepted there too, the former spelling); an incompatible
+    model answers 409. The rows come as JSON or, faster for large batches, as one `.npy` body
+    (`Content-Type: application/x-npy`) with `k`, `model_id` and `modality` in the query
+    string."""
     content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if content_type == "application/json":
         given = [n for n, v in (("k", k), ("model_id", model_id), ("modality", modality)) if v]
@@ -74,8 +75,9 @@ async def search(
             raise invalid(given[0], "goes in the JSON body (query parameters are for .npy bodies)")
         query = service.SearchQuery.of(await read_json_model(request, SearchRequest))
     elif content_type == NPY_MEDIA_TYPE:
-        vectors = load_npy(await request.body(), "vectors")
-        query = service.SearchQuery(vectors, DEFAULT_K if k is None else k, model_id, modality)
+        field = "vectors" if model_id is None else "features"
+        rows = load_npy(await request.body(), field)
+        query = service.SearchQuery(rows, DEFAULT_K if k is None else k, model_id, modality, field)
     else:
         raise Problem(415, "Unsupported media type", f"send application/json or {NPY_MEDIA_TYPE}")
 

@@ -6,12 +6,39 @@ from pydantic import BaseModel, Field
 
 from app.core.schemas import Matrix, ModalityName, StrictModel
 
+NPY_MEDIA_TYPE = "application/x-npy"
+
+DISTANCE_TEXT = (
+    "Lorentz (hyperbolic) geodesic distance d(q, x) = acosh(−c⟨q,x⟩_L)/√c between the query's "
+    "point q and the stored point x on the hyperboloid of curvature −c (the gallery's "
+    "`lift.curv`, or its model's `curv`), ⟨q,x⟩_L = q·x − q₀x₀, x₀ = √(1/c + ‖x‖²); exact in "
+    "float64; smaller is nearer. Cosine galleries lift a stored vector f to x = exp₀(s·f/‖f‖) "
+    "(s = `lift.scale`), so every stored point has ‖x‖ = R = sinh(√c·s)/√c and "
+    "cos(q, f) = (q₀x₀ − cosh(√c·d)/c) / (‖q‖·R); for a query given as old-space `vectors` "
+    "(‖q‖ = R as well) this is cos = 1 − (cosh(√c·d) − 1)/sinh²(√c·s), so a cosine threshold t "
+    "is the distance threshold d ≤ acosh(1 + (1 − t)·sinh²(√c·s))/√c."
+)
+SCORE_TEXT = (
+    "Larger is nearer, and ranks exactly like `distance`. Cosine galleries: the cosine "
+    "similarity between the query's point and the stored vector (the same direction as the "
+    "uploaded vector), in [−1, 1]. Other galleries (dot, model-bound): the Lorentz inner "
+    "product ⟨q,x⟩_L = −cosh(√c·d)/c ≤ −1/c, what an inner-product search of the lifted "
+    "vectors computes (see GET /v1/models/{id}/export)."
+)
+
 
 class SearchRequest(StrictModel):
-    """Without ``model_id``: vectors in the gallery's own space. With ``model_id``: that model's
-    input features; the service embeds them and maps them into the gallery's frame."""
+    """Without ``model_id``: ``vectors`` of the gallery's own (old) space. With ``model_id``:
+    ``features`` of the new backbone, that model's inputs; the service embeds them and maps them
+    into the gallery's frame (``vectors`` together with ``model_id`` is still read as features,
+    the former spelling)."""
 
-    vectors: Matrix = Field(min_length=1)
+    vectors: Matrix | None = Field(
+        default=None, min_length=1, description="old-space vectors (what the gallery stores)"
+    )
+    features: Matrix | None = Field(
+        default=None, min_length=1, description="with model_id: the new backbone's features"
+    )
     k: int = Field(default=10, ge=1, description="neighbours per query (≤ the configured max_k)")
     model_id: str | None = Field(default=None, min_length=1, max_length=40)
     modality: ModalityName | None = None
@@ -19,7 +46,8 @@ class SearchRequest(StrictModel):
 
 class Neighbour(BaseModel):
     id: str
-    distance: float = Field(description="Lorentz (hyperbolic) distance, exact in float64")
+    distance: float = Field(description=DISTANCE_TEXT)
+    score: float = Field(description=SCORE_TEXT)
     label: str | None = None
 
 

@@ -11,7 +11,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app.core.arrays import as_matrix, check_batch_size
-from app.core.errors import invalid
+from app.core.errors import FieldError, invalid, invalid_fields
 from app.core.settings import Settings
 from app.galleries.models import Gallery, GalleryVector
 from app.galleries.service import IN_CHUNK, index_for, lifted_points
@@ -28,9 +28,24 @@ class SearchQuery:
     k: int
     model_id: str | None = None
     modality: str | None = None
+    # What the rows are called in errors: "vectors" (old space) or "features" (a model's inputs).
+    field: str = "vectors"
 
     @classmethod
     def of(cls, request: SearchRequest) -> SearchQuery:
+        if request.vectors is not None and request.features is not None:
+            raise invalid_fields(
+                [
+                    FieldError(f, "give vectors (old space) or features, not both")
+                    for f in ("vectors", "features")
+                ]
+            )
+        if request.features is not None:
+            if request.model_id is None:
+                raise invalid("features", "a model's inputs: give model_id too, or send vectors")
+            return cls(request.features, request.k, request.model_id, request.modality, "features")
+        if request.vectors is None:
+            raise invalid("vectors", "required (or features together with model_id)")
         return cls(request.vectors, request.k, request.model_id, request.modality)
 
 
@@ -50,8 +65,30 @@ def _queries(
         return lifted_points(gallery, vectors)
     row = get_model(session, tenant_id, request.model_id)
     to_gallery = frame_map(session, row, gallery)
-    points, _ = embed_features(cache, settings, row, request.vectors, request.modality, "vectors")
+    points, _ = embed_features(
+        cache, settings, row, request.vectors, request.modality, request.field
+    )
     return to_gallery(points)
+
+
+def hit_scores(
+    gallery: Gallery, queries: np.ndarray, points: np.ndarray, distances: np.ndarray
+) -> np.ndarray:
+    """The ``score`` of each hit (nq × k; larger is nearer, ranked like the distance).
+
+    Cosine galleries: cos(q, x) of the query's point and the stored point, which has the stored
+    vector's direction; all stored points share one radius, so this is decreasing in the
+    distance. Otherwise the Lorentz inner product ⟨q,x⟩_L = −cosh(√c·d)/c."""
+    if gallery.bound_model_id is None and gallery.metric == "cosine":
+        q = np.asarray(queries, dtype=np.float64)[:, None, :]
+        x = points.astype(np.float64)
+        norms = np.linalg.norm(q, axis=-1) * np.linalg.norm(x, axis=-1)
+        dots = np.einsum("qkd,qkd->qk", np.broadcast_to(q, x.shape), x)
+        # A zero vector (lifted to the origin) has no direction: its cosine is taken as 0.
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(norms > 0, dots / np.where(norms > 0, norms, 1.0), 0.0)
+    curv = gallery.lift_curv
+    return -np.cosh(np.sqrt(curv) * distances) / curv
 
 
 def search_gallery(
@@ -67,15 +104,16 @@ def search_gallery(
         request = SearchQuery.of(request)
     if request.k > settings.max_k:
         raise invalid("k", f"must be ≤ {settings.max_k}")
-    check_batch_size(len(request.vectors), "vectors", settings.max_vectors_per_request)
+    check_batch_size(len(request.vectors), request.field, settings.max_vectors_per_request)
     queries = _queries(session, settings, cache, tenant_id, gallery, request)
     index = index_for(session, store, gallery)
-    ids, distances = index.search(
+    ids, distances, points = index.search_with_points(
         queries,
         request.k,
         overfetch=settings.search_overfetch,
         min_candidates=settings.search_min_candidates,
     )
+    scores = hit_scores(gallery, queries, points, distances)
     wanted = sorted({int(i) for i in ids[ids >= 0]})
     items: dict[int, tuple[str, str | None]] = {}
     for start in range(0, len(wanted), IN_CHUNK):
@@ -86,14 +124,16 @@ def search_gallery(
         )
         items.update((row_id, (item_id, label)) for row_id, item_id, label in rows)
     results = []
-    for row_ids, row_dist in zip(ids.tolist(), distances.tolist(), strict=True):
+    for row_ids, row_dist, row_scores in zip(
+        ids.tolist(), distances.tolist(), scores.tolist(), strict=True
+    ):
         hits = []
-        for faiss_id, distance in zip(row_ids, row_dist, strict=True):
+        for faiss_id, distance, score in zip(row_ids, row_dist, row_scores, strict=True):
             # A vector deleted between the index read and this lookup is simply skipped.
             if faiss_id < 0 or faiss_id not in items:
                 continue
             item_id, label = items[faiss_id]
-            hit: dict[str, Any] = {"id": item_id, "distance": distance}
+            hit: dict[str, Any] = {"id": item_id, "distance": distance, "score": score}
             if label is not None:
                 hit["label"] = label
             hits.append(hit)

@@ -10,9 +10,18 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
+from app.auth.service import create_key
 from tests.service.conftest import field_names, problem, snapshot
 
 EXTERNAL = {"name": "products", "dim": 4, "model_name": "old-encoder", "metric": "cosine"}
+
+
+def other_tenant(client: TestClient) -> dict[str, str]:
+    """Authorization headers of a second tenant."""
+    with client.app.state.service.db.sessions() as session:
+        created = create_key(session, "rival")
+        session.commit()
+    return {"Authorization": f"Bearer {created.key}"}
 
 
 def npy(array: np.ndarray) -> bytes:
@@ -201,7 +210,8 @@ def test_npy_multipart_upload(client: TestClient) -> None:
     hit = client.post(
         f"/v1/galleries/{gallery_id}/search", json={"vectors": [[0, 0, 1, 0]], "k": 1}
     )
-    assert hit.json()["results"][0][0] == {"id": "ü-ñ", "distance": 0.0, "label": "x"}
+    best = hit.json()["results"][0][0]
+    assert best == {"id": "ü-ñ", "distance": 0.0, "score": pytest.approx(1.0), "label": "x"}
 
 
 BAD_UPSERTS = [
@@ -366,4 +376,32 @@ def test_a_lost_race_for_a_name_is_a_conflict(client: TestClient, monkeypatch) -
     before = snapshot(client)
     monkeypatch.setattr(service, "check_name_free", lambda *args: None)
     problem(client.post("/v1/galleries", json=EXTERNAL), 409)
+    assert snapshot(client) == before
+
+
+def test_read_stored_vectors_by_id(client: TestClient) -> None:
+    gallery_id = make_gallery(client)
+    vectors = seed_vectors(client, gallery_id, n=10)
+    url = f"/v1/galleries/{gallery_id}/vectors"
+    client.post(url, json={"ids": ["m"], "vectors": [[1, 2, 3, 4]], "metadata": [{"sku": 7}]})
+    ids = ["item-3", "m", "item-0"]
+    response = client.get(url, params={"ids": ids})
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["ids"] == ids and body["labels"] == ["class-0", None, "class-0"]
+    assert body["metadata"] == [None, {"sku": 7}, None]
+    expected = np.stack([vectors[3], [1, 2, 3, 4], vectors[0]]).astype(np.float32)
+    assert np.array_equal(np.asarray(body["vectors"], dtype=np.float32), expected)
+    as_npy = client.get(url, params={"ids": ids}, headers={"Accept": "application/x-npy"})
+    assert as_npy.headers["content-type"] == "application/x-npy"
+    assert np.array_equal(np.load(io.BytesIO(as_npy.content)), expected)
+    rival = other_tenant(client)
+    before = snapshot(client)
+    missing = problem(client.get(url, params={"ids": ["item-1", "nope", "gone"]}), 404)
+    assert field_names(missing) == ["ids[1]", "ids[2]"] and "'nope'" in missing["detail"]
+    assert field_names(problem(client.get(url), 422)) == ["ids"]
+    assert field_names(problem(client.get(url, params={"ids": ["a", "a"]}), 422)) == ["ids[1]"]
+    assert field_names(problem(client.get(url, params={"ids": ["a\x01"]}), 422)) == ["ids[0]"]
+    problem(client.get(url, params={"ids": ["item-1"]}, headers=rival), 404)
+    problem(client.get("/v1/galleries/gal_nope/vectors", params={"ids": ["item-1"]}), 404)
     assert snapshot(client) == before

@@ -1,14 +1,25 @@
-"""Trained models over HTTP: metadata, embed, which galleries a model may search (409 for the
-others), model-bound galleries, and artifacts verified on load."""
+"""Trained models over HTTP: metadata, embed (JSON and .npy), which galleries a model may search
+(409 for the others), model-bound galleries, artifacts verified on load and on download, and
+deletion (409 while something depends on the model)."""
 
 from __future__ import annotations
+
+import base64
+import hashlib
 
 import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
-from tests.service.conftest import field_names, problem, stop_client
-from tests.service.test_galleries_api import EXTERNAL, make_gallery, seed_vectors
+from app.ml.models import model_from_bytes
+from tests.service.conftest import field_names, problem, snapshot, stop_client
+from tests.service.test_galleries_api import (
+    EXTERNAL,
+    make_gallery,
+    npy,
+    other_tenant,
+    seed_vectors,
+)
 from tests.service.test_upgrades_api import paired_setup, quick_upgrade
 
 
@@ -114,3 +125,106 @@ def test_models_survive_a_restart_and_corrupt_artifacts_are_refused(
     corrupted = make_client()
     body = problem(corrupted.post(f"/v1/galleries/{gallery_id}/search", json=query), 500)
     assert "checksum" in body["detail"]
+
+
+NPY = {"Content-Type": "application/x-npy"}
+
+
+def test_embed_takes_an_npy_body(client: TestClient, trained: tuple[str, str]) -> None:
+    _, model_id = trained
+    url = f"/v1/models/{model_id}/embed"
+    as_json = client.post(url, json={"features": FEATURES[:5].tolist()})
+    as_npy = client.post(url, content=npy(FEATURES[:5].astype(np.float32)), headers=NPY)
+    assert as_npy.status_code == 200, as_npy.text
+    np.testing.assert_allclose(as_npy.json()["embeddings"], as_json.json()["embeddings"], atol=1e-6)
+    before = snapshot(client)
+    for body, params, field in (
+        (b"not numpy", {}, "features"),
+        (npy(np.ones((2, 5), dtype=np.float32)), {}, "features"),
+        (npy(np.ones(6, dtype=np.float32)), {}, "features"),
+        (npy(np.ones((1, 6), dtype=np.int32)), {}, "features"),
+        (npy(np.ones((1, 6), dtype=np.float32)), {"modality": "audio"}, "modality"),
+    ):
+        bad = client.post(url, params=params, content=body, headers=NPY)
+        assert field in field_names(problem(bad, 422)) or field in bad.json()["detail"]
+    mixed = client.post(url, params={"modality": "default"}, json={"features": [[1.0] * 6]})
+    assert field_names(problem(mixed, 422)) == ["modality"]
+    problem(client.post(url, content=b"1,2", headers={"Content-Type": "text/csv"}), 415)
+    problem(client.post("/v1/models/mdl_missing/embed", content=npy(FEATURES), headers=NPY), 404)
+    assert snapshot(client) == before
+
+
+def test_artifact_download_is_verified(client: TestClient, trained: tuple[str, str]) -> None:
+    _, model_id = trained
+    model = client.get(f"/v1/models/{model_id}").json()
+    response = client.get(f"/v1/models/{model_id}/artifact")
+    assert response.status_code == 200
+    assert response.headers["content-type"] == "application/octet-stream"
+    digest = hashlib.sha256(response.content).hexdigest()
+    assert digest == model["artifact_sha256"] and len(response.content) == model["artifact_bytes"]
+    assert response.headers["etag"] == f'"{digest}"'
+    assert response.headers["repr-digest"] == (
+        "sha-256=:" + base64.b64encode(bytes.fromhex(digest)).decode() + ":"
+    )
+    loaded = model_from_bytes(response.content)  # what the service runs, loadable as data
+    assert loaded.output_dim == model["output_dim"]
+    cached = client.get(f"/v1/models/{model_id}/artifact", headers={"If-None-Match": f'"{digest}"'})
+    assert cached.status_code == 304 and cached.content == b""
+    problem(client.get(f"/v1/models/{model_id}/artifact", headers=other_tenant(client)), 404)
+    problem(client.get("/v1/models/mdl_missing/artifact"), 404)
+    artifact = client.app.state.service.settings.artifact_dir / f"{model_id}.pt"
+    artifact.write_bytes(artifact.read_bytes()[:-4] + b"oops")
+    body = problem(client.get(f"/v1/models/{model_id}/artifact"), 500)
+    assert "checksum" in body["detail"]
+
+
+def test_delete_model(client: TestClient, trained: tuple[str, str]) -> None:
+    gallery_id, model_id = trained
+    rival = other_tenant(client)
+    bound = client.post("/v1/galleries", json={"name": "bound", "model_id": model_id}).json()
+    before = snapshot(client)
+    body = problem(client.delete(f"/v1/models/{model_id}"), 409)
+    assert bound["id"] in body["detail"]
+    problem(client.delete(f"/v1/models/{model_id}", headers=rival), 404)
+    problem(client.delete("/v1/models/mdl_missing"), 404)
+    assert snapshot(client) == before
+    artifact_dir = client.app.state.service.settings.artifact_dir
+    assert list(artifact_dir.glob(f"{model_id}.*"))
+    assert client.delete(f"/v1/galleries/{bound['id']}").status_code == 204
+    # Warm the model cache: a deleted model must not keep answering from it.
+    query = {"features": FEATURES[:1].tolist(), "model_id": model_id}
+    assert client.post(f"/v1/galleries/{gallery_id}/search", json=query).status_code == 200
+    deleted = client.delete(f"/v1/models/{model_id}")
+    assert deleted.status_code == 204 and deleted.content == b""
+    assert not list(artifact_dir.glob(f"{model_id}.*"))
+    problem(client.get(f"/v1/models/{model_id}"), 404)
+    problem(client.post(f"/v1/galleries/{gallery_id}/search", json=query), 404)
+    problem(client.delete(f"/v1/models/{model_id}"), 404)
+    jobs = client.get("/v1/upgrades").json()["items"]
+    assert [job["model_id"] for job in jobs] == [None]  # the job stays, its model is gone
+
+
+def test_a_continual_version_with_children_cannot_be_deleted(client: TestClient) -> None:
+    from tests.service.test_continual_api import QUICK, paired_dataset
+
+    first = client.post(
+        "/v1/upgrades",
+        json={"dataset_id": paired_dataset(client, "t1"), "method": "hmcl-mr", "params": QUICK},
+    )
+    v1 = client.get(first.headers["location"]).json()["model_id"]
+    second = client.post(
+        "/v1/upgrades",
+        json={
+            "dataset_id": paired_dataset(client, "t2"),
+            "method": "hmcl-mr",
+            "base_model_id": v1,
+            "params": QUICK,
+        },
+    )
+    v2 = client.get(second.headers["location"]).json()["model_id"]
+    before = snapshot(client)
+    assert v2 in problem(client.delete(f"/v1/models/{v1}"), 409)["detail"]
+    assert snapshot(client) == before
+    assert client.delete(f"/v1/models/{v2}").status_code == 204
+    assert client.delete(f"/v1/models/{v1}").status_code == 204
+    assert client.get("/v1/models").json()["items"] == []

@@ -1,5 +1,6 @@
 """Search over HTTP with the query rows as one ``.npy`` body (``application/x-npy``): the same
-answers as JSON, and bad bodies refused with a problem naming the field."""
+answers as JSON, and bad bodies refused with a problem naming the field; each hit's ``score``
+(cosine for cosine galleries, the Lorentz inner product otherwise); ``vectors`` vs ``features``."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
-from tests.service.conftest import field_names, problem
+from tests.service.conftest import field_names, problem, snapshot
 from tests.service.test_galleries_api import make_gallery, seed_vectors
 
 NPY = {"Content-Type": "application/x-npy"}
@@ -108,3 +109,59 @@ def test_npy_search_of_another_tenants_gallery_is_not_found(client: TestClient) 
         headers=NPY,
     )
     problem(response, 404)
+
+
+def test_hits_carry_a_score_that_ranks_like_the_distance(client: TestClient) -> None:
+    """Cosine gallery: score = cosine(query, stored vector), and the documented formula maps the
+    distance to it: cos = 1 − (cosh(√c·d) − 1)/sinh²(√c·s)."""
+    gallery_id = make_gallery(client, lift_scale=1.5, curv=0.5)
+    vectors = seed_vectors(client, gallery_id, n=40).astype(np.float64)
+    queries = np.random.default_rng(7).normal(size=(5, 4))
+    results = client.post(
+        f"/v1/galleries/{gallery_id}/search", json={"vectors": queries.tolist(), "k": 40}
+    ).json()["results"]
+    c, s = 0.5, 1.5
+    for query, hits in zip(queries, results, strict=True):
+        scores = [h["score"] for h in hits]
+        assert scores == sorted(scores, reverse=True)
+        for hit in hits:
+            stored = vectors[int(hit["id"].split("-")[1])]
+            cosine = query @ stored / (np.linalg.norm(query) * np.linalg.norm(stored))
+            assert hit["score"] == pytest.approx(cosine, abs=1e-6)
+            from_distance = 1 - (np.cosh(c**0.5 * hit["distance"]) - 1) / np.sinh(c**0.5 * s) ** 2
+            assert hit["score"] == pytest.approx(from_distance, abs=1e-5)
+
+
+def test_dot_gallery_score_is_the_lorentz_inner_product(client: TestClient) -> None:
+    gallery_id = make_gallery(client, metric="dot", curv=2.0)
+    seed_vectors(client, gallery_id, n=20)
+    hits = client.post(
+        f"/v1/galleries/{gallery_id}/search", json={"vectors": [[0.3, -0.2, 0.5, 0.1]], "k": 20}
+    ).json()["results"][0]
+    for hit in hits:
+        assert hit["score"] == pytest.approx(-np.cosh(2.0**0.5 * hit["distance"]) / 2.0)
+    assert [h["score"] for h in hits] == sorted((h["score"] for h in hits), reverse=True)
+
+
+def test_features_need_a_model_and_exclude_vectors(client: TestClient) -> None:
+    gallery_id = make_gallery(client)
+    seed_vectors(client, gallery_id)
+    url = f"/v1/galleries/{gallery_id}/search"
+    before = snapshot(client)
+    for body, fields in (
+        ({"features": [[1, 0, 0, 0]]}, ["features"]),
+        ({"vectors": [[1, 0, 0, 0]], "features": [[1, 0, 0, 0]]}, ["vectors", "features"]),
+        ({"k": 3}, ["vectors"]),
+    ):
+        assert field_names(problem(client.post(url, json=body), 422)) == fields
+    problem(client.post(url, json={"features": [[1.0] * 6], "model_id": "mdl_nope"}), 404)
+    problem(
+        client.post(
+            url,
+            params={"model_id": "mdl_nope"},
+            content=npy_body(np.ones((1, 6), dtype=np.float32)),
+            headers=NPY,
+        ),
+        404,
+    )
+    assert snapshot(client) == before
