@@ -109,7 +109,9 @@ def _add_client_commands(sub: argparse._SubParsersAction) -> None:
 
     upgrade = sub.add_parser("upgrade", parents=both, help="train an upgrade from a dataset")
     upgrade.add_argument("--dataset", required=True)
-    upgrade.add_argument("--method", default="hbct", help="see `nobackfill methods` (hbct)")
+    upgrade.add_argument(
+        "--method", default=None, help="see `nobackfill methods` (default: the server's, auto)"
+    )
     upgrade.add_argument("--objective", help="what model selection optimises (server's default)")
     upgrade.add_argument("--params", help="trainer parameters: JSON text, or @file.json")
     upgrade.add_argument("--gallery", help="the old gallery (default: the dataset's)")

@@ -297,7 +297,7 @@ class Client:
     def create_upgrade(
         self,
         dataset_id: str,
-        method: str = "hbct",
+        method: str | None = None,
         *,
         params: dict[str, Any] | None = None,
         objective: str | None = None,
@@ -307,7 +307,8 @@ class Client:
         eval_fraction: float | None = None,
         idempotency_key: str | None = None,
     ) -> dict[str, Any]:
-        """Queue an upgrade job; returns the job (``status`` "queued")."""
+        """Queue an upgrade job; returns the job (``status`` "queued"). Without ``method`` the
+        server picks (``auto``: several candidates, chosen on validation)."""
         body = _drop_none(
             {
                 "dataset_id": dataset_id,
