@@ -82,7 +82,7 @@ METRIC_MEANINGS: dict[str, dict[str, str]] = {
 
 
 def _as64(x: np.ndarray | torch.Tensor) -> torch.Tensor:
-    return torch.as_tensor(np.asarray(x), dtype=torch.float64)
+    return torch.as_tensor(np.ascontiguousarray(x), dtype=torch.float64)
 
 
 def top_k(
