@@ -176,3 +176,9 @@ def test_reference_figures_of_the_data_readme() -> None:
     assert (round(stay["recall@1"], 3), round(stay["recall@10"], 3)) == (0.260, 0.492)
     reindex = query_metrics(top_k(lemma_new[test], gloss_new, 100, space="cosine"), relevant)
     assert (round(reindex["recall@1"], 3), round(reindex["recall@10"], 3)) == (0.305, 0.571)
+    w, _ = orthogonal_procrustes(
+        torch.from_numpy(gloss_new[train]), torch.from_numpy(gloss_old[train])
+    )
+    bridged = lift(torch.from_numpy(lemma_new[test]) @ w).numpy()
+    procrustes = query_metrics(top_k(bridged, gallery, 100), relevant)
+    assert (round(procrustes["recall@1"], 3), round(procrustes["recall@10"], 3)) == (0.198, 0.440)
