@@ -91,7 +91,10 @@ class Progress:
         return TrainingHooks(progress=progress, should_stop=self.hooks.should_stop)
 
     def evaluating(self, epoch: int, epochs: int, loss: float, **extra: Any) -> None:
-        self.extra = {**self.extra, "phase": "evaluating", **extra}
+        base = self.extra
+        if "candidate" in extra:  # a different stage: its trial counters no longer apply
+            base = {k: v for k, v in base.items() if k not in ("trial", "trials")}
+        self.extra = {**base, "phase": "evaluating", **extra}
         if self.hooks.progress is not None:
             self.hooks.progress(
                 {"epoch": epoch, "epochs": epochs, "loss": loss, **self.extra, "eta_s": self.eta()}
