@@ -141,3 +141,13 @@ def hot_refresh_contrastive_loss(
     to_new = (a @ a.T / temperature).masked_fill(~allowed | eye, float("-inf"))
     logits = torch.cat([to_old, to_new], dim=1)
     return F.cross_entropy(logits, torch.arange(n, device=a.device))
+
+
+def instance_info_nce(
+    new_points: Tensor, old_points: Tensor, curv: float, temperature: float
+) -> Tensor:
+    """Instance InfoNCE in the served geometry: each new point's positive is its own paired old
+    point, its negatives the batch's other old points; logits −d(h_n,i, h_o,j)/τ. This is the
+    search a query runs against the old gallery, so the loss ranks exactly as serving does."""
+    logits = -pairwise_lorentz_distance(new_points, old_points, curv) / temperature
+    return F.cross_entropy(logits, torch.arange(new_points.shape[0], device=new_points.device))

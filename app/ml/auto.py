@@ -1,0 +1,213 @@
+"""``auto``: train a small set of candidates, tune each on validation, pick by the objective.
+
+Every candidate gets the same number of validation trials (``trials``, default 3): the first
+``trials`` values of its tuned axis below, each trained on the *fit* part of the training items
+and scored on the *validation* part (both carved from the training items; the held-out items are
+never seen). ``procrustes`` has nothing to tune and is always a candidate, so the chosen model is
+never worse than it on validation. A candidate whose validation own-item R@1 falls below
+``INSTANCE_FLOOR`` × procrustes's is not eligible: instance alignment is never traded away
+silently for a class or query gain.
+
+``params`` for auto (validated by ``AutoParams.from_dict``):
+- any ``CompatParams`` field except a tuned axis of an included candidate: shared overrides for
+  every candidate (e.g. ``epochs``, ``hidden_dim``, ``lr``);
+- ``candidates``: a list of candidate names (``AUTO_CANDIDATES``); procrustes is added when left
+  out; default all;
+- ``trials``: trials per candidate, 1…3 (default 3).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from app.ml.compat import CompatParams
+
+OBJECTIVES = ("query", "class", "instance")
+# The view and metric each objective selects and recommends by.
+PRIMARY_METRIC: dict[str, tuple[str, str]] = {
+    "query": ("query", "recall@10"),
+    "class": ("class", "cmc1"),
+    "instance": ("instance", "recall@1"),
+}
+# A candidate is eligible only when its validation own-item R@1 is at least this share of
+# procrustes's (the issue's instance target: ≥ 0.95 × procrustes in every scenario).
+INSTANCE_FLOOR = 0.95
+DEFAULT_TRIALS = 3
+VALIDATION_FRACTION = 0.2
+MIN_VALIDATION_ITEMS = 10
+MIN_FIT_ITEMS = 10
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A method and the one setting validation tunes for it (values in trial order)."""
+
+    name: str
+    method: str
+    axis: str | None
+    grid: tuple[Any, ...]
+    # Without labels a different axis applies (the prototype term needs classes).
+    unlabelled_axis: str | None = None
+    unlabelled_grid: tuple[Any, ...] = ()
+
+    def trial_settings(self, trials: int, labelled: bool) -> list[dict[str, Any]]:
+        axis, grid = (self.axis, self.grid)
+        if not labelled and self.unlabelled_axis is not None:
+            axis, grid = self.unlabelled_axis, self.unlabelled_grid
+        if axis is None:
+            return [{}]
+        return [{axis: v} for v in grid[:trials]]
+
+    def axes(self) -> set[str]:
+        return {a for a in (self.axis, self.unlabelled_axis) if a is not None}
+
+
+# Grid order: the first value is the one a single trial gets (the measured default).
+CANDIDATES: tuple[Candidate, ...] = (
+    Candidate("procrustes", "procrustes", None, ()),
+    # Prototype term weight, 0 = the paper's loss: the term collapses instances within a class
+    # (docs/algorithms.md §5), so it is a validated choice, never a fixed default.
+    Candidate(
+        "hbct",
+        "hbct",
+        "old_proto_weight",
+        (0.0, 1.0, 3.0),
+        unlabelled_axis="compat_weight",
+        unlabelled_grid=(1.0, 0.3, 3.0),
+    ),
+    Candidate("contrastive", "contrastive", "compat_weight", (1.0, 0.3, 3.0)),
+    Candidate("affine", "affine", "adapter_rank", (64, 16, 256)),
+    Candidate("mlp-adapter", "mlp-adapter", "adapter_hidden", (256, 64, 1024)),
+    Candidate("instance-map", "instance-map", "instance_temperature", (0.05, 0.02, 0.1)),
+)
+AUTO_CANDIDATES: tuple[str, ...] = tuple(c.name for c in CANDIDATES)
+_BY_NAME = {c.name: c for c in CANDIDATES}
+METHOD_OF = {c.name: c.method for c in CANDIDATES}
+
+
+@dataclass
+class AutoParams:
+    shared: dict[str, Any] = field(default_factory=dict)
+    candidates: tuple[str, ...] = AUTO_CANDIDATES
+    trials: int = DEFAULT_TRIALS
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any] | None) -> AutoParams:
+        """Validated construction; bad names, values or tuned-axis overrides raise ValueError."""
+        values = dict(values or {})
+        names = values.pop("candidates", None)
+        trials = values.pop("trials", DEFAULT_TRIALS)
+        if names is None:
+            chosen = AUTO_CANDIDATES
+        else:
+            if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+                raise ValueError("parameter 'candidates' must be a list of candidate names")
+            unknown = sorted(set(names) - set(AUTO_CANDIDATES))
+            if unknown:
+                raise ValueError(f"unknown candidate(s) {unknown}; known: {list(AUTO_CANDIDATES)}")
+            keep = set(names) | {"procrustes"}
+            chosen = tuple(n for n in AUTO_CANDIDATES if n in keep)
+        longest = max(len(c.grid) for c in CANDIDATES)
+        if isinstance(trials, bool) or not isinstance(trials, int) or not 1 <= trials <= longest:
+            raise ValueError(f"parameter 'trials' must be an integer in [1, {longest}]")
+        CompatParams.from_dict(values)  # shared overrides: CompatParams' own checks
+        for name in chosen:
+            tuned = _BY_NAME[name].axes() & set(values)
+            if tuned:
+                raise ValueError(
+                    f"parameter(s) {sorted(tuned)} are tuned by auto for candidate {name!r}: "
+                    "leave them out, drop the candidate, or name the method explicitly"
+                )
+        return cls(shared=values, candidates=chosen, trials=trials)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.shared, "candidates": list(self.candidates), "trials": self.trials}
+
+    def settings(self, name: str, labelled: bool) -> list[dict[str, Any]]:
+        """The full parameter dicts of candidate ``name``'s trials."""
+        return [{**self.shared, **s} for s in _BY_NAME[name].trial_settings(self.trials, labelled)]
+
+
+def default_objective(labelled: bool, has_relevance: bool) -> str:
+    """``query`` when logged queries carry relevance, else ``class`` with labels, else
+    ``instance``."""
+    if has_relevance:
+        return "query"
+    return "class" if labelled else "instance"
+
+
+def objective_problem(objective: str, labelled: bool, has_relevance: bool) -> str | None:
+    """Why ``objective`` cannot be measured on this data, or None."""
+    if objective not in OBJECTIVES:
+        return f"unknown objective {objective!r}, expected one of {list(OBJECTIVES)}"
+    if objective == "query" and not has_relevance:
+        return "objective 'query' needs logged queries with relevant items"
+    if objective == "class" and not labelled:
+        return "objective 'class' needs labels (on the dataset or the gallery)"
+    return None
+
+
+def split_for_validation(
+    train_idx: np.ndarray, seed: int, fraction: float = VALIDATION_FRACTION
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """(fit, validation) carved from the training items by a seeded permutation; None when the
+    training part is too small for both."""
+    n = train_idx.size
+    n_val = max(MIN_VALIDATION_ITEMS, math.floor(n * fraction))
+    if n - n_val < MIN_FIT_ITEMS:
+        return None
+    perm = np.random.default_rng([seed, 1]).permutation(train_idx)
+    return np.sort(perm[n_val:]), np.sort(perm[:n_val])
+
+
+def compat_field_names() -> set[str]:
+    return {f.name for f in dataclasses.fields(CompatParams)} - {"extra"}
+
+
+@dataclass
+class Trial:
+    settings: dict[str, Any]
+    validation: dict[str, Any]
+    primary: float
+    instance_r1: float
+    eligible: bool = True
+    history: list[dict[str, float]] = field(default_factory=list)
+
+
+def pick(
+    trials_by_candidate: dict[str, list[Trial]],
+    primary_of: Callable[[Trial], float],
+) -> tuple[str, dict[str, int]]:
+    """Mark eligibility against procrustes's own-item R@1 and choose: each candidate's best
+    eligible trial by the primary metric, then the best candidate (ties: the earlier one in
+    ``CANDIDATES``, procrustes first). Returns the chosen name and each candidate's best trial."""
+    floor = INSTANCE_FLOOR * trials_by_candidate["procrustes"][0].instance_r1
+    best_trial: dict[str, int] = {}
+    for name, trials in trials_by_candidate.items():
+        for t in trials:
+            t.eligible = name == "procrustes" or not t.instance_r1 < floor
+        ranked = sorted(
+            range(len(trials)),
+            key=lambda i: (trials[i].eligible, _finite(primary_of(trials[i])), -i),
+            reverse=True,
+        )
+        best_trial[name] = ranked[0]
+    chosen = max(
+        trials_by_candidate,
+        key=lambda n: (
+            trials_by_candidate[n][best_trial[n]].eligible,
+            _finite(primary_of(trials_by_candidate[n][best_trial[n]])),
+            -AUTO_CANDIDATES.index(n),
+        ),
+    )
+    return chosen, best_trial
+
+
+def _finite(value: float) -> float:
+    return value if math.isfinite(value) else -math.inf

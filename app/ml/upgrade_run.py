@@ -1,0 +1,434 @@
+"""The training and measuring behind ``run_backbone_upgrade``: one explicit method, or ``auto``.
+
+Progress goes through ``TrainingHooks.progress`` with, besides ``epoch``/``epochs``/``loss``:
+``phase`` ("training" or "evaluating"), ``candidate`` (the method being trained),
+``candidate_index`` / ``candidates`` (1-based position among the trainings this run plans),
+``trial`` / ``trials`` for auto, and ``eta_s`` (seconds left, estimated from the time each epoch
+and each evaluation took so far; None before anything finished).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from app.ml.alternatives import (
+    EvalSet,
+    assemble,
+    measure_bridge,
+    measure_independent,
+    measure_reindex,
+    measure_stay,
+    primary_value,
+)
+from app.ml.auto import (
+    AUTO_CANDIDATES,
+    INSTANCE_FLOOR,
+    METHOD_OF,
+    PRIMARY_METRIC,
+    AutoParams,
+    Trial,
+    pick,
+    split_for_validation,
+)
+from app.ml.compat import PAIR_METHODS, CompatParams, train_compatible_model
+from app.ml.evaluation import METRIC_MEANINGS, json_safe
+from app.ml.models import EmbeddingModel
+from app.ml.recommend import recommend
+from app.ml.space import EuclideanLift
+from app.ml.training import TrainingHooks
+from app.ml.upgrade_data import QueryLog, UpgradeData, UpgradeOutcome, split_queries
+
+
+class Progress:
+    """Counts planned work (training epochs and evaluations) and reports it with an ETA."""
+
+    def __init__(self, hooks: TrainingHooks, trainings: list[tuple[str, int]], evaluations: int):
+        self.hooks = hooks
+        self.trainings = trainings  # (candidate, epochs) in run order
+        self.epochs_left = sum(max(1, e) for _, e in trainings)
+        self.evaluations_left = evaluations
+        self.epoch_seconds: list[float] = []
+        self.eval_seconds: list[float] = []
+        self.index = 0
+        self.last = time.perf_counter()
+        self.extra: dict[str, Any] = {}
+
+    def eta(self) -> float | None:
+        if not self.epoch_seconds:
+            return None
+        per_epoch = float(np.mean(self.epoch_seconds))
+        per_eval = float(np.mean(self.eval_seconds)) if self.eval_seconds else per_epoch
+        return round(self.epochs_left * per_epoch + self.evaluations_left * per_eval, 1)
+
+    def stage(self, candidate: str, history: list[dict[str, float]], **extra: Any) -> TrainingHooks:
+        """Hooks for the next training: record its loss history and report with context."""
+        self.index += 1
+        self.last = time.perf_counter()
+        self.extra = {
+            "phase": "training",
+            "candidate": candidate,
+            "candidate_index": self.index,
+            "candidates": len(self.trainings),
+            **extra,
+        }
+
+        def progress(event: dict[str, Any]) -> None:
+            now = time.perf_counter()
+            self.epoch_seconds.append(now - self.last)
+            self.last = now
+            self.epochs_left = max(0, self.epochs_left - 1)
+            if event.get("epoch"):
+                history.append({"epoch": int(event["epoch"]), "loss": float(event["loss"])})
+            if self.hooks.progress is not None:
+                self.hooks.progress({**event, **self.extra, "eta_s": self.eta()})
+
+        return TrainingHooks(progress=progress, should_stop=self.hooks.should_stop)
+
+    def evaluating(self, epoch: int, epochs: int, loss: float, **extra: Any) -> None:
+        base = self.extra
+        if "candidate" in extra:  # a different stage: its trial counters no longer apply
+            base = {k: v for k, v in base.items() if k not in ("trial", "trials")}
+        self.extra = {**base, "phase": "evaluating", **extra}
+        if self.hooks.progress is not None:
+            self.hooks.progress(
+                {"epoch": epoch, "epochs": epochs, "loss": loss, **self.extra, "eta_s": self.eta()}
+            )
+
+    def evaluated(self, started: float) -> None:
+        self.eval_seconds.append(time.perf_counter() - started)
+        self.evaluations_left = max(0, self.evaluations_left - 1)
+
+
+@dataclass
+class UpgradeContext:
+    data: UpgradeData
+    lift: EuclideanLift
+    seed: int
+    hooks: TrainingHooks
+    old_points: np.ndarray
+    query_old_points: np.ndarray | None
+
+    @classmethod
+    def build(
+        cls, data: UpgradeData, lift: EuclideanLift, seed: int, hooks: TrainingHooks
+    ) -> UpgradeContext:
+        q = data.queries
+        qold = None
+        if q is not None and q.old_vectors is not None:
+            qold = lift(torch.from_numpy(q.old_vectors)).numpy()
+        old = lift(torch.from_numpy(data.old_vectors)).numpy()
+        return cls(data, lift, seed, hooks, old, qold)
+
+    @property
+    def labelled(self) -> bool:
+        return self.data.labels is not None
+
+    def extra_pairs(self, query_rows: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+        """Training pairs from logged queries: (features, old vector) where the log has the old
+        model's vectors, else (features, the first relevant item's old point)."""
+        q = self.data.queries
+        if q is None or query_rows.size == 0:
+            return None
+        if self.query_old_points is not None:
+            return q.features[query_rows], self.query_old_points[query_rows]
+        rel = q.relevant or []
+        rows = [i for i in query_rows if rel[i].size]
+        if not rows:
+            return None
+        targets = np.array([rel[i][0] for i in rows], dtype=np.int64)
+        return q.features[rows], self.old_points[targets]
+
+    def train(
+        self,
+        method: str,
+        params: CompatParams,
+        rows: np.ndarray,
+        query_rows: np.ndarray,
+        hooks: TrainingHooks,
+    ) -> EmbeddingModel:
+        labels = self.data.labels
+        train_labels = None
+        if labels is not None and method != "procrustes":
+            # Class codes must be dense for the prototype layer: re-index what the split kept.
+            train_labels = np.unique(labels[rows], return_inverse=True)[1]
+        return train_compatible_model(
+            method,
+            self.data.new_features[rows],
+            self.old_points[rows],
+            train_labels,
+            self.lift.curv,
+            params,
+            seed=self.seed,
+            hooks=hooks,
+            extra_pairs=self.extra_pairs(query_rows) if method in PAIR_METHODS else None,
+        )
+
+    def eval_set(self, gallery: np.ndarray, items: np.ndarray, query_rows: np.ndarray) -> EvalSet:
+        """Gallery = the paired items ``gallery`` (sorted row indices); measured = ``items``;
+        queries = ``query_rows`` with their relevant items mapped to gallery positions (items
+        outside the gallery dropped)."""
+        d = self.data
+        position = np.full(len(d), -1, dtype=np.int64)
+        position[gallery] = np.arange(gallery.size)
+        q = d.queries
+        qf = qold = rel = None
+        if q is not None and q.relevant is not None and query_rows.size:
+            with_rel = [i for i in query_rows if q.relevant[i].size]
+            if with_rel:
+                qf = q.features[with_rel]
+                qold = None if self.query_old_points is None else self.query_old_points[with_rel]
+                rel = []
+                for i in with_rel:
+                    pos = position[q.relevant[i]]
+                    rel.append(pos[pos >= 0])
+        return EvalSet(
+            old_points=self.old_points[gallery],
+            new_features=d.new_features[gallery],
+            rows=position[items],
+            curv=self.lift.curv,
+            labels=None if d.labels is None else d.labels[gallery],
+            query_features=qf,
+            query_old_points=qold,
+            query_relevant=rel,
+        )
+
+
+def _selection_view(ev: EvalSet, objective: str) -> tuple[str, str]:
+    """The objective's (view, metric), or own-item R@1 when that view is not measurable here."""
+    view, metric = PRIMARY_METRIC[objective]
+    return (view, metric) if view in ev.views else PRIMARY_METRIC["instance"]
+
+
+def _report_base(ctx: UpgradeContext, objective: str, train_idx, eval_idx, train_q, eval_q):
+    q = ctx.data.queries
+    n_rel = 0 if q is None or q.relevant is None else sum(1 for i in eval_q if q.relevant[i].size)
+    return {
+        "objective": objective,
+        "primary_metric": dict(zip(("view", "metric"), PRIMARY_METRIC[objective], strict=True)),
+        "n_train": int(train_idx.size),
+        "n_eval": int(eval_idx.size),
+        "labelled": ctx.labelled,
+        "n_queries": 0 if q is None else len(q),
+        "n_train_queries": int(train_q.size),
+        "n_eval_queries": int(eval_q.size),
+        "n_eval_queries_with_relevance": int(n_rel),
+        "metric_meanings": METRIC_MEANINGS,
+    }
+
+
+def _held_out(
+    ctx: UpgradeContext,
+    bridges: dict[str, EmbeddingModel],
+    independent: EmbeddingModel | None,
+    eval_idx: np.ndarray,
+    eval_q: np.ndarray,
+    progress: Progress,
+) -> tuple[dict[str, Any], EvalSet]:
+    """Every alternative on held-out data: gallery = every paired item."""
+    ev = ctx.eval_set(np.arange(len(ctx.data)), eval_idx, eval_q)
+    started = time.perf_counter()
+    measured = {name: measure_bridge(ev, model) for name, model in bridges.items()}
+    ind = measure_independent(ev, independent) if independent is not None else None
+    metrics = assemble(measure_stay(ev), measure_reindex(ev), measured, ind)
+    progress.evaluated(started)
+    return metrics, ev
+
+
+def run_explicit(
+    ctx: UpgradeContext,
+    method: str,
+    params: CompatParams,
+    objective: str,
+    train_idx: np.ndarray,
+    eval_idx: np.ndarray,
+    train_q: np.ndarray,
+    eval_q: np.ndarray,
+) -> UpgradeOutcome:
+    """The requested method beside procrustes (and, with labels, the independent reference),
+    all trained on the training part."""
+    plan = [(method, params.epochs)]
+    if method != "procrustes":
+        plan.append(("procrustes", 0))
+    if ctx.labelled and method != "independent":
+        plan.append(("independent", params.epochs))
+    progress = Progress(ctx.hooks, plan, evaluations=1)
+    history: list[dict[str, float]] = []
+    model = ctx.train(method, params, train_idx, train_q, progress.stage(method, history))
+    bridges = {method: model}
+    if method != "procrustes":
+        bridges["procrustes"] = ctx.train(
+            "procrustes", params, train_idx, train_q, progress.stage("procrustes", [])
+        )
+    independent = None
+    if ctx.labelled:
+        independent = (
+            model
+            if method == "independent"
+            else ctx.train(
+                "independent", params, train_idx, train_q, progress.stage("independent", [])
+            )
+        )
+    last = history[-1] if history else {"epoch": 0, "loss": math.nan}
+    progress.evaluating(
+        params.epochs if history else 0, params.epochs if history else 0, last["loss"]
+    )
+    metrics, ev = _held_out(ctx, bridges, independent, eval_idx, eval_q, progress)
+    report = _report_base(ctx, objective, train_idx, eval_idx, train_q, eval_q)
+    view, _ = _selection_view(ev, objective)
+    report.update(
+        method=method,
+        requested_method=method,
+        chosen_method=method,
+        views=list(ev.views),
+        metrics=metrics,
+        history=history,
+        recommendation=recommend(metrics, method, objective, view),
+    )
+    return UpgradeOutcome(
+        model=model, report=json_safe(report), params=params.to_dict(), method=method
+    )
+
+
+def run_auto(
+    ctx: UpgradeContext,
+    auto: AutoParams,
+    objective: str,
+    train_idx: np.ndarray,
+    eval_idx: np.ndarray,
+    train_q: np.ndarray,
+    eval_q: np.ndarray,
+) -> UpgradeOutcome:
+    """Tune every candidate on validation (same number of trials each), serve the best."""
+    split = split_for_validation(train_idx, ctx.seed)
+    names = auto.candidates if split is not None else ("procrustes",)
+    if split is None:
+        fit_idx, val_idx = train_idx, np.zeros(0, dtype=np.int64)
+    else:
+        fit_idx, val_idx = split
+    # Training queries follow the same rule as held-out ones: a query about a validation item
+    # validates; the rest (and a share of those without relevance) train.
+    if train_q.size:
+        sub = _subset_queries(ctx, train_q)
+        fit_local, val_local = split_queries(sub, val_idx, 0.2, ctx.seed + 1)
+        fit_q, val_q = train_q[fit_local], train_q[val_local]
+    else:
+        fit_q = val_q = train_q
+    settings = {n: auto.settings(n, ctx.labelled) for n in names}
+    base = CompatParams.from_dict(auto.shared)
+    plan = [
+        (n, 0 if METHOD_OF[n] == "procrustes" else CompatParams.from_dict(s).epochs)
+        for n in names
+        for s in settings[n]
+    ]
+    if ctx.labelled:
+        plan.append(("independent", base.epochs))
+    progress = Progress(ctx.hooks, plan, evaluations=len(plan) + 1)
+
+    trials: dict[str, list[Trial]] = {}
+    models: dict[str, list[EmbeddingModel]] = {}
+    val_set = ctx.eval_set(np.sort(train_idx), val_idx, val_q) if split is not None else None
+    sel_view = _selection_view(val_set, objective) if val_set is not None else None
+    for name in names:
+        trials[name], models[name] = [], []
+        for t, s in enumerate(settings[name]):
+            history: list[dict[str, float]] = []
+            params = CompatParams.from_dict(s)
+            hooks = progress.stage(name, history, trial=t + 1, trials=len(settings[name]))
+            model = ctx.train(METHOD_OF[name], params, fit_idx, fit_q, hooks)
+            validation: dict[str, Any] = {}
+            if val_set is not None and sel_view is not None:
+                last = history[-1] if history else {"epoch": 0, "loss": math.nan}
+                progress.evaluating(last["epoch"], last["epoch"], last["loss"])
+                started = time.perf_counter()
+                views = tuple({"instance", sel_view[0]})
+                validation = measure_bridge(val_set, model, views)
+                validation.pop("class_new_new", None)
+                progress.evaluated(started)
+            primary = primary_value(validation, *sel_view) if sel_view else math.nan
+            r1 = primary_value(validation, "instance", "recall@1")
+            trials[name].append(Trial(s, validation, primary, r1, history=history))
+            models[name].append(model)
+    chosen, best = pick(trials, lambda t: t.primary)
+    served = models[chosen][best[chosen]]
+    independent = None
+    if ctx.labelled:
+        independent = ctx.train(
+            "independent", base, fit_idx, fit_q, progress.stage("independent", [])
+        )
+    bridges = {n: models[n][best[n]] for n in names}
+    served_trial = trials[chosen][best[chosen]]
+    last = served_trial.history[-1] if served_trial.history else {"epoch": 0, "loss": math.nan}
+    progress.evaluating(last["epoch"], last["epoch"], last["loss"], candidate=chosen)
+    metrics, ev = _held_out(ctx, bridges, independent, eval_idx, eval_q, progress)
+    report = _report_base(ctx, objective, train_idx, eval_idx, train_q, eval_q)
+    view, _ = _selection_view(ev, objective)
+    candidates = []
+    for n in names:
+        b = trials[n][best[n]]
+        candidates.append(
+            {
+                "name": n,
+                "method": METHOD_OF[n],
+                "chosen_settings": {k: v for k, v in b.settings.items() if k not in auto.shared},
+                "eligible": b.eligible,
+                "validation": b.validation,
+                "held_out": {k: v for k, v in metrics[n].items()},
+                "trials": [
+                    {
+                        "settings": {k: v for k, v in t.settings.items() if k not in auto.shared},
+                        "validation": t.validation,
+                        "eligible": t.eligible,
+                    }
+                    for t in trials[n]
+                ],
+            }
+        )
+    report.update(
+        method=chosen,
+        requested_method="auto",
+        chosen_method=chosen,
+        views=list(ev.views),
+        metrics=metrics,
+        history=served_trial.history,
+        candidates=candidates,
+        auto={
+            **auto.to_dict(),
+            "n_fit": int(fit_idx.size),
+            "n_validation": int(val_idx.size),
+            "n_fit_queries": int(fit_q.size),
+            "n_validation_queries": int(val_q.size),
+            "selection_metric": None
+            if sel_view is None
+            else {"view": sel_view[0], "metric": sel_view[1]},
+            "instance_floor": INSTANCE_FLOOR,
+            "note": None
+            if split is not None
+            else (
+                f"{train_idx.size} training items are too few to carve a validation split: "
+                "served procrustes, which has nothing to tune"
+            ),
+        },
+        recommendation=recommend(metrics, chosen, objective, view),
+    )
+    params = CompatParams.from_dict(served_trial.settings).to_dict()
+    return UpgradeOutcome(model=served, report=json_safe(report), params=params, method=chosen)
+
+
+def _subset_queries(ctx: UpgradeContext, rows: np.ndarray):
+    """The query log restricted to ``rows`` (relevance kept as item rows)."""
+    q = ctx.data.queries
+    assert q is not None
+    return QueryLog(
+        features=q.features[rows],
+        old_vectors=None if q.old_vectors is None else q.old_vectors[rows],
+        relevant=None if q.relevant is None else [q.relevant[i] for i in rows],
+    )
+
+
+__all__ = ["AUTO_CANDIDATES", "UpgradeContext", "run_auto", "run_explicit"]

@@ -1,0 +1,238 @@
+"""``auto``: parameters, objectives, query splits, selection, recommendation and progress."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from app.ml.auto import AUTO_CANDIDATES, INSTANCE_FLOOR, AutoParams
+from app.ml.compat import train_compatible_model
+from app.ml.recommend import REINDEX_BELOW_ARR, recommend
+from app.ml.space import EuclideanLift
+from app.ml.training import TrainingHooks
+from app.ml.upgrade import (
+    BACKBONE_METHODS,
+    OBJECTIVES,
+    QueryLog,
+    UpgradeData,
+    check_backbone_request,
+    default_objective,
+    run_backbone_upgrade,
+    split_queries,
+)
+from bench.wordnet import NEW_MODEL, OLD_MODEL
+
+TEST_PARAMS = {"epochs": 3}
+
+
+def _fixture_data(wordnet_small: dict, *, labels: bool, log: bool) -> UpgradeData:
+    n = len(wordnet_small["label"])
+    queries = None
+    if log:
+        queries = QueryLog(
+            features=wordnet_small[f"lemma.{NEW_MODEL}"],
+            old_vectors=wordnet_small[f"lemma.{OLD_MODEL}"],
+            relevant=[np.array([i]) for i in range(n)],
+        )
+    codes = np.unique(wordnet_small["label"], return_inverse=True)[1] if labels else None
+    return UpgradeData(
+        wordnet_small[f"gloss.{NEW_MODEL}"], wordnet_small[f"gloss.{OLD_MODEL}"], codes, queries
+    )
+
+
+def test_interface_names() -> None:
+    assert "auto" in BACKBONE_METHODS
+    assert OBJECTIVES == ("query", "class", "instance")
+    assert default_objective(labelled=True, has_relevance=True) == "query"
+    assert default_objective(labelled=True, has_relevance=False) == "class"
+    assert default_objective(labelled=False, has_relevance=False) == "instance"
+
+
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [
+        ({"candidates": ["magic"]}, "unknown candidate"),
+        ({"candidates": "hbct"}, "list of candidate names"),
+        ({"trials": 0}, "trials"),
+        ({"trials": True}, "trials"),
+        ({"old_proto_weight": 3.0}, "tuned by auto for candidate 'hbct'"),
+        ({"epochs": 0}, "epochs"),
+        ({"no_such": 1}, "unknown parameter"),
+    ],
+)
+def test_auto_params_are_validated(params: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        AutoParams.from_dict(params)
+    problems = check_backbone_request("auto", params, 100, 0.2, 0, True)
+    assert message.split("'")[0] in problems["params"]
+
+
+def test_auto_params_accept_shared_overrides_and_subsets() -> None:
+    p = AutoParams.from_dict({"epochs": 2, "candidates": ["affine"], "trials": 1})
+    assert p.candidates == ("procrustes", "affine") and p.trials == 1
+    assert p.settings("affine", labelled=True) == [{"epochs": 2, "adapter_rank": 64}]
+    # Tuning an axis the chosen candidates do not tune is a shared override.
+    assert AutoParams.from_dict({"candidates": ["affine"], "old_proto_weight": 1.0}).shared
+    full = AutoParams.from_dict(None)
+    assert full.candidates == AUTO_CANDIDATES
+    assert {len(full.settings(n, True)) for n in AUTO_CANDIDATES if n != "procrustes"} == {3}
+    assert full.settings("hbct", labelled=True)[0]["old_proto_weight"] == 0.0
+    assert "compat_weight" in full.settings("hbct", labelled=False)[0]
+
+
+def test_objective_is_checked_against_the_data() -> None:
+    ok = check_backbone_request("auto", None, 100, 0.2, 0, True, objective="class")
+    assert ok == {}
+    no_rel = check_backbone_request("auto", None, 100, 0.2, 0, True, objective="query", n_queries=5)
+    assert "relevant" in no_rel["objective"]
+    no_labels = check_backbone_request("hbct", None, 100, 0.2, 0, False, objective="class")
+    assert "labels" in no_labels["objective"]
+    unknown = check_backbone_request("auto", None, 100, 0.2, 0, False, objective="speed")
+    assert "unknown objective" in unknown["objective"]
+    fine = check_backbone_request(
+        "auto", None, 100, 0.2, 0, False, objective="query", queries_with_relevance=3
+    )
+    assert fine == {}
+
+
+def test_run_refuses_an_objective_the_data_cannot_measure(wordnet_small: dict) -> None:
+    data = _fixture_data(wordnet_small, labels=False, log=False)
+    with pytest.raises(ValueError, match="needs labels"):
+        run_backbone_upgrade("auto", data, EuclideanLift(), objective="class")
+
+
+def test_query_split_follows_the_first_relevant_item() -> None:
+    eval_idx = np.array([2, 5])
+    queries = QueryLog(
+        features=np.zeros((6, 3)),
+        relevant=[np.array([2, 0]), np.array([0, 2]), np.array([5]), np.array([1]), [], []],
+    )
+    train, held = split_queries(queries, eval_idx, 0.5, seed=0)
+    assert set(held[held < 4]) == {0, 2}  # first relevant row held out
+    assert set(train[train < 4]) == {1, 3}
+    # Of the two without relevance, floor(2 × 0.5) = 1 is held out.
+    assert len(set(held) & {4, 5}) == 1
+    assert sorted([*train, *held]) == list(range(6))
+
+
+def test_instance_map_learns_from_query_pairs(wordnet_small: dict) -> None:
+    lift = EuclideanLift()
+    old = lift(torch.from_numpy(wordnet_small[f"gloss.{OLD_MODEL}"])).numpy()
+    new = wordnet_small[f"gloss.{NEW_MODEL}"]
+    q_new = wordnet_small[f"lemma.{NEW_MODEL}"]
+    q_old = lift(torch.from_numpy(wordnet_small[f"lemma.{OLD_MODEL}"])).numpy()
+    one = {"epochs": 1}
+    plain = train_compatible_model("instance-map", new, old, None, 1.0, one)
+    logged = train_compatible_model(
+        "instance-map", new, old, None, 1.0, one, extra_pairs=(q_new, q_old)
+    )
+    x = q_new[:20]
+    assert not np.allclose(plain.embed(x), logged.embed(x))
+    with pytest.raises(ValueError, match="extra_pairs"):
+        train_compatible_model(
+            "instance-map", new, old, None, 1.0, one, extra_pairs=(q_new[:, :5], q_old)
+        )
+
+
+@pytest.mark.slow
+def test_auto_on_the_fixture_with_a_query_log(wordnet_small: dict) -> None:
+    data = _fixture_data(wordnet_small, labels=True, log=True)
+    events: list[dict] = []
+    started = time.perf_counter()
+    out = run_backbone_upgrade(
+        "auto", data, EuclideanLift(), params=TEST_PARAMS, hooks=TrainingHooks(events.append)
+    )
+    assert time.perf_counter() - started < 60
+    report = out.report
+    json.dumps(report, allow_nan=False)
+    assert report["objective"] == "query" and report["requested_method"] == "auto"
+    assert out.method == report["chosen_method"] == report["method"]
+    assert set(report["views"]) == {"instance", "query", "class"}
+    names = [c["name"] for c in report["candidates"]]
+    assert names == list(AUTO_CANDIDATES)
+    by_name = {c["name"]: c for c in report["candidates"]}
+    assert {len(c["trials"]) for n, c in by_name.items() if n != "procrustes"} == {3}
+    chosen = by_name[out.method]
+    # Never worse than procrustes on validation, and instances kept.
+    assert (
+        chosen["validation"]["query"]["recall@10"]
+        >= by_name["procrustes"]["validation"]["query"]["recall@10"]
+    )
+    floor = INSTANCE_FLOOR * by_name["procrustes"]["validation"]["instance"]["recall@1"]
+    assert chosen["eligible"] and chosen["validation"]["instance"]["recall@1"] >= floor
+    for name in ("stay", "reindex", "procrustes", *names):
+        assert "query" in report["metrics"][name] and "instance" in report["metrics"][name]
+    assert report["metrics"][out.method]["arr"]["query"]["recall@10"] is not None
+    assert report["metrics"][out.method]["p_com"]["cmc1"] is not None
+    assert set(report["metric_meanings"]) >= {"instance", "query", "class", "arr"}
+    rec = report["recommendation"]
+    assert rec["action"] in ("bridge", "stay", "reindex") and rec["method"] == out.method
+    assert "recall@10" in rec["why"]
+    assert report["auto"]["n_fit"] + report["auto"]["n_validation"] == report["n_train"]
+    assert report["auto"]["n_validation_queries"] > 0
+    assert report["n_eval_queries_with_relevance"] == report["n_eval"]
+    # Progress: phases, candidates and a finite ETA after the first epoch.
+    assert {e["phase"] for e in events} == {"training", "evaluating"}
+    assert {e["candidate"] for e in events} >= set(names)
+    assert events[-1]["candidate_index"] == events[-1]["candidates"]
+    assert all(e["eta_s"] is None or e["eta_s"] >= 0 for e in events)
+    assert any(e["eta_s"] for e in events)
+    if out.method != "procrustes":
+        assert len(report["history"]) == TEST_PARAMS["epochs"]
+
+
+def test_auto_without_labels_or_queries_selects_by_own_item_recall(wordnet_small: dict) -> None:
+    data = _fixture_data(wordnet_small, labels=False, log=False)
+    out = run_backbone_upgrade(
+        "auto",
+        data,
+        EuclideanLift(),
+        params={**TEST_PARAMS, "candidates": ["affine", "instance-map"], "trials": 1},
+    )
+    report = out.report
+    assert report["objective"] == "instance" and report["views"] == ["instance"]
+    assert report["auto"]["selection_metric"] == {"view": "instance", "metric": "recall@1"}
+    assert [c["name"] for c in report["candidates"]] == ["procrustes", "affine", "instance-map"]
+    best = max(c["validation"]["instance"]["recall@1"] for c in report["candidates"])
+    assert next(c for c in report["candidates"] if c["name"] == out.method)["validation"][
+        "instance"
+    ]["recall@1"] == pytest.approx(best)
+    assert report["recommendation"]["action"] in ("bridge", "reindex")
+
+
+def test_auto_with_too_few_items_serves_procrustes() -> None:
+    rng = np.random.default_rng(0)
+    old = rng.normal(size=(30, 4)).astype(np.float32)
+    new = np.concatenate([old, rng.normal(size=(30, 2))], axis=1).astype(np.float32)
+    out = run_backbone_upgrade("auto", UpgradeData(new, old), EuclideanLift(), eval_fraction=0.4)
+    assert out.method == "procrustes"
+    assert "too few" in out.report["auto"]["note"]
+
+
+def _metrics(bridge: float, stay: float | None, reindex: float, view: str = "query") -> dict:
+    metric = {"query": "recall@10", "instance": "recall@1", "class": "cmc1"}[view]
+    m = {
+        "served": {view: {metric: bridge}, "arr": {view: {metric: bridge / reindex}}},
+        "reindex": {view: {metric: reindex}},
+        "stay": {} if stay is None else {view: {metric: stay}},
+    }
+    return m
+
+
+def test_recommendation_rule() -> None:
+    stay = recommend(_metrics(0.44, 0.49, 0.57), "served", "query")
+    assert stay["action"] == "stay" and "0.440" in stay["why"] and "0.490" in stay["why"]
+    low = 0.57 * (REINDEX_BELOW_ARR - 0.05)
+    reindex = recommend(_metrics(low, 0.30, 0.57), "served", "query")
+    assert reindex["action"] == "reindex" and str(REINDEX_BELOW_ARR) in reindex["why"]
+    bridge = recommend(_metrics(0.52, 0.49, 0.57), "served", "query")
+    assert bridge["action"] == "bridge" and bridge["method"] == "served"
+    # No old query vectors: stay is not measurable, only the ARR rule applies.
+    assert recommend(_metrics(0.52, None, 0.57), "served", "query")["action"] == "bridge"
+    instance = recommend(_metrics(0.9, None, 1.0, "instance"), "served", "instance")
+    assert instance["action"] == "bridge" and not math.isnan(len(instance["rule"]))
