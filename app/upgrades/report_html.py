@@ -161,7 +161,10 @@ def _calibration(calibration: dict[str, Any]) -> str:
         return ""
     fig, ax = _figure(height=3.0)
     ax.plot(
-        [b["uncertainty"] for b in bins], [b["failure_rate"] for b in bins], marker="o", label="items"
+        [b["uncertainty"] for b in bins],
+        [b["failure_rate"] for b in bins],
+        marker="o",
+        label="items",
     )
     ax.set_xlabel("old embedding's uncertainty (bin mean)")
     ax.set_ylabel("old→old top-1 failure rate")
@@ -181,9 +184,7 @@ def _backfill(curve: dict[str, Any]) -> str:
     if not points:
         return ""
     fig, ax = _figure(height=3.0)
-    ax.plot(
-        [p["fraction"] for p in points], [p["value"] for p in points], marker="o", label="plan"
-    )
+    ax.plot([p["fraction"] for p in points], [p["value"] for p in points], marker="o", label="plan")
     ax.set_xlabel("fraction of the gallery re-embedded")
     ax.set_ylabel(str(curve.get("metric", "quality")))
     ax.grid(alpha=0.3)
@@ -272,7 +273,9 @@ def render_report_html(job: dict[str, Any]) -> str:
             f"<p>{html.escape(str(verdict.get('why', '')))}</p>"
             f"<p><small>Rule: {html.escape(str(verdict.get('rule', '')))}</small></p></div>"
         )
-    for view in report.get("views") or [v for v in VIEW_TITLES if any(v in m for m in metrics.values())]:
+    for view in report.get("views") or [
+        v for v in VIEW_TITLES if any(v in m for m in metrics.values())
+    ]:
         names = _alternatives(metrics, view)
         keys = _view_metrics(metrics, view, names)
         if not names or not keys:
