@@ -219,12 +219,21 @@ def _candidates(candidates: list[dict[str, Any]], chosen: str | None) -> str:
 
 
 def _meanings(meanings: dict[str, Any]) -> str:
+    """``{view: {metric: meaning}}`` (or a flat ``{metric: meaning}``) as definition lists."""
     if not meanings:
         return ""
-    items = "".join(
-        f"<dt>{html.escape(str(k))}</dt><dd>{html.escape(str(v))}</dd>" for k, v in meanings.items()
-    )
-    return f"<h2>What the metrics mean</h2><dl>{items}</dl>"
+    parts = ["<h2>What the metrics mean</h2>"]
+    flat = {k: v for k, v in meanings.items() if not isinstance(v, dict)}
+    groups = {k: v for k, v in meanings.items() if isinstance(v, dict)}
+    for title, entries in ([("", flat)] if flat else []) + list(groups.items()):
+        if title:
+            parts.append(f"<h3>{html.escape(VIEW_TITLES.get(title, title))}</h3>")
+        items = "".join(
+            f"<dt>{html.escape(str(k))}</dt><dd>{html.escape(str(v))}</dd>"
+            for k, v in entries.items()
+        )
+        parts.append(f"<dl>{items}</dl>")
+    return "".join(parts)
 
 
 def _flat_rows(value: Any, prefix: str = "") -> list[tuple[str, Any]]:

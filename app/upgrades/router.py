@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 from fastapi import APIRouter
-from fastapi.responses import JSONResponse
+from fastapi.responses import HTMLResponse, JSONResponse
 
 from app.core.deps import IdempotencyDep, SessionDep, StateDep, TenantDep
+from app.core.errors import conflict
 from app.core.idempotency import StoredResponse, create_once, stored_json
 from app.core.schemas import LimitQuery, PageTokenQuery
 from app.core.tenancy import tenant_page
 from app.upgrades import service
-from app.upgrades.models import UpgradeJob
+from app.upgrades.models import SUCCEEDED, UpgradeJob
+from app.upgrades.report_html import render_report_html
 from app.upgrades.schemas import MethodsOut, UpgradeCreate, UpgradeList, UpgradeOut
 
 router = APIRouter(prefix="/v1/upgrades", tags=["upgrades"])
@@ -74,3 +76,22 @@ def cancel_upgrade(upgrade_id: str, session: SessionDep, tenant_id: TenantDep) -
     """Queued jobs are cancelled at once; running ones stop within one epoch."""
     job = service.get_upgrade(session, tenant_id, upgrade_id)
     return service.upgrade_out(service.cancel_upgrade(session, job))
+
+
+@router.get(
+    "/{upgrade_id}/report.html",
+    response_class=HTMLResponse,
+    responses={
+        200: {"content": {"text/html": {}}, "description": "One self-contained page"},
+        409: {"description": "The upgrade has not succeeded (yet): it has no report"},
+    },
+)
+def report_page(upgrade_id: str, session: SessionDep, tenant_id: TenantDep) -> HTMLResponse:
+    """The report as a page people read: the verdict in plain words, every alternative (stay,
+    the bridges, reindex) per view with plots, the training loss, the uncertainty calibration and
+    the backfill curve when measured. Self-contained: it loads nothing from anywhere."""
+    job = service.get_upgrade(session, tenant_id, upgrade_id)
+    if job.status != SUCCEEDED or not job.report:
+        raise conflict(f"upgrade {job.id} is {job.status}: a report exists once it succeeds")
+    out = UpgradeOut.model_validate(service.upgrade_out(job)).model_dump(mode="json")
+    return HTMLResponse(render_report_html(out))
