@@ -236,3 +236,23 @@ def test_recommendation_rule() -> None:
     assert recommend(_metrics(0.52, None, 0.57), "served", "query")["action"] == "bridge"
     instance = recommend(_metrics(0.9, None, 1.0, "instance"), "served", "instance")
     assert instance["action"] == "bridge" and not math.isnan(len(instance["rule"]))
+
+
+def test_query_objective_without_validation_queries_serves_procrustes(wordnet_small: dict) -> None:
+    """Queries only about held-out items (no log of training queries): nothing validates query
+    search, so auto serves procrustes and says why."""
+    n = len(wordnet_small["label"])
+    held = np.sort(np.random.default_rng(0).permutation(n)[n - n // 5 :])
+    data = UpgradeData(
+        wordnet_small[f"gloss.{NEW_MODEL}"],
+        wordnet_small[f"gloss.{OLD_MODEL}"],
+        queries=QueryLog(
+            features=wordnet_small[f"lemma.{NEW_MODEL}"][held],
+            relevant=[np.array([i]) for i in held],
+        ),
+    )
+    params = {"epochs": 2, "candidates": ["affine"], "trials": 1}
+    out = run_backbone_upgrade("auto", data, EuclideanLift(), params=params)
+    assert out.report["objective"] == "query" and out.report["n_train_queries"] == 0
+    assert out.method == "procrustes" and "no validation data" in out.report["auto"]["note"]
+    assert out.report["recommendation"]["metric"] == {"view": "query", "metric": "recall@10"}
