@@ -83,6 +83,7 @@ def delete_gallery(
 @router.post(
     "/{gallery_id}/vectors",
     response_model=UpsertResult,
+    response_model_exclude_none=True,
     openapi_extra=openapi_body(VectorsUpsert, multipart=VECTORS_MULTIPART),
 )
 async def upsert_vectors(
