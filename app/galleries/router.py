@@ -10,15 +10,17 @@ from fastapi import APIRouter, Header, Query, Request, Response, status
 from fastapi.responses import JSONResponse
 
 from app.core.deps import IdempotencyDep, SessionDep, StateDep, TenantDep
-from app.core.errors import invalid
+from app.core.errors import FieldError, invalid, invalid_fields
 from app.core.idempotency import StoredResponse, create_once, stored_json
 from app.core.schemas import LimitQuery, PageTokenQuery, openapi_body
 from app.core.tenancy import tenant_page
 from app.core.uploads import read_body
-from app.galleries import service
+from app.galleries import reembed, service
 from app.galleries.models import Gallery
 from app.galleries.schemas import (
     VECTORS_MULTIPART,
+    BackfillPlanOut,
+    BackfillPlanRequest,
     DeleteResult,
     GalleryCreate,
     GalleryList,
@@ -81,6 +83,7 @@ def delete_gallery(
 @router.post(
     "/{gallery_id}/vectors",
     response_model=UpsertResult,
+    response_model_exclude_none=True,
     openapi_extra=openapi_body(VectorsUpsert, multipart=VECTORS_MULTIPART),
 )
 async def upsert_vectors(
@@ -94,10 +97,12 @@ async def upsert_vectors(
         VectorsUpsert,
         array_fields={"vectors", "features"},
         string_fields={"ids", "labels"},
-        json_fields={"metadata"},
+        json_fields={"metadata", "model_id"},
     )
     if "ids" not in fields:
         raise invalid("ids", "required")
+    if "model_id" in fields:
+        return _store_reembedded(gallery, fields, state, session, tenant_id)
     if "vectors" in fields and "features" in fields:
         raise invalid("features", "give vectors or features, not both")
     matrix_field = "features" if "features" in fields else "vectors"
@@ -112,6 +117,43 @@ async def upsert_vectors(
         session, state.settings, state.indexes, state.models, gallery, batch
     )
     return {"upserted": upserted, "count": count}
+
+
+def _store_reembedded(
+    gallery: Gallery, fields: dict, state: StateDep, session: SessionDep, tenant_id: str
+) -> dict:
+    """Re-embedded items: ids and features only, for a backbone model of this space."""
+    extra = sorted(set(fields) - {"ids", "features", "model_id"})
+    if extra:
+        raise invalid_fields(
+            [FieldError(f, "not accepted with model_id (re-embedded items)") for f in extra]
+        )
+    model_id = fields["model_id"]
+    if not isinstance(model_id, str) or not 1 <= len(model_id) <= 40:
+        raise invalid("model_id", "expected a model id (a JSON string in multipart)")
+    row = reembed.backbone_for(session, tenant_id, gallery, model_id)
+    stored, reembedded = reembed.store_reembedded(
+        session, state.settings, state.indexes, gallery, row, fields["ids"], fields.get("features")
+    )
+    return {"upserted": stored, "count": gallery.count, "reembedded": reembedded}
+
+
+@router.post("/{gallery_id}/backfill-plan", response_model=BackfillPlanOut)
+def backfill_plan(
+    gallery_id: str,
+    body: BackfillPlanRequest,
+    state: StateDep,
+    session: SessionDep,
+    tenant_id: TenantDep,
+) -> dict:
+    """The next items to re-embed for `model_id`, most valuable first (items already
+    re-embedded are left out), and the quality expected against the share re-embedded, learned
+    and simulated on the upgrade's held-out data."""
+    gallery = service.get_gallery(session, tenant_id, gallery_id)
+    row = reembed.backbone_for(session, tenant_id, gallery, body.model_id)
+    return reembed.plan(
+        session, state.indexes, state.models, gallery, row, body.fraction, body.count
+    )
 
 
 @router.get(

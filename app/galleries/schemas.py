@@ -65,6 +65,13 @@ class IndexOut(BaseModel):
     params: dict[str, int]
 
 
+class ReembedProgress(BaseModel):
+    model_id: str
+    reembedded: int = Field(description="items holding this model's new-backbone features")
+    total: int = Field(description="items in the gallery")
+    fraction: float
+
+
 class GalleryOut(BaseModel):
     id: str
     name: str
@@ -80,6 +87,9 @@ class GalleryOut(BaseModel):
     )
     index: IndexOut
     count: int
+    reembedded: list[ReembedProgress] = Field(
+        default_factory=list, description="per model: items re-embedded by its new backbone"
+    )
     created_at: datetime
     updated_at: datetime
 
@@ -89,11 +99,24 @@ class GalleryList(Page):
 
 
 class VectorsUpsert(StrictModel):
-    """Upsert by id, all or nothing. An upsert replaces the whole item (label, metadata)."""
+    """Upsert by id, all or nothing. An upsert replaces the whole item (label, metadata).
+
+    With ``model_id`` (a backbone model trained for this gallery's space): ``ids`` of items the
+    gallery already holds and ``features``, the new backbone's features of each (that model's
+    inputs). They are stored beside the old vectors, which stay; searches with that ``model_id``
+    then score these items natively (partial backfill). Nothing else may be given."""
 
     ids: list[str] = Field(min_length=1)
     vectors: Matrix | None = Field(default=None, description="external galleries")
-    features: Matrix | None = Field(default=None, description="model-bound galleries")
+    features: Matrix | None = Field(
+        default=None, description="model-bound galleries; with model_id: re-embedded items"
+    )
+    model_id: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=40,
+        description="store the new backbone's features of existing items for this model",
+    )
     labels: list[str] | None = None
     metadata: list[dict[str, Any] | None] | None = None
 
@@ -118,6 +141,48 @@ class VectorsOut(BaseModel):
 class UpsertResult(BaseModel):
     upserted: int
     count: int
+    reembedded: int | None = Field(
+        default=None, description="with model_id: the gallery's items re-embedded for it"
+    )
+
+
+class BackfillPlanRequest(StrictModel):
+    """``fraction``: the share of the gallery to have re-embedded once the listed items are
+    (items already re-embedded count toward it); or ``count``: how many more items to list."""
+
+    model_id: str = Field(min_length=1, max_length=40)
+    fraction: float | None = Field(default=None, ge=0, le=1)
+    count: int | None = Field(default=None, ge=0)
+
+    @model_validator(mode="after")
+    def _one_size(self) -> BackfillPlanRequest:
+        if (self.fraction is None) == (self.count is None):
+            raise ValueError("give fraction or count (one of them)")
+        return self
+
+
+class ExpectedPoint(BaseModel):
+    fraction: float = Field(description="share of the gallery re-embedded")
+    metric: str = Field(description="recall@k of the held-out queries (see `view`)")
+    value: float
+
+
+class BackfillPlanOut(BaseModel):
+    model_id: str
+    ids: list[str] = Field(description="items to re-embed next, most valuable first")
+    estimator: str = Field(description="expected_gain (learned) or uncertainty")
+    view: str = Field(
+        description="query: the upgrade's held-out logged queries; instance: held-out items' "
+        "own new features as queries"
+    )
+    reembedded: int
+    total: int
+    fraction_after: float = Field(description="share re-embedded once the listed items are")
+    expected: list[ExpectedPoint] = Field(
+        description="quality against the share re-embedded in this order, simulated on the "
+        "upgrade's held-out data"
+    )
+    validation: dict[str, Any]
 
 
 class DeleteResult(BaseModel):
@@ -134,5 +199,6 @@ VECTORS_MULTIPART = {
         "features": {"type": "string", "format": "binary", "description": ".npy float N×D"},
         "labels": {"type": "string", "format": "binary", "description": ".npy of strings"},
         "metadata": {"type": "string", "description": "JSON array of objects"},
+        "model_id": {"type": "string", "description": "JSON string: re-embedded items"},
     },
 }

@@ -23,6 +23,7 @@ from app.core.errors import FieldError, conflict, invalid, invalid_fields, not_f
 from app.core.settings import Settings
 from app.core.tenancy import check_name_free, check_tenant_limit, get_owned
 from app.galleries.models import Gallery, GalleryVector
+from app.galleries.reembed_models import ReembeddedVector
 from app.galleries.schemas import GalleryCreate
 from app.ml.space import DEFAULT_CURVATURE, DEFAULT_LIFT_SCALE, EuclideanLift
 from app.models.models import TrainedModel
@@ -148,9 +149,16 @@ def gallery_out(session: Session, gallery: Gallery) -> dict[str, Any]:
         "input_dim": input_dim,
         "index": {"kind": gallery.index_kind, "params": gallery.index_params},
         "count": gallery.count,
+        "reembedded": reembed_progress(session, gallery),
         "created_at": gallery.created_at,
         "updated_at": gallery.updated_at,
     }
+
+
+def reembed_progress(session: Session, gallery: Gallery) -> list[dict[str, Any]]:
+    from app.galleries.reembed import progress
+
+    return progress(session, gallery)
 
 
 def point_loader(session: Session, gallery: Gallery):
@@ -294,6 +302,14 @@ def upsert_vectors(
         ]
         if updates:
             session.execute(update(GalleryVector), updates)
+            # A replaced item is new content: features re-embedded from the old one are stale.
+            replaced = [u["id"] for u in updates]
+            for start in range(0, len(replaced), IN_CHUNK):
+                session.execute(
+                    delete(ReembeddedVector).where(
+                        ReembeddedVector.vector_id.in_(replaced[start : start + IN_CHUNK])
+                    )
+                )
         row_ids = dict(existing)
         if inserts:
             returned = session.execute(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, Field
 
 from app.core.schemas import Matrix, ModalityName, StrictModel
@@ -44,11 +46,22 @@ class SearchRequest(StrictModel):
     modality: ModalityName | None = None
 
 
+MIXED_TEXT = (
+    "Only in a search with `model_id` of a gallery holding items re-embedded for that model "
+    "(partial backfill): `new` — the item was scored natively, by the cosine of the query's and "
+    "the item's new-backbone features (`distance` is their angle in radians); `old` — by the "
+    "bridged query against its old vector (`distance` as above). `score` is then the calibrated "
+    "−ln of the estimated share of the gallery scoring above the item in its own space, which "
+    "ranks both kinds in one order (larger is nearer)."
+)
+
+
 class Neighbour(BaseModel):
     id: str
     distance: float = Field(description=DISTANCE_TEXT)
     score: float = Field(description=SCORE_TEXT)
     label: str | None = None
+    space: Literal["old", "new"] | None = Field(default=None, description=MIXED_TEXT)
 
 
 class SearchResponse(BaseModel):

@@ -15,7 +15,15 @@ from app.core.errors import FieldError, invalid, invalid_fields
 from app.core.settings import Settings
 from app.galleries.models import Gallery, GalleryVector
 from app.galleries.service import IN_CHUNK, index_for, lifted_points
-from app.models.service import ModelCache, embed_features, frame_map, get_model
+from app.models.service import (
+    BACKBONE,
+    ModelCache,
+    embed_features,
+    frame_map,
+    get_model,
+    resolve_modality,
+    same_space,
+)
 from app.search.schemas import SearchRequest
 from app.search.store import IndexStore
 
@@ -91,6 +99,81 @@ def hit_scores(
     return -np.cosh(np.sqrt(curv) * distances) / curv
 
 
+def _item_names(session: Session, wanted: list[int]) -> dict[int, tuple[str, str | None]]:
+    items: dict[int, tuple[str, str | None]] = {}
+    for start in range(0, len(wanted), IN_CHUNK):
+        rows = session.execute(
+            select(GalleryVector.id, GalleryVector.item_id, GalleryVector.label).where(
+                GalleryVector.id.in_(wanted[start : start + IN_CHUNK])
+            )
+        )
+        items.update((row_id, (item_id, label)) for row_id, item_id, label in rows)
+    return items
+
+
+def _mixed_search(
+    session: Session,
+    settings: Settings,
+    store: IndexStore,
+    cache: ModelCache,
+    tenant_id: str,
+    gallery: Gallery,
+    request: SearchQuery,
+    queries: np.ndarray,
+) -> list[list[dict[str, Any]]] | None:
+    """A backbone model's search of a gallery holding items re-embedded for it (partial
+    backfill, ``app.galleries.reembed``); None when it holds none."""
+    from app.galleries import reembed
+
+    row = get_model(session, tenant_id, request.model_id)
+    if row.kind != BACKBONE or not same_space(row, gallery):
+        return None
+    modality = resolve_modality(row, request.modality)
+    features = as_matrix(
+        request.vectors, request.field, dim=int(row.input_dims[modality]), max_dim=settings.max_dim
+    )
+    found = reembed.mixed_search(
+        session,
+        store,
+        cache,
+        gallery,
+        row,
+        features,
+        queries,
+        request.k,
+        overfetch=settings.search_overfetch,
+        min_candidates=settings.search_min_candidates,
+    )
+    if found is None:
+        return None
+    ids, scores, distances, from_native = found
+    items = _item_names(session, sorted({int(i) for i in ids[ids >= 0]}))
+    results = []
+    for q in range(len(ids)):
+        hits = []
+        for vector_id, score, distance, native in zip(
+            ids[q].tolist(),
+            scores[q].tolist(),
+            distances[q].tolist(),
+            from_native[q].tolist(),
+            strict=True,
+        ):
+            if vector_id < 0 or vector_id not in items:
+                continue
+            item_id, label = items[vector_id]
+            hit: dict[str, Any] = {
+                "id": item_id,
+                "distance": distance,
+                "score": score,
+                "space": "new" if native else "old",
+            }
+            if label is not None:
+                hit["label"] = label
+            hits.append(hit)
+        results.append(hits)
+    return results
+
+
 def search_gallery(
     session: Session,
     settings: Settings,
@@ -106,6 +189,10 @@ def search_gallery(
         raise invalid("k", f"must be ≤ {settings.max_k}")
     check_batch_size(len(request.vectors), request.field, settings.max_vectors_per_request)
     queries = _queries(session, settings, cache, tenant_id, gallery, request)
+    if request.model_id is not None:
+        mixed = _mixed_search(session, settings, store, cache, tenant_id, gallery, request, queries)
+        if mixed is not None:
+            return mixed
     index = index_for(session, store, gallery)
     ids, distances, points = index.search_with_points(
         queries,

@@ -1,0 +1,400 @@
+"""Partial backfill in the service: store a new backbone's features for items already in a gallery,
+search the mixed gallery, plan what to re-embed next, and count progress.
+
+The mixed search and the plan are in ``app.ml.backfill`` (why they are built as they are is in its
+docstring). Here: validation, all-or-nothing writes committed before they are acknowledged (the
+same order as vector upserts), the per-model fit (computed once from the upgrade's held-out data
+and stored), and an in-memory copy of each (gallery, model)'s re-embedded features keyed by what
+the database holds (row count and largest row id: every write inserts new rows), so a stale copy
+is never used.
+"""
+
+from __future__ import annotations
+
+import io
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from sqlalchemy import delete, func, insert, select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from app.core.arrays import as_matrix, check_batch_size, check_count, check_ids
+from app.core.db import utcnow
+from app.core.errors import FieldError, conflict, invalid, invalid_fields
+from app.core.settings import Settings
+from app.galleries.models import Gallery, GalleryVector
+from app.galleries.reembed_models import BackfillFit, ReembeddedVector
+from app.galleries.service import IN_CHUNK, _lock_gallery, index_for, lift_of
+from app.ml.backfill import (
+    Candidates,
+    PlannerFit,
+    expected_at,
+    fit_planner,
+    merge,
+    pick_reference,
+    plan_order,
+    plan_priority,
+    reference_fit,
+    top_of,
+    unit_rows,
+)
+from app.ml.backfill_fit import build_fit_view, cosine_scores, lorentz_scores
+from app.ml.lorentz import uncertainty as norm_uncertainty
+from app.models.models import TrainedModel
+from app.models.service import BACKBONE, ModelCache, get_model, resolve_modality, same_space
+from app.search.store import IndexStore
+
+# (gallery, model) feature copies kept in memory (LRU).
+FEATURE_CACHE_SIZE = 8
+
+
+def backbone_for(session: Session, tenant_id: str, gallery: Gallery, model_id: str):
+    """The model, if it is a backbone model trained for this gallery's space; else 409."""
+    row = get_model(session, tenant_id, model_id)
+    if row.kind != BACKBONE or not same_space(row, gallery):
+        raise conflict(
+            f"model {row.id} was not trained for the space of gallery {gallery.id} "
+            f"({gallery.model_name!r}, dim {gallery.dim}): re-embedded features need a backbone "
+            "model trained against that space"
+        )
+    return row
+
+
+def _vector_rows(session: Session, gallery_id: str, ids: Sequence[str]) -> dict[str, int]:
+    found: dict[str, int] = {}
+    for start in range(0, len(ids), IN_CHUNK):
+        found.update(
+            (item_id, row_id)
+            for row_id, item_id in session.execute(
+                select(GalleryVector.id, GalleryVector.item_id).where(
+                    GalleryVector.gallery_id == gallery_id,
+                    GalleryVector.item_id.in_(ids[start : start + IN_CHUNK]),
+                )
+            )
+        )
+    return found
+
+
+def store_reembedded(
+    session: Session,
+    settings: Settings,
+    store: IndexStore,
+    gallery: Gallery,
+    row: TrainedModel,
+    ids: Sequence[Any],
+    features: Any,
+) -> tuple[int, int]:
+    """Store ``features`` (the model's backbone inputs) for items the gallery holds; all or
+    nothing. Returns (stored, re-embedded items of this model in the gallery)."""
+    check_batch_size(len(ids), "ids", settings.max_vectors_per_request)
+    ids = check_ids(ids, "ids", max_length=settings.max_id_length)
+    if features is None:
+        raise invalid("features", "required: the new backbone's features of each item")
+    check_count(len(features), "features", len(ids))
+    modality = resolve_modality(row, None, "model_id")
+    matrix = as_matrix(
+        features, "features", dim=int(row.input_dims[modality]), max_dim=settings.max_dim
+    )
+    blobs = [np.ascontiguousarray(r, dtype="<f4").tobytes() for r in matrix]
+    with store.lock(gallery.id):
+        gallery = _lock_gallery(session, gallery)
+        existing = _vector_rows(session, gallery.id, ids)
+        missing = [n for n, item_id in enumerate(ids) if item_id not in existing]
+        if missing:
+            raise invalid_fields(
+                [
+                    FieldError(f"ids[{n}]", f"{ids[n]!r} is not in this gallery")
+                    for n in missing[:20]
+                ]
+            )
+        vector_ids = [existing[i] for i in ids]
+        for start in range(0, len(vector_ids), IN_CHUNK):
+            session.execute(
+                delete(ReembeddedVector).where(
+                    ReembeddedVector.model_id == row.id,
+                    ReembeddedVector.vector_id.in_(vector_ids[start : start + IN_CHUNK]),
+                )
+            )
+        now = utcnow()
+        session.execute(
+            insert(ReembeddedVector),
+            [
+                {
+                    "gallery_id": gallery.id,
+                    "model_id": row.id,
+                    "vector_id": v,
+                    "features": b,
+                    "updated_at": now,
+                }
+                for v, b in zip(vector_ids, blobs, strict=True)
+            ],
+        )
+        gallery.updated_at = now
+        session.commit()
+    return len(ids), reembedded_count(session, gallery.id, row.id)
+
+
+def reembedded_count(session: Session, gallery_id: str, model_id: str) -> int:
+    return int(
+        session.scalar(
+            select(func.count()).where(
+                ReembeddedVector.gallery_id == gallery_id, ReembeddedVector.model_id == model_id
+            )
+        )
+        or 0
+    )
+
+
+def progress(session: Session, gallery: Gallery) -> list[dict[str, Any]]:
+    """Per model: items re-embedded / items in the gallery."""
+    rows = session.execute(
+        select(ReembeddedVector.model_id, func.count())
+        .where(ReembeddedVector.gallery_id == gallery.id)
+        .group_by(ReembeddedVector.model_id)
+        .order_by(ReembeddedVector.model_id)
+    )
+    return [
+        {
+            "model_id": model_id,
+            "reembedded": int(count),
+            "total": gallery.count,
+            "fraction": (int(count) / gallery.count) if gallery.count else 0.0,
+        }
+        for model_id, count in rows
+    ]
+
+
+# -- in-memory features ------------------------------------------------------------------------
+
+_features: OrderedDict[tuple[str, str], tuple[tuple[int, int], np.ndarray, np.ndarray]] = (
+    OrderedDict()
+)
+_features_lock = threading.Lock()
+
+
+def reembedded_features(
+    session: Session, gallery_id: str, model_id: str
+) -> tuple[np.ndarray, np.ndarray]:
+    """(vector ids, unit-normalised features) of the re-embedded items, as committed."""
+    count, last = session.execute(
+        select(func.count(), func.max(ReembeddedVector.id)).where(
+            ReembeddedVector.gallery_id == gallery_id, ReembeddedVector.model_id == model_id
+        )
+    ).one()
+    key = (int(count), int(last or 0))
+    with _features_lock:
+        cached = _features.get((gallery_id, model_id))
+        if cached is not None and cached[0] == key:
+            _features.move_to_end((gallery_id, model_id))
+            return cached[1], cached[2]
+    ids: list[int] = []
+    chunks: list[bytes] = []
+    for vector_id, blob in session.execute(
+        select(ReembeddedVector.vector_id, ReembeddedVector.features)
+        .where(ReembeddedVector.gallery_id == gallery_id, ReembeddedVector.model_id == model_id)
+        .order_by(ReembeddedVector.id)
+        .execution_options(yield_per=5000)
+    ):
+        ids.append(vector_id)
+        chunks.append(blob)
+    dim = len(chunks[0]) // 4 if chunks else 0
+    matrix = np.frombuffer(b"".join(chunks), dtype="<f4").reshape(len(ids), dim)
+    out = (np.asarray(ids, dtype=np.int64), unit_rows(matrix))
+    with _features_lock:
+        _features[(gallery_id, model_id)] = (key, *out)
+        while len(_features) > FEATURE_CACHE_SIZE:
+            _features.popitem(last=False)
+    return out
+
+
+# -- the per-model fit --------------------------------------------------------------------------
+
+
+def _upgrade_inputs(session: Session, row: TrainedModel):
+    from app.datasets.models import Dataset
+    from app.ml.upgrade import split_for_evaluation, split_queries
+    from app.upgrades.backbone import load_inputs
+    from app.upgrades.models import UpgradeJob
+
+    job = session.get(UpgradeJob, row.upgrade_id) if row.upgrade_id else None
+    dataset = session.get(Dataset, job.dataset_id) if job and job.dataset_id else None
+    gallery = session.get(Gallery, job.gallery_id) if job and job.gallery_id else None
+    if job is None or dataset is None or gallery is None:
+        return None
+    data, _ = load_inputs(session, dataset, gallery)
+    _, eval_idx = split_for_evaluation(len(data), job.eval_fraction, job.seed)
+    _, eval_q = split_queries(data.queries, eval_idx, job.eval_fraction, job.seed)
+    return data, lift_of(gallery), eval_idx, eval_q, job.seed
+
+
+def backfill_fit(
+    session: Session, cache: ModelCache, row: TrainedModel
+) -> tuple[PlannerFit, np.ndarray, np.ndarray]:
+    """(planner, reference new features, reference old vectors) of ``row``: stored, or fitted
+    now from its upgrade's held-out data and stored. 409 when that data is gone."""
+    stored = session.get(BackfillFit, row.id)
+    if stored is None:
+        inputs = _upgrade_inputs(session, row)
+        if inputs is None:
+            raise conflict(
+                f"model {row.id}'s upgrade data (its job and dataset) is gone: the backfill plan "
+                "is learned from the upgrade's held-out part"
+            )
+        data, lift, eval_idx, eval_q, seed = inputs
+        try:
+            fit = fit_planner(
+                build_fit_view(cache.load(row), data, lift, eval_idx, eval_q, seed), seed
+            )
+        except ValueError as exc:
+            raise conflict(f"model {row.id}: {exc}") from exc
+        reference = pick_reference(len(data), seed)
+        buf = io.BytesIO()
+        np.savez(
+            buf,
+            new=data.new_features[reference],
+            old=data.old_vectors[reference],
+            allow_pickle=False,
+        )
+        stored = BackfillFit(model_id=row.id, fit=fit.to_dict(), reference=buf.getvalue())
+        session.add(stored)
+        try:
+            session.commit()
+        except IntegrityError:  # another request stored it first: use theirs
+            session.rollback()
+            stored = session.get(BackfillFit, row.id)
+    with np.load(io.BytesIO(stored.reference), allow_pickle=False) as f:
+        new, old = f["new"], f["old"]
+    return PlannerFit.from_dict(stored.fit), new, old
+
+
+# -- mixed search -------------------------------------------------------------------------------
+
+
+def mixed_search(
+    session: Session,
+    store: IndexStore,
+    cache: ModelCache,
+    gallery: Gallery,
+    row: TrainedModel,
+    features: np.ndarray,
+    query_points: np.ndarray,
+    k: int,
+    *,
+    overfetch: int,
+    min_candidates: int,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
+    """Top-k over the mixed gallery, or None when no item is re-embedded for ``row``.
+
+    Returns (vector ids, calibrated scores, distances, from_native), each nq × k (−1 padded).
+    Distances: the Lorentz distance of bridged hits; the angle (radians) between the query's
+    and the item's new features for re-embedded hits."""
+    vector_ids, new_features = reembedded_features(session, gallery.id, row.id)
+    if len(vector_ids) == 0:
+        return None
+    _, ref_new, ref_old = backfill_fit(session, cache, row)
+    curv = gallery.lift_curv
+    ref_points = lift_of(gallery)(torch.as_tensor(ref_old, dtype=torch.float64)).numpy()
+    native_fit = reference_fit(cosine_scores(features, ref_new))
+    bridged_fit = reference_fit(lorentz_scores(query_points, ref_points, curv))
+    # Native list: an exact scan of the re-embedded items.
+    cos = unit_rows(features) @ new_features.T
+    pos, nscores = top_of(cos, k)
+    native_ids = vector_ids[pos]
+    # Bridged list: the gallery's index, re-embedded items dropped (fetch more until k remain).
+    index = index_for(session, store, gallery)
+    reembedded = np.zeros(0, dtype=np.int64) if index.ntotal == 0 else np.sort(vector_ids)
+    want = k + min(len(vector_ids), k)
+    while True:
+        want = min(want, index.ntotal)
+        ids, dist, _ = index.search_with_points(
+            query_points, max(want, 1), overfetch=overfetch, min_candidates=min_candidates
+        )
+        drop = np.isin(ids, reembedded) | (ids < 0)
+        enough = ((~drop).sum(axis=1) >= min(k, index.ntotal - len(vector_ids))).all()
+        if enough or want >= index.ntotal:
+            break
+        want *= 4
+    bridged_scores = np.where(drop, -np.inf, -np.cosh(np.sqrt(curv) * dist) / curv)
+    bridged_ids = np.where(drop, -1, ids)
+    merged_ids, calibrated, from_native = merge(
+        Candidates(native_ids, nscores, native_fit),
+        Candidates(bridged_ids, bridged_scores, bridged_fit),
+        k,
+    )
+    distance = {}
+    for q in range(len(features)):
+        for i, s in zip(native_ids[q], nscores[q], strict=True):
+            distance[(q, int(i), True)] = float(np.arccos(np.clip(s, -1.0, 1.0)))
+        for i, d in zip(ids[q], dist[q], strict=True):
+            distance[(q, int(i), False)] = float(d)
+    distances = np.array(
+        [
+            [
+                distance.get((q, int(i), bool(src)), np.inf)
+                for i, src in zip(merged_ids[q], from_native[q], strict=True)
+            ]
+            for q in range(len(features))
+        ]
+    )
+    return merged_ids, calibrated, distances, from_native
+
+
+# -- the plan -------------------------------------------------------------------------------------
+
+
+def plan(
+    session: Session,
+    store: IndexStore,
+    cache: ModelCache,
+    gallery: Gallery,
+    row: TrainedModel,
+    fraction: float | None,
+    count: int | None,
+) -> dict[str, Any]:
+    """The next items to re-embed, most valuable first, and the expected quality curve."""
+    fit, _, _ = backfill_fit(session, cache, row)
+    index = index_for(session, store, gallery)
+    vector_ids, _ = reembedded_features(session, gallery.id, row.id)
+    all_ids = index.ids
+    points = index.lifted[:, 1:]
+    done = np.isin(all_ids, vector_ids)
+    total = len(all_ids)
+    if count is None:
+        count = max(0, round(fraction * total) - int(done.sum()))
+    uncertainty = None
+    if fit.estimator == "uncertainty":
+        uncertainty = norm_uncertainty(
+            torch.as_tensor(points, dtype=torch.float64), gallery.lift_curv
+        )
+    order = plan_order(plan_priority(fit, points, uncertainty), done)[:count]
+    chosen = all_ids[order].tolist()
+    names: dict[int, str] = {}
+    for start in range(0, len(chosen), IN_CHUNK):
+        names.update(
+            session.execute(
+                select(GalleryVector.id, GalleryVector.item_id).where(
+                    GalleryVector.id.in_(chosen[start : start + IN_CHUNK])
+                )
+            ).all()
+        )
+    ids = [names[i] for i in chosen if i in names]
+    after = (int(done.sum()) + len(ids)) / total if total else 0.0
+    return {
+        "model_id": row.id,
+        "ids": ids,
+        "estimator": fit.estimator,
+        "view": fit.view,
+        "reembedded": int(done.sum()),
+        "total": total,
+        "fraction_after": after,
+        "expected": expected_at(fit, after),
+        "validation": {
+            key: fit.validation.get(key)
+            for key in ("view", "held_out_items", "queries", "gain_correlation", "area", "chosen")
+        },
+    }

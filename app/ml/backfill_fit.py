@@ -1,0 +1,104 @@
+"""The planner's view of an upgrade's held-out data: held-out queries scored natively (new
+backbone, cosine) and bridged (the model's query against the old points) over the upgrade's paired
+items. Pure (arrays and a model in, a ``FitView`` out)."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from app.ml.backfill import (
+    MAX_FIT_ITEMS,
+    MAX_FIT_QUERIES,
+    SCORE_BUDGET,
+    FitView,
+    pick_reference,
+    reference_fit,
+    unit_rows,
+)
+from app.ml.lorentz import uncertainty as norm_uncertainty
+from app.ml.models import EmbeddingModel
+from app.ml.space import EuclideanLift
+from app.ml.upgrade_data import UpgradeData
+
+
+def lorentz_scores(queries: np.ndarray, points: np.ndarray, curv: float) -> np.ndarray:
+    """⟨q, x⟩_L = q·x − q₀x₀ (nq × n float32; larger is nearer), in blocks of queries."""
+    q = np.asarray(queries, dtype=np.float32)
+    x = np.asarray(points, dtype=np.float32)
+    q0 = np.sqrt(1.0 / curv + np.einsum("ij,ij->i", q.astype(np.float64), q.astype(np.float64)))
+    x0 = np.sqrt(1.0 / curv + np.einsum("ij,ij->i", x.astype(np.float64), x.astype(np.float64)))
+    out = np.empty((len(q), len(x)), dtype=np.float32)
+    block = max(1, SCORE_BUDGET // max(len(x), 1))
+    for start in range(0, len(q), block):
+        part = slice(start, start + block)
+        out[part] = q[part] @ x.T - np.outer(q0[part], x0).astype(np.float32)
+    return out
+
+
+def cosine_scores(queries: np.ndarray, items: np.ndarray) -> np.ndarray:
+    q, x = unit_rows(queries), unit_rows(items)
+    out = np.empty((len(q), len(x)), dtype=np.float32)
+    block = max(1, SCORE_BUDGET // max(len(x), 1))
+    for start in range(0, len(q), block):
+        out[start : start + block] = q[start : start + block] @ x.T
+    return out
+
+
+def build_fit_view(
+    model: EmbeddingModel,
+    data: UpgradeData,
+    lift: EuclideanLift,
+    eval_idx: np.ndarray,
+    eval_queries: np.ndarray,
+    seed: int = 0,
+) -> FitView:
+    """The held-out part of an upgrade (``eval_idx`` items, ``eval_queries`` query indices, as
+    ``split_for_evaluation``/``split_queries`` gave them) as the planner sees it. Query view when
+    held-out queries carry relevance, else the instance view (each held-out item's own new
+    features as the query, the item itself relevant)."""
+    rng = np.random.default_rng([seed, 121])
+    n = len(data)
+    rows = np.arange(n)
+    if n > MAX_FIT_ITEMS:
+        keep_rest = rng.choice(np.setdiff1d(rows, eval_idx), MAX_FIT_ITEMS - len(eval_idx), False)
+        rows = np.sort(np.concatenate([eval_idx, keep_rest]))
+    position = np.full(n, -1, dtype=np.int64)
+    position[rows] = np.arange(len(rows))
+    log = data.queries
+    relevant: list[np.ndarray] = []
+    query_features: list[int] = []
+    if log is not None and log.relevant is not None:
+        for q in np.asarray(eval_queries, dtype=np.int64):
+            rel = position[log.relevant[q]] if log.relevant[q].size else np.zeros(0, np.int64)
+            rel = rel[rel >= 0]
+            if rel.size:
+                query_features.append(int(q))
+                relevant.append(rel)
+    if relevant:
+        view = "query"
+        features = log.features[np.asarray(query_features)]
+    else:
+        view = "instance"
+        features = data.new_features[eval_idx]
+        relevant = [np.array([position[i]]) for i in eval_idx]
+    if len(relevant) > MAX_FIT_QUERIES:
+        pick = np.sort(rng.choice(len(relevant), MAX_FIT_QUERIES, replace=False))
+        features = features[pick]
+        relevant = [relevant[i] for i in pick]
+    old_points = lift(torch.as_tensor(data.old_vectors[rows], dtype=torch.float64)).numpy()
+    query_points = model.embed(features)
+    curv = float(model.curv)
+    native = cosine_scores(features, data.new_features[rows])
+    bridged = lorentz_scores(query_points, old_points, curv)
+    reference = pick_reference(len(rows), seed)
+    return FitView(
+        native=native,
+        bridged=bridged,
+        fits=(reference_fit(native[:, reference]), reference_fit(bridged[:, reference])),
+        relevant=relevant,
+        old_points=old_points.astype(np.float32),
+        held_out=np.sort(position[eval_idx]),
+        view=view,
+        uncertainty=norm_uncertainty(torch.as_tensor(old_points), curv).numpy(),
+    )

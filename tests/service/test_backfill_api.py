@@ -1,0 +1,160 @@
+"""Partial backfill over HTTP: re-embedded items stored beside old vectors, the plan, progress,
+and the mixed search, on real WordNet vectors (old: MiniLM glosses; new: mpnet)."""
+
+from __future__ import annotations
+
+import numpy as np
+from fastapi.testclient import TestClient
+
+from tests.service.conftest import field_names, problem, snapshot
+from tests.service.test_queries_api import NEW, OLD, npy, wordnet_setup
+
+N_GALLERY = 400
+
+
+def upgraded(client: TestClient, wordnet_small: dict) -> dict:
+    setup = wordnet_setup(client, wordnet_small, n_gallery=N_GALLERY)
+    body = {"dataset_id": setup["dataset_id"], "method": "procrustes", "objective": "query"}
+    created = client.post("/v1/upgrades", json=body)
+    job = client.get(f"/v1/upgrades/{created.json()['id']}").json()
+    assert job["status"] == "succeeded", job["error"]
+    return setup | {"model_id": job["model_id"]}
+
+
+def reembed(client: TestClient, setup: dict, wordnet_small: dict, ids: list[str]):
+    row = {s: i for i, s in enumerate(wordnet_small["synset_id"][:N_GALLERY])}
+    features = wordnet_small[f"gloss.{NEW}"][[row[i] for i in ids]]
+    return client.post(
+        f"/v1/galleries/{setup['gallery_id']}/vectors",
+        files={
+            "ids": npy(np.array(ids)),
+            "features": npy(features),
+            "model_id": (None, f'"{setup["model_id"]}"', "application/json"),
+        },
+    )
+
+
+def test_plan_reembed_progress_and_mixed_search(client: TestClient, wordnet_small) -> None:
+    setup = upgraded(client, wordnet_small)
+    gallery_url = f"/v1/galleries/{setup['gallery_id']}"
+    assert client.get(gallery_url).json()["reembedded"] == []
+
+    planned = client.post(
+        f"{gallery_url}/backfill-plan", json={"model_id": setup["model_id"], "fraction": 0.25}
+    )
+    assert planned.status_code == 200, planned.text
+    plan = planned.json()
+    assert len(plan["ids"]) == 100 == len(set(plan["ids"]))
+    assert set(plan["ids"]) <= set(wordnet_small["synset_id"][:N_GALLERY].tolist())
+    assert plan["view"] == "query" and plan["estimator"] in ("expected_gain", "uncertainty")
+    fractions = {p["fraction"] for p in plan["expected"]}
+    assert {0.0, 0.25, 1.0} <= fractions
+    assert {p["metric"] for p in plan["expected"]} == {"recall@1", "recall@10"}
+
+    stored = reembed(client, setup, wordnet_small, plan["ids"])
+    assert stored.json() == {"upserted": 100, "count": N_GALLERY, "reembedded": 100}, stored.text
+    progress = client.get(gallery_url).json()["reembedded"]
+    assert progress == [
+        {"model_id": setup["model_id"], "reembedded": 100, "total": N_GALLERY, "fraction": 0.25}
+    ]
+    # The plan leaves re-embedded items out.
+    again = client.post(
+        f"{gallery_url}/backfill-plan", json={"model_id": setup["model_id"], "fraction": 0.25}
+    ).json()
+    assert again["ids"] == [] and again["reembedded"] == 100
+    more = client.post(
+        f"{gallery_url}/backfill-plan", json={"model_id": setup["model_id"], "count": 10}
+    ).json()
+    assert len(more["ids"]) == 10 and not set(more["ids"]) & set(plan["ids"])
+
+    queries = wordnet_small[f"lemma.{NEW}"][:20]
+    search = {"model_id": setup["model_id"], "features": queries.tolist(), "k": 10}
+    results = client.post(f"{gallery_url}/search", json=search)
+    assert results.status_code == 200, results.text
+    spaces = {h["space"] for hits in results.json()["results"] for h in hits}
+    assert spaces == {"new", "old"}
+    for hits in results.json()["results"]:
+        assert len(hits) == 10
+        scores = [h["score"] for h in hits]
+        assert scores == sorted(scores, reverse=True)
+    # Old-space searches are untouched.
+    old = client.post(
+        f"{gallery_url}/search", json={"vectors": wordnet_small[f"lemma.{OLD}"][:2].tolist()}
+    ).json()
+    assert all("space" not in h for hits in old["results"] for h in hits)
+
+    # Everything re-embedded: the order is the new backbone's own (a full reindex).
+    everything = wordnet_small["synset_id"][:N_GALLERY].tolist()
+    assert reembed(client, setup, wordnet_small, everything).json()["reembedded"] == N_GALLERY
+    hits = client.post(f"{gallery_url}/search", json=search).json()["results"]
+    docs = wordnet_small[f"gloss.{NEW}"][:N_GALLERY]
+    docs = docs / np.linalg.norm(docs, axis=1, keepdims=True)
+    cos = (queries / np.linalg.norm(queries, axis=1, keepdims=True)) @ docs.T
+    for q, row in enumerate(hits):
+        assert [h["id"] for h in row] == [everything[i] for i in np.argsort(-cos[q])[:10]]
+        assert {h["space"] for h in row} == {"new"}
+
+    # Replacing an item's old vector drops its (now stale) re-embedded features.
+    replaced = client.post(
+        f"{gallery_url}/vectors",
+        json={"ids": [everything[0]], "vectors": [wordnet_small[f"gloss.{OLD}"][0].tolist()]},
+    )
+    assert replaced.status_code == 200
+    assert client.get(gallery_url).json()["reembedded"][0]["reembedded"] == N_GALLERY - 1
+
+
+def test_bad_reembeds_and_plans_change_nothing(client: TestClient, wordnet_small) -> None:
+    setup = upgraded(client, wordnet_small)
+    gallery_url = f"/v1/galleries/{setup['gallery_id']}"
+    ids = wordnet_small["synset_id"][:3].tolist()
+    good = wordnet_small[f"gloss.{NEW}"][:3].tolist()
+    before = snapshot(client)
+    cases = [
+        ({"ids": [ids[0], "nope", ids[1], "gone"], "features": [*good, good[0]]}, 422),
+        ({"ids": ids, "features": [row[:10] for row in good]}, 422),
+        ({"ids": ids, "features": good[:2]}, 422),
+        ({"ids": ids, "features": good, "labels": ["a", "b", "c"]}, 422),
+        ({"ids": ids, "vectors": good}, 422),
+    ]
+    names = []
+    for body, status in cases:
+        response = client.post(
+            f"{gallery_url}/vectors", json=body | {"model_id": setup["model_id"]}
+        )
+        names.append(field_names(problem(response, status)))
+    assert names[0] == ["ids[1]", "ids[3]"]
+    assert names[3] == ["labels"]
+    assert names[4] == ["vectors"]
+    unknown = client.post(
+        f"{gallery_url}/vectors", json={"ids": ids, "features": good, "model_id": "mod_missing"}
+    )
+    assert unknown.status_code == 404
+    assert snapshot(client) == before
+    # A gallery of another space: the model was not trained for it.
+    other = client.post(
+        "/v1/galleries", json={"name": "other", "dim": 384, "model_name": "x", "metric": "cosine"}
+    ).json()
+    client.post(
+        f"/v1/galleries/{other['id']}/vectors",
+        json={"ids": ids, "vectors": wordnet_small[f"gloss.{OLD}"][:3].tolist()},
+    )
+    before = snapshot(client)
+    conflict = client.post(
+        f"/v1/galleries/{other['id']}/vectors",
+        json={"ids": ids, "features": good, "model_id": setup["model_id"]},
+    )
+    problem(conflict, 409)
+    plan_conflict = client.post(
+        f"/v1/galleries/{other['id']}/backfill-plan",
+        json={"model_id": setup["model_id"], "fraction": 0.1},
+    )
+    problem(plan_conflict, 409)
+    for body in (
+        {"model_id": setup["model_id"]},
+        {"model_id": setup["model_id"], "fraction": 0.1, "count": 3},
+        {"model_id": setup["model_id"], "fraction": 1.5},
+        {"model_id": setup["model_id"], "count": -1},
+    ):
+        problem(client.post(f"{gallery_url}/backfill-plan", json=body), 422)
+    assert snapshot(client) == before
+    assert client.get(gallery_url).json()["reembedded"] == []
