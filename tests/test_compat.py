@@ -242,3 +242,13 @@ def test_bad_inputs_are_rejected(pairs: dict) -> None:
             "hbct", UpgradeData(pairs["new"], pairs["old"]), pairs["lift"], eval_fraction=1.5
         )
     assert CompatParams.from_dict({"lr": 1}).lr == 1.0
+
+
+@pytest.mark.parametrize(
+    "name", ["lr", "weight_decay", "compat_weight", "old_proto_weight", "base_temperature"]
+)
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")])
+def test_non_finite_parameters_are_refused(name: str, value: float) -> None:
+    # JSON bodies can carry NaN/Infinity; a NaN weight_decay used to pass validation and train.
+    with pytest.raises(ValueError, match=name):
+        CompatParams.from_dict({name: value})

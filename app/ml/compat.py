@@ -128,6 +128,11 @@ class CompatParams:
         return params
 
     def validate(self) -> None:
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            # JSON bodies may carry NaN/Infinity, which every comparison below would let through.
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ValueError(f"parameter {f.name!r} must be a finite number")
         positive = ["epochs", "batch_size", "lr", "base_temperature", "align_temperature"]
         positive += ["rince_lambda", "knn_k", "cone_min_radius", "old_proto_temperature"]
         positive += ["influence_temperature", "contrastive_temperature", "instance_temperature"]
