@@ -46,7 +46,7 @@ from app.ml.hmcl_metrics import (
     paired_recall_at_k,
     symmetric_recall_at_k,
 )
-from bench.continual_report import render_markdown, targets
+from bench.continual_report import render_markdown, targets, timing_lines
 from bench.continual_stream import (
     CLASS_DEPTH,
     CLASSES_PER_TASK,
@@ -456,6 +456,37 @@ def run_benchmark(
     return result
 
 
+def timing_only(
+    config: Config, command: str, batch_size: int | None, out: Path | None
+) -> dict[str, Any]:
+    """``time_steps`` alone on the first seed's stream at every width of ``config``."""
+    tic = time.perf_counter()
+    params = dict(config.base_params)
+    if batch_size is not None:
+        params["batch_size"] = batch_size
+    timing = {}
+    for dim in config.timing_dims:
+        corpus = load_corpus() if dim == 384 else load_corpus(NEW_MODEL)
+        tasks = build_tasks(corpus, config.retrieval_items, config.seeds[0], config.per_class)
+        step_params = {m: params for m in METHODS}
+        timing[str(dim)] = time_steps(tasks, step_params, config.timing_repeats, config.seeds[0])
+    result = {
+        "command": command,
+        "date": time.strftime("%Y-%m-%d"),
+        "seconds": time.perf_counter() - tic,
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "params": params,
+        "timing": timing,
+    }
+    name = f"continual_timing_b{batch_size}.json" if batch_size else "continual_timing.json"
+    path = out or RESULTS / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=1))
+    print("\n".join(timing_lines(timing)))
+    return result
+
+
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="one seed, small tasks (< 2 min)")
@@ -465,6 +496,14 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--out", type=Path, default=None, help="results JSON path")
     parser.add_argument(
         "--render", type=Path, default=None, help="only print the tables of a results JSON"
+    )
+    parser.add_argument(
+        "--timing-only",
+        action="store_true",
+        help="only the per-step times (at d = 384 and 768), e.g. with --batch-size",
+    )
+    parser.add_argument(
+        "--batch-size", type=int, default=None, help="mini-batch rows of the timed steps"
     )
     args = parser.parse_args(argv)
     if args.render is not None:
@@ -477,9 +516,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         if "finetune" not in args.methods:
             parser.error("--methods must include finetune (the reference of every ratio)")
         config.methods = tuple(args.methods)
+    command = command_line("bench.continual", argv)
+    if args.timing_only:
+        return timing_only(config, command, args.batch_size, args.out)
     out = args.out or RESULTS / ("continual_quick.json" if args.quick else "continual.json")
     out.parent.mkdir(parents=True, exist_ok=True)
-    command = command_line("bench.continual", argv)
 
     def write(result: dict[str, Any]) -> None:
         out.write_text(json.dumps({"command": command, **result}, indent=1, default=list))

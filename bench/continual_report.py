@@ -88,6 +88,30 @@ def _setting(setting: Mapping[str, Any]) -> str:
     )
 
 
+def timing_lines(timing: Mapping[str, Any]) -> list[str]:
+    """One table per width: each method's step time and its ratio to plain AdamW."""
+    lines: list[str] = []
+    for dim, t in timing.items():
+        lines += [
+            "",
+            f"Per-step time at d = {dim} (one AdamW step on a mini-batch of {t['rows']} of task "
+            f"2's training pairs, task 1 protected; {t['repeats']} interleaved rounds in a fresh "
+            "random order; ratio = median over rounds of method / plain AdamW in the same round):",
+            "",
+            "| method | step ms (median) | correction ms (median) | ratio to AdamW (median, IQR) |",
+            "|---|---|---|---|",
+        ]
+        for m in t:
+            if not isinstance(t[m], Mapping):
+                continue
+            r = t[m]
+            lines.append(
+                f"| {m} | {r['step_ms_median']:.1f} | {r['correction_ms_median']:.2f} | "
+                f"{r['ratio_median']:.3f} ({r['ratio_iqr'][0]:.3f}–{r['ratio_iqr'][1]:.3f}) |"
+            )
+    return lines
+
+
 def render_markdown(result: Mapping[str, Any]) -> str:
     s, cfg = result["summary"], result["config"]
     methods = list(cfg["methods"])
@@ -158,24 +182,7 @@ def render_markdown(result: Mapping[str, Any]) -> str:
             + " | ".join(_pm(s[m][f"drift.{k}"], scale=1e3, digits=2) for k in DRIFT_MEASURES)
             + " |"
         )
-    for dim, t in result["timing"].items():
-        lines += [
-            "",
-            f"Per-step time at d = {dim} (one AdamW step on a mini-batch of {t['rows']} of task "
-            f"2's training pairs, task 1 protected; {t['repeats']} interleaved rounds in a fresh "
-            "random order; ratio = median over rounds of method / plain AdamW in the same round):",
-            "",
-            "| method | step ms (median) | correction ms (median) | ratio to AdamW (median, IQR) |",
-            "|---|---|---|---|",
-        ]
-        for m in t:
-            if not isinstance(t[m], Mapping):
-                continue
-            r = t[m]
-            lines.append(
-                f"| {m} | {r['step_ms_median']:.1f} | {r['correction_ms_median']:.2f} | "
-                f"{r['ratio_median']:.3f} ({r['ratio_iqr'][0]:.3f}–{r['ratio_iqr'][1]:.3f}) |"
-            )
+    lines += timing_lines(result["timing"])
     if result.get("targets"):
         lines += [
             "",
