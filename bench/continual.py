@@ -492,6 +492,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--quick", action="store_true", help="one seed, small tasks (< 2 min)")
     parser.add_argument("--seeds", type=int, nargs="+", default=None)
     parser.add_argument("--methods", nargs="+", default=None, choices=METHODS)
+    parser.add_argument(
+        "--params",
+        type=json.loads,
+        default={},
+        help="JSON overrides of the base settings of every method, e.g. '{\"energy\": 0.6}'",
+    )
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", type=Path, default=None, help="results JSON path")
     parser.add_argument(
@@ -512,6 +518,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         return result
     torch.set_num_threads(args.threads)
     config = (quick_config if args.quick else full_config)(args.seeds)
+    config.base_params = {**config.base_params, **args.params}
     if args.methods:
         if "finetune" not in args.methods:
             parser.error("--methods must include finetune (the reference of every ratio)")
