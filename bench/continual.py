@@ -2,7 +2,11 @@
 interleaves classification-style and retrieval tasks (``bench.continual_stream``).
 
     python -m bench.continual --quick   # one seed, small tasks, two settings per method (< 2 min)
-    python -m bench.continual           # 5 seeds, full tasks, four settings per method
+    python -m bench.continual           # 5 seeds, full tasks, four settings per method (≈ 18 min)
+    python -m bench.continual --params '{"energy": 0.6}' --methods hmcl-ca finetune \
+        --out bench/results/continual_energy0.6.json           # a variant: overrides for every method
+    python -m bench.continual --timing-only --batch-size 1024   # only the per-step times
+    python -m bench.continual --render bench/results/continual.json   # only the tables
 
 Each method gets its own settings (lr × min_steps), chosen on validation rows carved from every
 task's **training** rows (``carve_validation``) of the first seed's stream: the same grid, so the
