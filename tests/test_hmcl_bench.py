@@ -1,92 +1,196 @@
-"""The continual benchmark's bookkeeping: continual figures, its BENCHMARKS.md section, and one
-small end-to-end pass over real fixture rows."""
+"""The continual benchmark: per-kind figures, settings chosen on training rows only, its tables,
+and one tiny end-to-end pass over real fixture rows (plus the real ``--quick`` run, marked slow)."""
 
 from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from bench.continual import (
-    Task,
-    continual_figures,
-    render_markdown,
-    run_method,
-    summarise,
+    Config,
+    kind_figures,
+    quick_config,
+    run_benchmark,
+    selection_score,
 )
+from bench.continual_report import render_markdown, targets
+from bench.continual_stream import CLASSIFICATION, RETRIEVAL, Task, carve_validation
+from bench.wordnet import default_data_dir
 
 MINILM = "all-MiniLM-L6-v2"
+REPO = Path(__file__).resolve().parent.parent
 
 
-def test_continual_figures_on_a_known_matrix() -> None:
-    # rows: after task t; columns: task i (upper triangle never read)
+def test_kind_figures_on_a_known_matrix() -> None:
+    # rows: after task t; columns: task i (upper triangle never read); kinds C R C
     matrix = np.array([[0.5, np.nan, np.nan], [0.4, 0.6, np.nan], [0.3, 0.5, 0.7]])
-    figures = continual_figures(matrix)
-    assert figures["final"] == pytest.approx(0.5)
-    assert figures["bwt"] == pytest.approx(((0.3 - 0.5) + (0.5 - 0.6)) / 2)
-    assert figures["overall"] == pytest.approx((0.5 + 0.5 + 0.5) / 3)
+    figures = kind_figures(matrix, [CLASSIFICATION, RETRIEVAL, CLASSIFICATION])
+    c, r = figures[CLASSIFICATION], figures[RETRIEVAL]
+    assert c["task_end"] == pytest.approx((0.5 + 0.7) / 2)
+    assert c["final"] == pytest.approx((0.3 + 0.7) / 2)
+    assert c["bwt"] == pytest.approx(0.3 - 0.5)  # the last task has no BWT
+    assert c["overall"] == pytest.approx((0.5 + 0.4 + (0.3 + 0.7) / 2) / 3)
+    assert (r["task_end"], r["final"], r["bwt"]) == pytest.approx((0.6, 0.5, -0.1))
+    assert r["overall"] == pytest.approx((0.6 + 0.5) / 2)  # from its first task on
+    assert selection_score({"by_kind": figures}) == pytest.approx((c["overall"] + r["overall"]) / 2)
 
 
-def _fixture_tasks(wordnet_small: dict) -> list[Task]:
+def _fixture_tasks(wordnet_small: dict, seed: int = 0) -> list[Task]:
+    """C R C R over the fixture's 800 rows: classification tasks pair glosses with their class
+    name, retrieval tasks lemmas with glosses; halves of the lexnames, split by seed."""
+    rng = np.random.default_rng(seed)
     lexnames = sorted(set(wordnet_small["lexname"]))
-    label_index = {c: i for i, c in enumerate(wordnet_small["classes"])}
+    class_index = {c: k for k, c in enumerate(wordnet_small["classes"])}
+    names = wordnet_small[f"class_lemma.{MINILM}"]
+    lemma, gloss = wordnet_small[f"lemma.{MINILM}"], wordnet_small[f"gloss.{MINILM}"]
     tasks = []
-    for half in (lexnames[: len(lexnames) // 2], lexnames[len(lexnames) // 2 :]):
-        rows = np.array([i for i, lex in enumerate(wordnet_small["lexname"]) if lex in half])
-        train, test = rows[::2], rows[1::2]
-        classes = sorted({label_index[lab] for lab in wordnet_small["label"][test]})
+    for t, half in enumerate((lexnames[::2], lexnames[1::2])):
+        rows = rng.permutation([i for i, lex in enumerate(wordnet_small["lexname"]) if lex in half])
+        cls_rows, ret_rows = rows[: len(rows) // 2], rows[len(rows) // 2 :]
+        classes = sorted({class_index[lab] for lab in wordnet_small["label"][cls_rows]})
         local = {c: k for k, c in enumerate(classes)}
+        labels = np.array([local[class_index[lab]] for lab in wordnet_small["label"][cls_rows]])
+        cut = round(0.6 * len(cls_rows))
+        texts = names[classes][labels]
         tasks.append(
             Task(
-                name="+".join(half),
-                train={m: wordnet_small[f"{m}.{MINILM}"][train] for m in ("lemma", "gloss")},
-                test={m: wordnet_small[f"{m}.{MINILM}"][test] for m in ("lemma", "gloss")},
-                test_labels=np.array(
-                    [local[label_index[lab]] for lab in wordnet_small["label"][test]]
-                ),
-                class_names=wordnet_small[f"class_lemma.{MINILM}"][classes],
+                f"classes {t + 1}",
+                CLASSIFICATION,
+                {"text": texts[:cut], "gloss": gloss[cls_rows[:cut]]},
+                {"text": texts[cut:], "gloss": gloss[cls_rows[cut:]]},
+                labels[:cut],
+                labels[cut:],
+                names[classes],
+            )
+        )
+        cut = round(0.6 * len(ret_rows))
+        train, test = ret_rows[:cut], ret_rows[cut:]
+        tasks.append(
+            Task(
+                f"retrieval {t + 1}",
+                RETRIEVAL,
+                {"text": lemma[train], "gloss": gloss[train]},
+                {"text": lemma[test], "gloss": gloss[test]},
             )
         )
     return tasks
 
 
-def test_one_small_stream_produces_every_figure(wordnet_small: dict) -> None:
-    tasks = _fixture_tasks(wordnet_small)
-    params = {"epochs": 3, "min_steps": 0, "dim": 64}
-    runs = {
-        m: [run_method(m, tasks, params, seed=s) for s in (0, 1)] for m in ("hmcl-ca", "finetune")
-    }
-    ca = runs["hmcl-ca"][0]
+def test_validation_is_carved_from_training_rows_only(wordnet_small: dict) -> None:
+    task = _fixture_tasks(wordnet_small)[0]
+    carved = carve_validation(task, seed=3)
+    train_rows = {row.tobytes() for row in task.train["gloss"]}
+    test_rows = {row.tobytes() for row in task.test["gloss"]}
+    fit = [row.tobytes() for row in carved.train["gloss"]]
+    val = [row.tobytes() for row in carved.test["gloss"]]
+    assert set(fit) | set(val) == train_rows and not set(fit) & set(val)
+    assert not set(val) & test_rows  # the real test rows are never used to choose
+    assert len(val) == round(0.2 * task.train_rows)
+    # Labels and class texts stay aligned with their rows.
+    np.testing.assert_array_equal(carved.class_names[carved.test_labels], carved.test["text"])
+    np.testing.assert_array_equal(carved.class_names[carved.train_labels], carved.train["text"])
+
+
+def test_quick_configuration_is_small_and_fair() -> None:
+    config = quick_config()
+    assert config.seeds == (0,) and config.timing_dims == (384,)
+    assert len(config.settings()) == 2  # the same trials for every method
+
+
+def test_a_tiny_benchmark_produces_every_figure_and_table(wordnet_small: dict) -> None:
+    config = Config(
+        quick=True,
+        seeds=(0, 1),
+        retrieval_items=0,
+        per_class=0,
+        methods=("hmcl-ca", "finetune"),
+        base_params={"epochs": 1, "dim": 48},
+        grid={"lr": (5e-4, 2e-3), "min_steps": (8,)},
+        timing_repeats=2,
+        timing_dims=(384,),
+    )
+    checkpoints: list[dict] = []
+    result = run_benchmark(
+        config,
+        checkpoint=checkpoints.append,
+        stream=lambda seed: _fixture_tasks(wordnet_small, seed),
+    )
+    assert [c["config"]["seeds"] for c in checkpoints] == [(0,), (0, 1)]
+    for m in config.methods:
+        trials = result["selection"][m]["trials"]
+        assert [t["setting"] for t in trials] == config.settings()
+        best = max(t["score"] for t in trials)
+        chosen = next(t for t in trials if t["setting"] == result["selection"][m]["chosen"])
+        assert chosen["score"] == best
+    ca = result["per_seed"]["hmcl-ca"][0]
+    assert set(ca["by_kind"]) == {CLASSIFICATION, RETRIEVAL}
+    assert set(ca["no_backfill"]) == {CLASSIFICATION, RETRIEVAL}
     assert set(ca["drift"]) == {"radial", "angular", "cross_modal", "paired_distance"}
-    assert 0.0 < ca["recall_at_5"]["final"] <= 1.0
-    # Version at task 1's end is the one both rotations are measured from: all four variants
-    # are fractions of the same task-end recall.
-    assert all(v > 0.5 for v in ca["no_backfill_fraction"].values())
-    summary = summarise(runs)
-    assert summary["hmcl-ca"]["recall_at_5.final"]["sd"] >= 0.0
-    timing = {
-        "rows": 1,
-        "repeats": 1,
-        **{
-            m: {
-                "step_ms_median": 1.0,
-                "correction_ms_median": 0.0,
-                "ratio_median": 1.0,
-                "ratio_iqr": [1.0, 1.0],
-            }
-            for m in runs
+    for kind in (CLASSIFICATION, RETRIEVAL):
+        assert 0.0 < ca["by_kind"][kind]["task_end"] <= 1.0
+        assert ca["no_backfill"][kind]["recorded_rotation"] > 0.5
+    # Task 1 is trained identically by every method (nothing protected yet).
+    assert ca["matrix"][0][0] == result["per_seed"]["finetune"][0]["matrix"][0][0]
+    names = [t["target"] for t in result["targets"]]
+    assert len(names) == 6  # no d = 768 timing in this run
+    assert {t["met"] for t in result["targets"]} <= {True, False}
+    markdown = render_markdown({"command": "test", **result})
+    assert "| hmcl-ca |" in markdown and "**Classification tasks**" in markdown
+    assert "Issue 13's targets" in markdown
+
+
+def test_targets_state_margins() -> None:
+    def stat(v: float) -> dict:
+        return {"mean": v, "sd": 0.0}
+
+    summary = {
+        "hmcl-ca": {
+            "no_backfill.retrieval.recorded_rotation": stat(0.97),
+            "by_kind.retrieval.bwt": stat(-0.01),
+            "by_kind.retrieval.task_end": stat(0.49),
+        },
+        "finetune": {
+            "by_kind.retrieval.bwt": stat(-0.05),
+            "by_kind.retrieval.task_end": stat(0.5),
         },
     }
-    result = {
-        "command": "test",
-        "date": "today",
-        "seconds": 0.0,
-        "torch": "x",
-        "threads": 1,
-        "config": {"methods": list(runs), "seeds": [0, 1], "epochs": 3},
-        "tasks": [{"name": t.name, "train": 1, "test": 1, "classes": 1} for t in tasks],
-        "summary": summary,
-        "timing": timing,
-        "params": {"lr": 5e-4},
-    }
-    markdown = render_markdown(result)
-    assert "| hmcl-ca |" in markdown and "| finetune |" in markdown
+    timing = {"768": {"hmcl-ca": {"ratio_median": 1.10}}}
+    got = {t["target"].split(" ≥")[0].split(" ≤")[0]: t for t in targets(summary, timing)}
+    assert got["retrieval: no-backfill retention (recorded rotation)"]["margin"] == pytest.approx(
+        0.02
+    )
+    bwt = got["retrieval: backfilled BWT"]
+    assert bwt["met"] and bwt["margin"] == pytest.approx(0.01)
+    task_end = got["retrieval: task-end recall@5 (symmetric text↔gloss)"]
+    assert task_end["value"] == pytest.approx(0.98) and task_end["met"]
+    step = got["CA step"]
+    assert not step["met"] and step["margin"] == pytest.approx(-0.05)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    not (default_data_dir() / "meta.jsonl.gz").exists(), reason="no WordNet-noun data"
+)
+def test_the_quick_run_on_real_data(tmp_path: Path) -> None:
+    out = tmp_path / "continual_quick.json"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.continual", "--quick", "--out", str(out)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=True,
+    )
+    result = json.loads(out.read_text())
+    assert [t["kind"] for t in result["tasks"]] == [CLASSIFICATION, RETRIEVAL] * 4
+    assert all(t["classes"] == 20 for t in result["tasks"][::2])
+    assert {len(s["trials"]) for s in result["selection"].values()} == {2}
+    assert "Issue 13's targets" in done.stdout

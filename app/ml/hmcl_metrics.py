@@ -9,6 +9,7 @@ inner products far from the origin would show up as drift that is not there.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from itertools import combinations, permutations
 
 import numpy as np
@@ -60,6 +61,50 @@ def nearest_class_accuracy(
     dist = pairwise_lorentz_distance(_f64(queries), _f64(class_embeddings), curv)
     predicted = dist.argmin(dim=1).numpy()
     return float(np.mean(predicted == np.asarray(labels)))
+
+
+@dataclass(frozen=True)
+class ClassPairing:
+    """A classification-style task: every row of ``class_modality`` repeats one of a few class
+    texts (many ``query_modality`` rows ↔ one class row). ``labels[i]`` is row i's class and
+    ``class_rows[k]`` a row holding class k's text."""
+
+    class_modality: str
+    query_modality: str
+    labels: np.ndarray
+    class_rows: np.ndarray
+
+    @property
+    def classes(self) -> int:
+        return len(self.class_rows)
+
+
+def class_pairing(features: Mapping[str, ArrayLike]) -> ClassPairing | None:
+    """The classification-style reading of paired rows, or None for a one-to-one pairing.
+
+    A modality is the class side when its rows take K distinct values with 2 ≤ K ≤ rows / 2
+    (on average every class text is paired with at least two rows); of two such modalities the
+    one with fewer distinct rows. The query side is the first other modality.
+    """
+    names = list(features)
+    best: ClassPairing | None = None
+    for name in names:
+        rows = np.asarray(features[name])
+        _, first, inverse = np.unique(rows, axis=0, return_index=True, return_inverse=True)
+        k = len(first)
+        if 2 <= k <= len(rows) // 2 and (best is None or k < best.classes):
+            query = next(m for m in names if m != name)
+            best = ClassPairing(name, query, inverse.reshape(-1), first)
+    return best
+
+
+def class_accuracy(
+    embeddings: Mapping[str, ArrayLike], pairing: ClassPairing, curv: float
+) -> float:
+    """``nearest_class_accuracy`` of the query rows among the task's distinct class texts, from
+    the embeddings of the paired rows (class rows repeated as in the features)."""
+    classes = np.asarray(embeddings[pairing.class_modality])[pairing.class_rows]
+    return nearest_class_accuracy(embeddings[pairing.query_modality], classes, pairing.labels, curv)
 
 
 def _normalised_gram(a: Tensor, b: Tensor) -> Tensor:

@@ -22,7 +22,13 @@ from app.ml.hmcl_geometry import (
     minimal_rotation_correction,
     protected_geometry,
 )
-from app.ml.hmcl_metrics import drift_measures, paired_recall_at_k, symmetric_recall_at_k
+from app.ml.hmcl_metrics import (
+    class_accuracy,
+    class_pairing,
+    drift_measures,
+    paired_recall_at_k,
+    symmetric_recall_at_k,
+)
 from app.ml.hmcl_model import ContinualResult, ContinualState, LorentzLinearHeads
 from app.ml.hmcl_params import DEFAULT_ROTATION, METHODS, ContinualParams
 from app.ml.hmcl_rotations import OutputMoments, map_query_to_ancestor
@@ -384,6 +390,7 @@ class TaskTrainer:
             report["eval_tasks"] = self._evaluate_old_tasks(eval_tasks, rotation)
         task_recall, recall_rows = self._own_recall()
         report["task_recall_at_5"] = task_recall
+        report["task_class_accuracy"] = self._own_class_accuracy()
         report["warnings"] = report_warnings(report, task_recall, recall_rows)
         return report
 
@@ -394,6 +401,21 @@ class TaskTrainer:
         rows = perm[:OWN_RECALL_ROWS]
         emb = {m: self.model.embed(x[rows], m) for m, x in self.features.items()}
         return symmetric_recall_at_k(emb, self.curv), len(rows)
+
+    @torch.no_grad()
+    def _own_class_accuracy(self) -> dict[str, Any] | None:
+        """For a classification-style task (``class_pairing``): the accuracy of every row's
+        nearest class text among the task's classes, with the class and row counts."""
+        pairing = class_pairing(self.features)
+        if pairing is None:
+            return None
+        emb = {m: self.model.embed(x, m) for m, x in self.features.items()}
+        return {
+            "accuracy": class_accuracy(emb, pairing, self.curv),
+            "classes": pairing.classes,
+            "rows": self.rows,
+            "class_modality": pairing.class_modality,
+        }
 
     def validate_eval_tasks(
         self, eval_tasks: Mapping[str, Mapping[str, np.ndarray]]
@@ -441,6 +463,13 @@ class TaskTrainer:
                 ),
                 "drift": drift_measures(before, after, self.curv),
             }
+            pairing = class_pairing(tensors)
+            if pairing is not None:  # classification-style: class accuracy before and after
+                out[task_name].update(
+                    classes=pairing.classes,
+                    class_accuracy_parent=class_accuracy(before, pairing, self.curv),
+                    class_accuracy_new=class_accuracy(after, pairing, self.curv),
+                )
         return out
 
 

@@ -1,4 +1,5 @@
-"""Plain-sentence warnings for a continual task's report: recall near chance, with the likely
+"""Plain-sentence warnings for a continual task's report: recall (one-to-one pairs) or class
+accuracy (classification-style pairs: many rows ↔ one class text) near chance, with the likely
 cause read off the run (steps, data, how the loss moved)."""
 
 from __future__ import annotations
@@ -17,6 +18,11 @@ STALLED_LOSS = 0.1
 def chance_recall(rows: int, k: int = 5) -> float:
     """Recall@k of a random ranking of ``rows`` gallery items: k / rows (at most 1)."""
     return min(1.0, k / max(rows, 1))
+
+
+def chance_accuracy(classes: int) -> float:
+    """Accuracy of guessing one of ``classes`` classes at random: 1 / classes."""
+    return 1.0 / max(classes, 1)
 
 
 def near_chance(value: float, chance: float) -> bool:
@@ -44,31 +50,45 @@ def likely_causes(
 
 
 def report_warnings(report: Mapping[str, Any], task_recall: float, recall_rows: int) -> list[str]:
-    """Warnings for a finished task's report: its own recall@5 (on ``recall_rows`` of its pairs)
-    and every earlier task's, when near chance."""
+    """Warnings for a finished task's report, when a figure is near chance: its own class
+    accuracy (``report["task_class_accuracy"]``, set for a classification-style task) or else
+    its recall@5 (on ``recall_rows`` of its pairs), and every earlier task's, the same way."""
     params = report["params"]
     causes = likely_causes(
         report["rows"], report["steps"], report["loss_first"], report["loss_last"], params["lr"]
     )
     warnings = []
-    chance = chance_recall(recall_rows)
-    if near_chance(task_recall, chance):
-        warnings.append(
-            f"Recall@5 on this task's own pairs ({recall_rows}) is {task_recall:.3f}, near chance "
-            f"({chance:.3f}); likely cause: {'; '.join(causes)}."
-        )
+    own = report.get("task_class_accuracy")
+    if own:
+        chance = chance_accuracy(own["classes"])
+        if near_chance(own["accuracy"], chance):
+            warnings.append(
+                f"Class accuracy on this task's own rows ({own['rows']} rows, {own['classes']} "
+                f"classes) is {own['accuracy']:.3f}, near chance ({chance:.3f}); likely cause: "
+                f"{'; '.join(causes)}."
+            )
+    else:
+        chance = chance_recall(recall_rows)
+        if near_chance(task_recall, chance):
+            warnings.append(
+                f"Recall@5 on this task's own pairs ({recall_rows}) is {task_recall:.3f}, near "
+                f"chance ({chance:.3f}); likely cause: {'; '.join(causes)}."
+            )
     for name, old in (report.get("eval_tasks") or {}).items():
-        rows = old.get("rows", 0)
-        chance = chance_recall(rows)
-        if near_chance(old["recall_at_5_new"], chance):
-            was = old["recall_at_5_parent"]
+        if old.get("classes"):
+            figure, chance = "Class accuracy", chance_accuracy(old["classes"])
+            now, was = old["class_accuracy_new"], old["class_accuracy_parent"]
+        else:
+            figure, chance = "Recall@5", chance_recall(old.get("rows", 0))
+            now, was = old["recall_at_5_new"], old["recall_at_5_parent"]
+        if near_chance(now, chance):
             cause = (
                 "this update forgot it (it was above chance before)"
                 if not near_chance(was, chance)
                 else "it was near chance before this task too"
             )
             warnings.append(
-                f"Recall@5 on earlier task {name!r} is {old['recall_at_5_new']:.3f} after this "
-                f"task, near chance ({chance:.3f}; was {was:.3f}); likely cause: {cause}."
+                f"{figure} on earlier task {name!r} is {now:.3f} after this task, near chance "
+                f"({chance:.3f}; was {was:.3f}); likely cause: {cause}."
             )
     return warnings

@@ -1,0 +1,199 @@
+"""The continual benchmark's public task stream: classification-style tasks (many glosses ↔ one
+class-name text) interleaved with retrieval tasks (lemma ↔ gloss, one to one), on WordNet nouns.
+
+Two modalities, both embedded by one frozen encoder: ``text`` (a short name: the synset's own
+lemmas in a retrieval task, its class ancestor's lemmas in a classification task) and ``gloss``
+(the synset's definition). A class is a hypernym ancestor at depth ``CLASS_DEPTH`` of the
+first-hypernym path (``ancestors`` in the metadata; its name text comes from the main rows or the
+``ancestors.*`` files); classes with at least ``MIN_CLASS_ITEMS`` members are kept and dealt,
+in a fixed shuffled order, into disjoint sets of ``CLASSES_PER_TASK``. Retrieval tasks take
+lexicographer-file groups from the synsets that belong to no kept class, so no gloss appears in
+two tasks. The stream's composition is fixed; the seed draws the items and the splits.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, replace
+from functools import cached_property
+
+import numpy as np
+
+from bench.wordnet import OLD_MODEL, WordNetData, load_wordnet
+
+TEXT, GLOSS = "text", "gloss"
+MODALITIES = (TEXT, GLOSS)  # text first: the name is the entailment apex
+CLASSIFICATION, RETRIEVAL = "classification", "retrieval"
+KINDS = (RETRIEVAL, CLASSIFICATION)
+
+CLASS_DEPTH = 6
+MIN_CLASS_ITEMS = 30
+CLASSES_PER_TASK = 20
+CLASSIFICATION_TASKS = 4
+STREAM_SEED = 0  # the class deal: the same classes per task for every seed
+RETRIEVAL_GROUPS: tuple[tuple[str, ...], ...] = (
+    ("noun.artifact",),
+    ("noun.person", "noun.group"),
+    ("noun.act", "noun.event", "noun.communication", "noun.cognition"),
+    ("noun.state", "noun.attribute", "noun.quantity", "noun.location", "noun.substance"),
+)
+TRAIN_FRACTION = 0.6
+VALIDATION_FRACTION = 0.2  # of a task's training rows, for choosing settings
+
+
+@dataclass
+class Task:
+    """One task. ``train``/``test`` hold paired rows per modality; in a classification task the
+    ``text`` rows repeat the class name text, ``*_labels`` index ``class_names`` (the task's
+    class texts, K×D) and accuracy is taken among these K classes. A retrieval task has
+    ``train_labels`` None and no class names."""
+
+    name: str
+    kind: str
+    train: dict[str, np.ndarray]
+    test: dict[str, np.ndarray]
+    train_labels: np.ndarray | None = None
+    test_labels: np.ndarray | None = None
+    class_names: np.ndarray | None = None
+
+    @property
+    def train_rows(self) -> int:
+        return len(self.train[GLOSS])
+
+    @property
+    def test_rows(self) -> int:
+        return len(self.test[GLOSS])
+
+    @property
+    def classes(self) -> int:
+        return 0 if self.class_names is None else len(self.class_names)
+
+
+@dataclass
+class Corpus:
+    """The WordNet-noun rows and the class-name rows, embedded by one encoder."""
+
+    data: WordNetData
+    ancestors: WordNetData
+    encoder: str = OLD_MODEL
+
+    @cached_property
+    def name_rows(self) -> dict[str, tuple[WordNetData, int]]:
+        """Synset id → (the rows holding it, its row); main rows win over ancestor rows."""
+        out = {m["synset_id"]: (self.ancestors, i) for i, m in enumerate(self.ancestors.meta)}
+        out.update({m["synset_id"]: (self.data, i) for i, m in enumerate(self.data.meta)})
+        return out
+
+
+def load_corpus(encoder: str = OLD_MODEL) -> Corpus:
+    """Lemma and gloss features by ``encoder`` (``bench.training`` also times the 768-d
+    all-mpnet-base-v2), with the ancestor rows that name the classes."""
+    data = load_wordnet(fields=("lemma", "gloss"), models=(encoder,))
+    ancestors = load_wordnet(fields=("lemma",), models=(encoder,), prefix="ancestors.")
+    return Corpus(data, ancestors, encoder)
+
+
+def stream_classes(meta: list[dict]) -> list[list[str]]:
+    """The class ids (ancestor synsets) of each classification task, disjoint, in stream order."""
+    counts = Counter(m["ancestors"][CLASS_DEPTH] for m in meta if len(m["ancestors"]) > CLASS_DEPTH)
+    kept = sorted(c for c, n in counts.items() if n >= MIN_CLASS_ITEMS)
+    needed = CLASSES_PER_TASK * CLASSIFICATION_TASKS
+    if len(kept) < needed:
+        raise ValueError(f"{len(kept)} classes with ≥ {MIN_CLASS_ITEMS} items; {needed} needed")
+    order = np.random.default_rng(STREAM_SEED).permutation(len(kept))[:needed]
+    dealt = [kept[i] for i in order]
+    return [dealt[t::CLASSIFICATION_TASKS] for t in range(CLASSIFICATION_TASKS)]
+
+
+def _class_text(corpus: Corpus, class_id: str) -> np.ndarray:
+    """The lemma features of the class's synset (a main row, else an ancestor row)."""
+    source, row = corpus.name_rows[class_id]
+    return source.get("lemma", corpus.encoder)[row]
+
+
+def _split(rows: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    chosen = rng.permutation(rows)
+    cut = round(TRAIN_FRACTION * len(chosen))
+    return chosen[:cut], chosen[cut:]
+
+
+def _classification_task(
+    corpus: Corpus, name: str, classes: list[str], per_class: int, rng: np.random.Generator
+) -> Task:
+    meta, enc = corpus.data.meta, corpus.encoder
+    index = {c: k for k, c in enumerate(classes)}
+    members: dict[str, list[int]] = {c: [] for c in classes}
+    for i, m in enumerate(meta):
+        if len(m["ancestors"]) > CLASS_DEPTH and m["ancestors"][CLASS_DEPTH] in index:
+            members[m["ancestors"][CLASS_DEPTH]].append(i)
+    # Up to ``per_class`` items of every class (0: all), so no class dominates the task.
+    rows = np.concatenate(
+        [rng.permutation(np.array(members[c]))[: per_class or None] for c in classes]
+    )
+    label_of = {int(i): index[meta[i]["ancestors"][CLASS_DEPTH]] for i in rows}
+    names = np.stack([_class_text(corpus, c) for c in classes])
+    train, test = _split(rows, rng)
+    gloss = corpus.data.get("gloss", enc)
+
+    def paired(part: np.ndarray) -> tuple[dict[str, np.ndarray], np.ndarray]:
+        labels = np.array([label_of[int(i)] for i in part])
+        return {TEXT: names[labels], GLOSS: gloss[part]}, labels
+
+    (train_f, train_l), (test_f, test_l) = paired(train), paired(test)
+    return Task(name, CLASSIFICATION, train_f, test_f, train_l, test_l, names)
+
+
+def _retrieval_task(
+    corpus: Corpus, group: tuple[str, ...], pool: np.ndarray, items: int, rng: np.random.Generator
+) -> Task:
+    meta, enc = corpus.data.meta, corpus.encoder
+    rows = np.array([i for i in pool if meta[i]["lexname"] in group])
+    rows = rng.permutation(rows)[: items or None]
+    train, test = _split(rows, rng)
+    lemma, gloss = corpus.data.get("lemma", enc), corpus.data.get("gloss", enc)
+    return Task(
+        "retrieval: " + "+".join(g.removeprefix("noun.") for g in group),
+        RETRIEVAL,
+        {TEXT: lemma[train], GLOSS: gloss[train]},
+        {TEXT: lemma[test], GLOSS: gloss[test]},
+    )
+
+
+def build_tasks(
+    corpus: Corpus, retrieval_items: int = 0, seed: int = 0, per_class: int = 0
+) -> list[Task]:
+    """The stream C1 R1 C2 R2 …: classification tasks of ``CLASSES_PER_TASK`` disjoint classes
+    (up to ``per_class`` items each; 0: all) interleaved with retrieval tasks of up to
+    ``retrieval_items`` synsets each (0: all), every task split 60/40 train/test by ``seed``."""
+    rng = np.random.default_rng(seed)
+    class_sets = stream_classes(corpus.data.meta)
+    in_class = {c for cs in class_sets for c in cs}
+    pool = np.array(
+        [
+            i
+            for i, m in enumerate(corpus.data.meta)
+            if not (len(m["ancestors"]) > CLASS_DEPTH and m["ancestors"][CLASS_DEPTH] in in_class)
+        ]
+    )
+    tasks = []
+    for t, (classes, group) in enumerate(zip(class_sets, RETRIEVAL_GROUPS, strict=True)):
+        tasks.append(_classification_task(corpus, f"classes {t + 1}", classes, per_class, rng))
+        tasks.append(_retrieval_task(corpus, group, pool, retrieval_items, rng))
+    return tasks
+
+
+def carve_validation(task: Task, seed: int, fraction: float = VALIDATION_FRACTION) -> Task:
+    """The task with ``fraction`` of its **training** rows held out as its test split: settings
+    are chosen on these, never on the real test rows (which this task does not hold)."""
+    rng = np.random.default_rng([seed, 7])
+    perm = rng.permutation(task.train_rows)
+    cut = round(fraction * len(perm))
+    val, fit = perm[:cut], perm[cut:]
+    labels = task.train_labels
+    return replace(
+        task,
+        train={m: x[fit] for m, x in task.train.items()},
+        test={m: x[val] for m, x in task.train.items()},
+        train_labels=None if labels is None else labels[fit],
+        test_labels=None if labels is None else labels[val],
+    )
