@@ -36,6 +36,7 @@ from app.ml.auto import (
     pick,
     split_for_validation,
 )
+from app.ml.calibration import labelled_calibration, unlabelled_calibration
 from app.ml.compat import PAIR_METHODS, CompatParams, train_compatible_model
 from app.ml.evaluation import METRIC_MEANINGS, json_safe
 from app.ml.models import EmbeddingModel
@@ -240,6 +241,16 @@ def _held_out(
     return metrics, ev
 
 
+def _calibration(ev: EvalSet, served: EmbeddingModel) -> dict[str, Any]:
+    """Whether the old embeddings' uncertainty predicts search failures on held-out items
+    (``app.ml.calibration``); the gallery of ``ev`` is every paired item."""
+    train_rows = np.setdiff1d(np.arange(ev.old_points.shape[0]), ev.rows)
+    if ev.labels is not None and train_rows.size:
+        return labelled_calibration(ev.old_points, ev.labels, ev.rows, train_rows, ev.curv)
+    bridged = served.embed(ev.new_features[ev.rows])
+    return unlabelled_calibration(ev.old_points, ev.rows, bridged, ev.curv)
+
+
 def run_explicit(
     ctx: UpgradeContext,
     method: str,
@@ -289,6 +300,7 @@ def run_explicit(
         metrics=metrics,
         history=history,
         recommendation=recommend(metrics, method, objective, view),
+        calibration=_calibration(ev, model),
     )
     return UpgradeOutcome(
         model=model, report=json_safe(report), params=params.to_dict(), method=method
@@ -428,6 +440,7 @@ def run_auto(
             "note": note,
         },
         recommendation=recommend(metrics, chosen, objective, view),
+        calibration=_calibration(ev, bridges[chosen]),
     )
     params = CompatParams.from_dict(served_trial.settings).to_dict()
     return UpgradeOutcome(model=served, report=json_safe(report), params=params, method=chosen)

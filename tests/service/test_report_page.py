@@ -73,8 +73,10 @@ def test_auto_report_page_reads_in_chromium(client: TestClient, tmp_path: Path) 
     assert seen["errors"] == []
     report = job["report"]
     views = report["views"]
-    # One plot per view, and the training loss of the served model.
-    assert seen["images"] >= len(views) + 1
+    # One plot per view, the training loss of the served model and the calibration (labels).
+    assert report["calibration"]["source"] == "knn" and report["calibration"]["bins"]
+    assert seen["images"] >= len(views) + 2
+    assert "Uncertainty calibration" in seen["text"]
     assert seen["decoded"] == seen["images"]
     text = seen["text"]
     assert "Verdict" in text and report["recommendation"]["why"] in text
