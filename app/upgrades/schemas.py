@@ -60,8 +60,9 @@ class UpgradeOut(BaseModel):
     progress: dict[str, Any] = Field(description="epoch, epochs, loss, … (latest report)")
     phase: str | None = Field(
         default=None,
-        description="what the job is doing now, as the trainer last reported it (e.g. training a "
-        "candidate, evaluating, storing); null before the first report",
+        description="what the job is doing now, as the trainer last reported it (training a "
+        "candidate, evaluating, storing); `done` once it succeeded; null before the first report "
+        "and after a failure or cancellation",
     )
     eta_s: float | None = Field(
         default=None,
@@ -88,6 +89,11 @@ class UpgradeOut(BaseModel):
         if not isinstance(data, dict):
             return data
         progress = data.get("progress") or {}
+        status = data.get("status")
+        if status in ("succeeded", "failed", "cancelled"):
+            # A finished job's last progress event is history: no phase or ETA is in flight.
+            done = {"phase": "done" if status == "succeeded" else None, "eta_s": None}
+            return {**done, "candidate": None, **data}
         eta = progress.get("eta_s")
         finite = isinstance(eta, int | float) and not isinstance(eta, bool) and math.isfinite(eta)
         derived = {

@@ -165,6 +165,10 @@ def test_phase_and_eta_come_from_progress() -> None:
     assert (empty.phase, empty.eta_s, empty.candidate) == (None, None, None)
     odd = UpgradeOut.model_validate({**base, "progress": {"phase": 3, "eta_s": float("nan")}})
     assert (odd.phase, odd.eta_s) == (None, None)
+    finished = {**base, "progress": running}
+    for status, phase in (("succeeded", "done"), ("failed", None), ("cancelled", None)):
+        out = UpgradeOut.model_validate({**finished, "status": status})
+        assert (out.phase, out.eta_s, out.candidate) == (phase, None, None)
     assert UpgradeOut.model_json_schema()["properties"]["eta_s"]["description"]
 
 

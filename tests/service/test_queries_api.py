@@ -347,6 +347,7 @@ def test_procrustes_upgrade_with_a_query_log(client: TestClient, wordnet_small, 
     job = client.get(f"/v1/upgrades/{created.json()['id']}").json()
     assert job["status"] == "succeeded", job["error"]
     assert phases == ["storing"]
+    assert (job["phase"], job["eta_s"], job["candidate"]) == ("done", None, None)
     report = job["report"]
     assert report["paired_items"] == 300 and report["queries"] == 120
     assert report["queries_with_old_vectors"] == 120 and report["queries_with_relevance"] == 100
