@@ -374,7 +374,9 @@ def test_export_command(
     with zipfile.ZipFile(exported) as archive:
         manifest = json.loads(archive.read("manifest.json"))
         assert any(name.endswith(".onnx") for name in archive.namelist())
-    assert manifest["metric"] == "cosine" and manifest["model_name"] == "all-MiniLM-L6-v2"
+    space = manifest["space"]  # the old space the graph's outputs search
+    assert space["metric"] == "cosine" and space["model_name"] == "all-MiniLM-L6-v2"
+    assert manifest["search"]["kind"] == "cosine"
     code, _, err = cli(capsys, "export", "mdl_missing", "-o", str(tmp_path / "none.zip"))
     assert code == 1 and "404" in err
     assert not (tmp_path / "none.zip").exists()
