@@ -201,15 +201,7 @@ def search_gallery(
         min_candidates=settings.search_min_candidates,
     )
     scores = hit_scores(gallery, queries, points, distances)
-    wanted = sorted({int(i) for i in ids[ids >= 0]})
-    items: dict[int, tuple[str, str | None]] = {}
-    for start in range(0, len(wanted), IN_CHUNK):
-        rows = session.execute(
-            select(GalleryVector.id, GalleryVector.item_id, GalleryVector.label).where(
-                GalleryVector.id.in_(wanted[start : start + IN_CHUNK])
-            )
-        )
-        items.update((row_id, (item_id, label)) for row_id, item_id, label in rows)
+    items = _item_names(session, sorted({int(i) for i in ids[ids >= 0]}))
     results = []
     for row_ids, row_dist, row_scores in zip(
         ids.tolist(), distances.tolist(), scores.tolist(), strict=True
