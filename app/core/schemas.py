@@ -30,6 +30,16 @@ Text = Annotated[str, AfterValidator(_check_printable)]
 # A user-facing name: printable, no path separators (names never become file paths anyway).
 Name = Annotated[str, Field(min_length=1, max_length=128), AfterValidator(_check_name)]
 ModalityName = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")]
+# A modality in the query string, where a request's body is one `.npy` array.
+NpyModalityQuery = Annotated[
+    str | None,
+    Query(
+        min_length=1,
+        max_length=64,
+        pattern=r"^[A-Za-z0-9_.-]+$",
+        description="application/x-npy bodies only",
+    ),
+]
 # Strict: JSON numbers only; true, null or "1" in a vector is a client bug, not a 1.0.
 Matrix = list[list[StrictFloat]]
 PageTokenQuery = Annotated[

@@ -11,7 +11,7 @@ from starlette.concurrency import run_in_threadpool
 from app.core.arrays import check_batch_size, load_npy
 from app.core.deps import SessionDep, StateDep, TenantDep
 from app.core.errors import Problem, invalid
-from app.core.schemas import LimitQuery, PageTokenQuery, openapi_body
+from app.core.schemas import LimitQuery, NpyModalityQuery, PageTokenQuery, openapi_body
 from app.core.tenancy import tenant_page
 from app.core.uploads import read_json_model
 from app.models import service
@@ -173,15 +173,7 @@ async def embed(
     state: StateDep,
     session: SessionDep,
     tenant_id: TenantDep,
-    modality: Annotated[
-        str | None,
-        Query(
-            min_length=1,
-            max_length=64,
-            pattern=r"^[A-Za-z0-9_.-]+$",
-            description=f"{NPY_MEDIA_TYPE} bodies only",
-        ),
-    ] = None,
+    modality: NpyModalityQuery = None,
 ) -> dict:
     """Embed the NEW backbone's `features` (the model's inputs; old-space vectors are never
     embedded, galleries store and search them as they are): points in the model's frame and

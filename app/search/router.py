@@ -10,7 +10,7 @@ from starlette.concurrency import run_in_threadpool
 from app.core.arrays import load_npy
 from app.core.deps import SessionDep, StateDep, TenantDep
 from app.core.errors import Problem, invalid
-from app.core.schemas import openapi_body
+from app.core.schemas import NpyModalityQuery, openapi_body
 from app.core.uploads import read_json_model
 from app.galleries.service import get_gallery
 from app.search import service
@@ -51,15 +51,7 @@ async def search(
     model_id: Annotated[
         str | None, Query(min_length=1, max_length=40, description=f"{NPY_MEDIA_TYPE} only")
     ] = None,
-    modality: Annotated[
-        str | None,
-        Query(
-            min_length=1,
-            max_length=64,
-            pattern=r"^[A-Za-z0-9_.-]+$",
-            description=f"{NPY_MEDIA_TYPE} only",
-        ),
-    ] = None,
+    modality: NpyModalityQuery = None,
 ) -> dict:
     """k nearest gallery items per query, by exact Lorentz distance, each with its `distance` and
     `score` (cosine similarity for cosine galleries). Without `model_id` the rows are old-space
