@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
+import torch
 
 from app.ml.backfill import (
     Candidates,
@@ -14,11 +16,20 @@ from app.ml.backfill import (
     fit_planner,
     merge,
     merged_ranks,
+    mixed,
     plan_order,
+    ranks_of,
     reference_fit,
     tail_fit,
     top_of,
 )
+from app.ml.backfill_fit import (
+    bridged_reference_fit,
+    cosine_scores,
+    lorentz_scores,
+    native_reference_fit,
+)
+from app.ml.space import EuclideanLift
 
 
 def lists(rng, nq=5, n=300):
@@ -66,6 +77,51 @@ def test_merge_interleaves_by_calibrated_score_and_pads() -> None:
     assert ids.tolist() == [[10, 20, 11, -1]]
     assert native_mask.tolist() == [[True, False, True, False]]
     assert np.all(np.diff(scores[0, :3]) < 0)
+
+
+def test_an_item_reembedded_with_the_querys_own_features_ranks_first_in_low_dimensions() -> None:
+    """Bug: on 6-d data the exponential tail gave cos = 1 a finite, modest calibrated score (a
+    cosine's tail ends at 1, an exponential has no end), so a bridged item that merely scored
+    well above its own tail outranked the exact match. Searched as the service does: native
+    cosines, bridged Lorentz scores of a least-squares bridge, tails from reference items."""
+    rng = np.random.default_rng(0)
+    n, d = 400, 6
+    old = rng.normal(size=(n, d))
+    rotation = np.linalg.qr(rng.normal(size=(d, d)))[0]
+    new = old @ rotation + 0.3 * rng.normal(size=(n, d))
+    lift = EuclideanLift()
+    points = lift(torch.as_tensor(old)).numpy().astype(np.float32)
+    bridge = np.linalg.lstsq(new, old, rcond=None)[0]
+    query_points = lift(torch.as_tensor(new @ bridge)).numpy().astype(np.float32)
+    reference = rng.choice(n, 200, replace=False)
+    fits = (
+        native_reference_fit(new, new[reference]),
+        bridged_reference_fit(query_points, points[reference], lift.curv),
+    )
+    native = cosine_scores(new, new)
+    bridged = lorentz_scores(query_points, points, lift.curv)
+    reembedded = rng.random(n) < 0.25
+    rows = np.flatnonzero(reembedded)
+    ranks = merged_ranks(
+        native[rows],
+        bridged[rows],
+        reembedded,
+        [np.array([i]) for i in rows],
+        tuple(tuple(a[rows] for a in fit) for fit in fits),
+    )
+    assert ranks.tolist() == [0] * len(rows)
+
+
+def test_merge_rules_score_only_the_reembedded_items_differently() -> None:
+    cal_native = np.array([[3.0, 1.0, 2.0]])
+    cal_bridged = np.array([[1.0, 4.0, 0.5]])
+    reembedded = np.array([True, True, False])
+    assert mixed(cal_native, cal_bridged, reembedded, "native").tolist() == [[3.0, 1.0, 0.5]]
+    assert mixed(cal_native, cal_bridged, reembedded, "max").tolist() == [[3.0, 4.0, 0.5]]
+    assert mixed(cal_native, cal_bridged, reembedded, "mean").tolist() == [[2.0, 2.5, 0.5]]
+    with pytest.raises(ValueError, match="merge rule"):
+        mixed(cal_native, cal_bridged, reembedded, "sum")
+    assert ranks_of(mixed(cal_native, cal_bridged, reembedded, "max"), [np.array([0, 2])]) == [1]
 
 
 def test_plan_order_leaves_out_the_reembedded() -> None:

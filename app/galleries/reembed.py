@@ -39,11 +39,10 @@ from app.ml.backfill import (
     pick_reference,
     plan_order,
     plan_priority,
-    reference_fit,
     top_of,
     unit_rows,
 )
-from app.ml.backfill_fit import build_fit_view, cosine_scores, lorentz_scores
+from app.ml.backfill_fit import bridged_reference_fit, build_fit_view, native_reference_fit
 from app.ml.lorentz import uncertainty as norm_uncertainty
 from app.models.models import TrainedModel
 from app.models.service import BACKBONE, ModelCache, get_model, resolve_modality, same_space
@@ -299,8 +298,8 @@ def mixed_search(
     _, ref_new, ref_old = backfill_fit(session, cache, row)
     curv = gallery.lift_curv
     ref_points = lift_of(gallery)(torch.as_tensor(ref_old, dtype=torch.float64)).numpy()
-    native_fit = reference_fit(cosine_scores(features, ref_new))
-    bridged_fit = reference_fit(lorentz_scores(query_points, ref_points, curv))
+    native_fit = native_reference_fit(features, ref_new)
+    bridged_fit = bridged_reference_fit(query_points, ref_points, curv)
     # Native list: an exact scan of the re-embedded items.
     cos = unit_rows(features) @ new_features.T
     pos, nscores = top_of(cos, k)

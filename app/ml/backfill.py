@@ -11,7 +11,16 @@ scored the way this one is. Per query and per list, the upper tail of the scores
 
     P̂(S > s) = (m / n) · exp(−(s − u) / σ),   u = the (m+1)-th best score, σ = mean(top m − u)
 
-and the calibrated score is c = −ln P̂ (larger is nearer). Why this and not a fitted mapping:
+and the calibrated score is c = −ln P̂ (larger is nearer). Both lists' scores have a known
+upper end e (a cosine ≤ 1; a Lorentz inner product ≤ −1/curv, reached at the query's own point),
+and near it the tail is not exponential: the share of items within distance δ of the end falls
+like a power of δ (δ^((d−1)/2) for cosines in d dimensions), so an exponential gives the end
+itself a finite, modest c — in 6 dimensions an item re-embedded with the query's own features
+ranked below bridged items. So the fit is made on t = −ln(e − s), where a power law is
+exponential: P̂(S > s) = (m/n) · ((e − s)/(e − u))^α, the Hill estimator for 1/α, and c → ∞ at
+the end (bounded by the float tolerance, ``EXACT_TOLERANCE``). Far from the end (high-d
+embeddings, where the best cosines are far below 1) t is nearly affine in s and the fit is
+the plain exponential one. Why this and not a fitted mapping:
 
 - it is *per query*: the two spaces' score ranges differ by query (a short lemma has flat cosines
   everywhere, a specific one a sharp peak), which one global map fitted at upgrade time cannot
@@ -56,6 +65,10 @@ TAIL_SIZE = 100
 REFERENCE_SIZE = 2048
 # Fractions the expected curve always reports (plus the request's own).
 CURVE_FRACTIONS: tuple[float, ...] = (0.0, 0.05, 0.1, 0.25, 0.5, 1.0)
+# Scores within this share of (1 + |e|) of their list's upper end e are exact matches (float32
+# rounding of a cosine of equal vectors, of a Lorentz product of equal points): they tie at the top.
+EXACT_TOLERANCE = 1e-6
+COSINE_END = 1.0
 RIDGE_LAMBDA = 10.0
 # Held-out queries and fit-gallery items a planner fit uses at most (seeded samples beyond).
 MAX_FIT_QUERIES = 2000
@@ -63,6 +76,11 @@ MAX_FIT_ITEMS = 50_000
 # Queries × items scored at once while simulating (bounds the float32 working set, 256 MiB).
 SCORE_BUDGET = 2**26
 ESTIMATORS = ("expected_gain", "uncertainty", "random")
+# How a re-embedded item is scored in a mixed gallery: its native calibrated score alone, or
+# combined with its bridged one (max: either list may vouch for it; mean: two estimates of the
+# same −ln share averaged). bench.backfill --validation compares them on training data.
+MERGE_RULES = ("native", "max", "mean")
+MERGE_RULE = "native"
 
 
 def unit_rows(x: np.ndarray) -> np.ndarray:
@@ -74,11 +92,33 @@ def unit_rows(x: np.ndarray) -> np.ndarray:
 # -- the calibrated merge ---------------------------------------------------------------------
 
 
-def tail_fit(top_scores: np.ndarray, population: int, m: int = TAIL_SIZE) -> tuple[np.ndarray, ...]:
-    """Per row of ``top_scores`` (nq × ≥1, best first, NaN/−inf padded): (u, σ, ln(m/n)) of the
-    exponential tail above the (m+1)-th best of a list of ``population`` items."""
+def lorentz_end(curv: float) -> float:
+    """The largest Lorentz inner product ⟨q, x⟩_L of two points of curvature −curv (q = x)."""
+    return -1.0 / curv
+
+
+def tail_scale(scores: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """The score on which the tail is exponential: −ln(e − s) where the end e is known (finite),
+    s itself where it is not (NaN)."""
+    s = np.asarray(scores, dtype=np.float64)
+    e = np.asarray(end, dtype=np.float64)[:, None]
+    bounded = np.isfinite(e)
+    e0 = np.where(bounded, e, 0.0)
+    gap = np.maximum(e0 - s, EXACT_TOLERANCE * (1.0 + np.abs(e0)))
+    with np.errstate(invalid="ignore"):
+        return np.where(bounded, np.where(np.isfinite(s), -np.log(gap), s), s)
+
+
+def tail_fit(
+    top_scores: np.ndarray, population: int, m: int = TAIL_SIZE, end: float | None = None
+) -> tuple[np.ndarray, ...]:
+    """Per row of ``top_scores`` (nq × ≥1, best first, NaN/−inf padded): (u, σ, ln(m/n), e) of
+    the exponential tail above the (m+1)-th best of a list of ``population`` items, on
+    ``tail_scale`` of the scores (``end``: the scores' upper end, None when unbounded)."""
     top = np.asarray(top_scores, dtype=np.float64)
     nq = top.shape[0]
+    ends = np.full(nq, np.nan if end is None else float(end))
+    top = tail_scale(top, ends)
     avail = np.isfinite(top).sum(axis=1) if top.size else np.zeros(nq, dtype=np.int64)
     m_eff = np.clip(np.minimum(avail - 1, min(m, max(population - 1, 0))), 0, None)
     rows = np.arange(nq)
@@ -92,14 +132,14 @@ def tail_fit(top_scores: np.ndarray, population: int, m: int = TAIL_SIZE) -> tup
     sigma = np.maximum(sigma, 1e-6)
     # With no tail the best item alone is known: half a rank of n.
     share = np.where(m_eff > 0, m_eff / max(population, 1), 0.5 / max(population, 1))
-    return u, sigma, np.log(share)
+    return u, sigma, np.log(share), ends
 
 
 def calibrate(scores: np.ndarray, fit: tuple[np.ndarray, ...]) -> np.ndarray:
     """c = −ln P̂(S > s) for scores (nq × k) of one list (larger is nearer)."""
-    u, sigma, log_share = fit
-    s = np.asarray(scores, dtype=np.float64)
-    return -(log_share[:, None] - (s - u[:, None]) / sigma[:, None])
+    u, sigma, log_share, ends = fit
+    t = tail_scale(scores, ends)
+    return -(log_share[:, None] - (t - u[:, None]) / sigma[:, None])
 
 
 @dataclass(frozen=True)
@@ -119,10 +159,13 @@ def pick_reference(n: int, seed: int = 0, size: int = REFERENCE_SIZE) -> np.ndar
     return np.sort(np.random.default_rng([seed, 1212]).choice(n, size, replace=False))
 
 
-def reference_fit(reference_scores: np.ndarray, m: int = TAIL_SIZE) -> tuple[np.ndarray, ...]:
-    """The tail of each query's scores over the reference documents (nq × r)."""
+def reference_fit(
+    reference_scores: np.ndarray, m: int = TAIL_SIZE, end: float | None = None
+) -> tuple[np.ndarray, ...]:
+    """The tail of each query's scores over the reference documents (nq × r); ``end``: the
+    scores' upper end (None: unbounded)."""
     _, top = top_of(np.asarray(reference_scores), m + 1)
-    return tail_fit(top, reference_scores.shape[1], m)
+    return tail_fit(top, reference_scores.shape[1], m, end)
 
 
 def merge(native: Candidates, bridged: Candidates, k: int):
@@ -166,12 +209,57 @@ def top_of(scores: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     return np.take_along_axis(part, order, axis=1), np.take_along_axis(vals, order, axis=1)
 
 
+def calibrated_pair(
+    native: np.ndarray,
+    bridged: np.ndarray,
+    fits: tuple[tuple[np.ndarray, ...], tuple[np.ndarray, ...]],
+) -> tuple[np.ndarray, np.ndarray]:
+    """Both lists' calibrated scores (nq × n float32) for full score matrices: every item as if
+    re-embedded, and every item bridged. A mixed gallery picks per item (``mixed``)."""
+    out = (np.empty(native.shape, np.float32), np.empty(bridged.shape, np.float32))
+    chunk = max(1, SCORE_BUDGET // 4 // max(native.shape[1], 1))
+    for start in range(0, native.shape[0], chunk):
+        part = slice(start, start + chunk)
+        for scores, fit, dest in ((native, fits[0], out[0]), (bridged, fits[1], out[1])):
+            dest[part] = calibrate(scores[part], tuple(a[part] for a in fit))
+    return out
+
+
+def mixed(
+    cal_native: np.ndarray, cal_bridged: np.ndarray, reembedded: np.ndarray, rule: str = MERGE_RULE
+) -> np.ndarray:
+    """The calibrated score of every item in a gallery re-embedded where ``reembedded``: the
+    bridged one for the others, and for re-embedded items per ``rule`` (``MERGE_RULES``)."""
+    if rule == "native":
+        own = cal_native
+    elif rule == "max":
+        own = np.maximum(cal_native, cal_bridged)
+    elif rule == "mean":
+        own = (cal_native + cal_bridged) / 2
+    else:
+        raise ValueError(f"unknown merge rule {rule!r}, expected one of {list(MERGE_RULES)}")
+    return np.where(np.asarray(reembedded, dtype=bool)[None, :], own, cal_bridged)
+
+
+def ranks_of(scores: np.ndarray, relevant: Sequence[np.ndarray]) -> np.ndarray:
+    """The 0-based rank of each row's best relevant item (ties count in its favour)."""
+    if all(len(rel) == 1 for rel in relevant):
+        rows = np.arange(len(relevant))
+        best = scores[rows, np.array([rel[0] for rel in relevant], dtype=np.int64)]
+        return (scores > best[:, None]).sum(axis=1).astype(np.int64)
+    return np.array(
+        [int((scores[q] > scores[q, rel].max()).sum()) for q, rel in enumerate(relevant)],
+        dtype=np.int64,
+    )
+
+
 def merged_ranks(
     native: np.ndarray,
     bridged: np.ndarray,
     reembedded: np.ndarray,
     relevant: Sequence[np.ndarray],
     fits: tuple[tuple[np.ndarray, ...], tuple[np.ndarray, ...]],
+    rule: str = MERGE_RULE,
 ) -> np.ndarray:
     """For full score matrices (nq × n: native cosines, bridged scores), a re-embedded mask and
     the two lists' reference tails (``reference_fit``), the merged 0-based rank of each query's
@@ -181,14 +269,9 @@ def merged_ranks(
     chunk = max(1, SCORE_BUDGET // 4 // max(native.shape[1], 1))
     for start in range(0, len(relevant), chunk):
         part = slice(start, start + chunk)
-        fit_n = tuple(a[part] for a in fits[0])
-        fit_b = tuple(a[part] for a in fits[1])
-        calibrated = np.where(
-            mask[None, :], calibrate(native[part], fit_n), calibrate(bridged[part], fit_b)
-        )
-        for q, rel in enumerate(relevant[part]):
-            best = calibrated[q, rel].max()
-            ranks[start + q] = int((calibrated[q] > best).sum())
+        fit_part = tuple(tuple(a[part] for a in fit) for fit in fits)
+        cal = calibrated_pair(native[part], bridged[part], fit_part)  # type: ignore[arg-type]
+        ranks[part] = ranks_of(mixed(*cal, mask, rule), relevant[part])
     return ranks
 
 
@@ -270,15 +353,15 @@ class FitView:
     uncertainty: np.ndarray | None = None  # n, larger = less certain old embedding
 
 
-def item_gains(view: FitView) -> tuple[np.ndarray, np.ndarray]:
+def item_gains(view: FitView, rule: str = MERGE_RULE) -> tuple[np.ndarray, np.ndarray]:
     """(gain per fit-gallery row, mask of rows the gain is measured for)."""
     n = view.native.shape[1]
     gains = np.zeros(n)
     seen = np.zeros(n, dtype=bool)
     none = np.zeros(n, dtype=bool)
     all_new = np.ones(n, dtype=bool)
-    r_native = merged_ranks(view.native, view.bridged, all_new, view.relevant, view.fits)
-    r_bridged = merged_ranks(view.native, view.bridged, none, view.relevant, view.fits)
+    r_native = merged_ranks(view.native, view.bridged, all_new, view.relevant, view.fits, rule)
+    r_bridged = merged_ranks(view.native, view.bridged, none, view.relevant, view.fits, rule)
     delta = discount(r_native) - discount(r_bridged)
     for q, rel in enumerate(view.relevant):
         gains[rel] += delta[q] / len(rel)
@@ -287,7 +370,11 @@ def item_gains(view: FitView) -> tuple[np.ndarray, np.ndarray]:
 
 
 def curve(
-    view: FitView, order: np.ndarray, fractions: Sequence[float], ks: Sequence[int] = (1, 10)
+    view: FitView,
+    order: np.ndarray,
+    fractions: Sequence[float],
+    ks: Sequence[int] = (1, 10),
+    rule: str = MERGE_RULE,
 ) -> list[dict[str, Any]]:
     """Recall@k of the held-out queries with the first ``fraction`` of ``order`` re-embedded."""
     n = view.native.shape[1]
@@ -295,7 +382,7 @@ def curve(
     for fraction in fractions:
         mask = np.zeros(n, dtype=bool)
         mask[order[: round(fraction * n)]] = True
-        ranks = merged_ranks(view.native, view.bridged, mask, view.relevant, view.fits)
+        ranks = merged_ranks(view.native, view.bridged, mask, view.relevant, view.fits, rule)
         out.append(
             {"fraction": float(fraction), **{f"recall@{k}": float((ranks < k).mean()) for k in ks}}
         )
@@ -342,11 +429,16 @@ class PlannerFit:
         )
 
 
-def fit_planner(view: FitView, seed: int = 0, fractions: Sequence[float] = CURVE_FRACTIONS):
+def fit_planner(
+    view: FitView,
+    seed: int = 0,
+    fractions: Sequence[float] = CURVE_FRACTIONS,
+    rule: str = MERGE_RULE,
+):
     """Learn the per-item gain on the held-out items, compare estimators by cross-fitting, and
     estimate the curve of the chosen one. Returns a ``PlannerFit``."""
     rng = np.random.default_rng([seed, 12])
-    gains, seen = item_gains(view)
+    gains, seen = item_gains(view, rule)
     measured = view.held_out[seen[view.held_out]]
     if len(measured) < 4:
         raise ValueError("too few held-out items with queries to learn which items gain most")
@@ -367,7 +459,7 @@ def fit_planner(view: FitView, seed: int = 0, fractions: Sequence[float] = CURVE
     }
     if view.uncertainty is not None and np.ptp(view.uncertainty) > 1e-6:
         orders["uncertainty"] = plan_order(view.uncertainty)
-    curves = {name: curve(view, order, fractions) for name, order in orders.items()}
+    curves = {name: curve(view, order, fractions, rule=rule) for name, order in orders.items()}
     areas = {name: area(points, metric) for name, points in curves.items()}
     learned = [name for name in orders if name != "random"]
     chosen = max(learned, key=lambda name: areas[name])

@@ -8,10 +8,12 @@ import numpy as np
 import torch
 
 from app.ml.backfill import (
+    COSINE_END,
     MAX_FIT_ITEMS,
     MAX_FIT_QUERIES,
     SCORE_BUDGET,
     FitView,
+    lorentz_end,
     pick_reference,
     reference_fit,
     unit_rows,
@@ -43,6 +45,20 @@ def cosine_scores(queries: np.ndarray, items: np.ndarray) -> np.ndarray:
     for start in range(0, len(q), block):
         out[start : start + block] = q[start : start + block] @ x.T
     return out
+
+
+def native_reference_fit(features: np.ndarray, reference_new: np.ndarray):
+    """The native list's tail per query: cosines of the new backbone's query features over the
+    reference documents' new features."""
+    return reference_fit(cosine_scores(features, reference_new), end=COSINE_END)
+
+
+def bridged_reference_fit(query_points: np.ndarray, reference_points: np.ndarray, curv: float):
+    """The bridged list's tail per query: the bridged query's Lorentz scores over the reference
+    documents' old points (gallery frame)."""
+    return reference_fit(
+        lorentz_scores(query_points, reference_points, curv), end=lorentz_end(curv)
+    )
 
 
 def build_fit_view(
@@ -95,7 +111,10 @@ def build_fit_view(
     return FitView(
         native=native,
         bridged=bridged,
-        fits=(reference_fit(native[:, reference]), reference_fit(bridged[:, reference])),
+        fits=(
+            native_reference_fit(features, data.new_features[rows][reference]),
+            bridged_reference_fit(query_points, old_points[reference], curv),
+        ),
         relevant=relevant,
         old_points=old_points.astype(np.float32),
         held_out=np.sort(position[eval_idx]),
