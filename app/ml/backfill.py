@@ -31,9 +31,17 @@ the plain exponential one. Why this and not a fitted mapping:
   order: a full reindex exactly (and at 0 % exactly the bridge), whatever the calibration's error;
 - it needs nothing stored with the model and no held-out data at search time.
 
-The native list's population is the re-embedded items (n = their count) and the bridged list's is
-the whole gallery (every item has an old vector; re-embedded ones are then dropped from that list,
-since their native score replaces it).
+A re-embedded item is scored by its native calibrated score alone (``MERGE_RULE``). The
+alternatives — also letting its bridged score vouch for it (the max of the two), or averaging the
+two estimates of the same −ln share — were compared on a validation carve of the training synsets
+(``python -m bench.backfill --validation --merge native,max,mean``): none was better by more than
+the benchmark's resolution, and only ``native`` keeps 100 % exactly a reindex and needs no
+bridged score for re-embedded items (BENCHMARKS.md, bench.backfill).
+
+Both lists' tails are fitted per query on the same reference documents (a seeded sample of the
+upgrade's paired items, both sides: ``REFERENCE_SIZE``), so both estimate a share of one
+population; re-embedded items are dropped from the bridged list, since their native score
+replaces it.
 
 **The plan.** Which items gain most from re-embedding cannot be measured on the gallery (their
 new features are what is missing), so it is learned on the upgrade's held-out items, where both
