@@ -123,8 +123,9 @@ def create_gallery(service: RunningService, body: dict[str, Any]) -> str:
 def seed_gallery_rows(
     data_dir: Path, gallery_id: str, item_ids: list[str], vectors: np.ndarray, chunk: int = 20_000
 ) -> None:
-    """Insert rows straight into the (stopped) service's database, as committed uploads would
-    leave them, and bump the gallery's index version: the next start rebuilds its index."""
+    """Store vectors straight through the (stopped) service's vector storage, as committed
+    uploads would leave them, one commit per chunk, and bump the gallery's index version: the
+    next start rebuilds its index."""
     from app.core.db import Database
     from app.core.settings import Settings
     from app.galleries.models import Gallery
@@ -134,12 +135,15 @@ def seed_gallery_rows(
     db = Database(settings)
     try:
         with db.session() as session:
-            gallery = session.scalar(select(Gallery).where(Gallery.id == gallery_id))
-            assert gallery is not None
-            storage = storage_for(session, gallery)
             for start in range(0, len(item_ids), chunk):
+                gallery = session.scalar(
+                    select(Gallery)
+                    .where(Gallery.id == gallery_id)
+                    .execution_options(populate_existing=True)
+                )
+                assert gallery is not None
                 ids = item_ids[start : start + chunk]
-                written = storage.upsert(
+                written = storage_for(session, gallery).upsert(
                     session,
                     gallery,
                     ids,
@@ -148,6 +152,8 @@ def seed_gallery_rows(
                     [None] * len(ids),
                 )
                 gallery.count += written.inserted
-            gallery.index_version += 1
+                gallery.index_version += 1
+                # Committed chunk by chunk: the storage reads only committed manifests.
+                session.commit()
     finally:
         db.dispose()

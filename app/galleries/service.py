@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from sqlalchemy import delete, select
+from sqlalchemy import delete, select, update
 from sqlalchemy.orm import Session
 
 from app.core.arrays import as_matrix, check_batch_size, check_count, check_ids, check_labels
@@ -30,7 +30,9 @@ from app.models.models import TrainedModel
 from app.models.service import ModelCache, embed_features, get_model, resolve_modality
 from app.search.index import validate_index_params
 from app.search.store import IndexSpec, IndexStore
-from app.vectors.engine import storage_for
+from app.vectors.engine import storage_for, vectors_dir
+from app.vectors.segment_format import SegmentCorrupted
+from app.vectors.segments import empty_manifest, segment_storage
 
 log = logging.getLogger(__name__)
 # Bound on the number of SQL parameters in one IN (…) list (SQLite's limit is far above this).
@@ -103,6 +105,8 @@ def create_gallery(
         name=request.name,
         index_kind=kind,
         index_params=params,
+        vector_storage=settings.vector_storage,
+        vector_manifest=empty_manifest() if settings.vector_storage == "segments" else None,
     )
     if request.model_id is None:
         if request.dim > settings.max_dim:
@@ -232,8 +236,26 @@ def _forget_reembedded(session: Session, gallery: Gallery, vector_ids: np.ndarra
 
 
 def _lock_gallery(session: Session, gallery: Gallery) -> Gallery:
-    """Re-read the gallery row under a row lock (PostgreSQL; SQLite serialises writers)."""
-    locked = session.scalar(select(Gallery).where(Gallery.id == gallery.id).with_for_update())
+    """Re-read the gallery row under a row lock (PostgreSQL; SQLite serialises writers). The
+    row is read afresh (populate_existing), not taken from the identity map: a writer that waited
+    for the lock must see the count, version and segment manifest the previous writer committed
+    (appending at a stale segment end would overwrite committed batches).
+
+    SQLite has no row locks and begins a transaction only at its first write: a no-op UPDATE
+    takes the database's write lock first, so writers in other processes wait here too."""
+    if session.get_bind().dialect.name == "sqlite":
+        session.execute(
+            update(Gallery)
+            .where(Gallery.id == gallery.id)
+            .values(index_version=Gallery.index_version, updated_at=Gallery.updated_at)
+            .execution_options(synchronize_session=False)
+        )
+    locked = session.scalar(
+        select(Gallery)
+        .where(Gallery.id == gallery.id)
+        .with_for_update()
+        .execution_options(populate_existing=True)
+    )
     if locked is None:
         raise not_found("gallery", gallery.id)
     return locked
@@ -351,8 +373,17 @@ def verify_all_indexes(session: Session, store: IndexStore) -> dict[str, str]:
     outcome: dict[str, str] = {}
     galleries = list(session.scalars(select(Gallery)))
     store.remove_orphans({g.id for g in galleries})
+    segment_storage(vectors_dir(session)).recover(
+        [g for g in galleries if g.vector_storage == "segments"]
+    )
     for gallery in galleries:
-        stored_ids = storage_for(session, gallery).all_ids(session, gallery)
+        try:
+            stored_ids = storage_for(session, gallery).all_ids(session, gallery)
+        except SegmentCorrupted as exc:
+            # Reported, never read as data: every use of the gallery fails until it is repaired.
+            log.error("startup check: vectors of gallery %s are damaged: %s", gallery.id, exc)
+            outcome[gallery.id] = f"corrupt: {exc}"
+            continue
         if len(stored_ids) != gallery.count:
             log.warning(
                 "startup check: gallery %s counted %d vectors, stores %d; count repaired",

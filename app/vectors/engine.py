@@ -102,7 +102,19 @@ class VectorStorage(Protocol):
 
 
 def storage_for(session: Session, gallery: Gallery) -> VectorStorage:
-    """The storage holding ``gallery``'s vectors."""
+    """The storage holding ``gallery``'s vectors (its ``vector_storage``); segment files live
+    under the data dir of the settings the session was opened with."""
+    if gallery.vector_storage == "segments":
+        from app.vectors.segments import segment_storage
+
+        return segment_storage(vectors_dir(session))
     from app.vectors.sql import SqlVectorStorage
 
     return SqlVectorStorage()
+
+
+def vectors_dir(session: Session):
+    from app.core.settings import get_settings
+
+    settings = session.info.get("settings") or get_settings()
+    return settings.data_dir / "vectors"
