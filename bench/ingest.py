@@ -3,6 +3,7 @@
     python -m bench.ingest            # 200k rows in batches of 10k: bench/results/ingest.json
                                       # and the bench.ingest section of BENCHMARKS.md
     python -m bench.ingest --quick    # 20k rows in batches of 5k
+    python -m bench.ingest --vector-storage sql --no-markdown   # the server storing SQL rows
 
 Rows: the WordNet-noun MiniLM rows tiled with small noise (``bench.tiled``; real-data-derived),
 uploaded to one cosine gallery in equal batches, each with string ids. Paths, each from empty:
@@ -11,9 +12,11 @@ uploaded to one cosine gallery in equal batches, each with string ids. Paths, ea
   fsync and rename (what FAISS alone needs for an acknowledged batch to survive a crash);
 - ``library``: ``IndexStore.apply`` (lift, append, write the index file atomically, fsync);
 - ``http_npy`` / ``http_json``: POST /v1/galleries/{id}/vectors on a uvicorn server (multipart
-  `.npy` parts, or a JSON body): validation, one database transaction (SQLite, WAL,
-  synchronous=FULL: fsync on commit), then the index in memory; the server writes its file in
-  the background (``INDEX_FLUSH_INTERVAL_S``), not once per batch as ``library`` does.
+  `.npy` parts, or a JSON body): validation, the batch appended to the gallery's segment file
+  and fsync'd, its manifest committed in one database transaction (SQLite, WAL,
+  synchronous=FULL: fsync on commit; ``--vector-storage sql``: one row per vector instead), then
+  the index in memory; the server writes its index file in the background
+  (``INDEX_FLUSH_INTERVAL_S``), not once per batch as ``library`` does.
 """
 
 from __future__ import annotations
@@ -99,10 +102,18 @@ def library_path(points: np.ndarray, batch: int, workdir: Path) -> list[float]:
     return run_batches(n_batches, add)
 
 
-def http_paths(vectors: np.ndarray, batch: int, workdir: Path) -> dict[str, list[float]]:
+def http_paths(
+    vectors: np.ndarray, batch: int, workdir: Path, vector_storage: str
+) -> dict[str, list[float]]:
     # JSON text of 10k float32 rows exceeds the default 64 MiB body limit; the benchmark
     # raises it so both formats upload the same batches.
-    service = start_service(workdir / "service", {"NOBACKFILL_MAX_REQUEST_BYTES": str(512 * 2**20)})
+    service = start_service(
+        workdir / "service",
+        {
+            "NOBACKFILL_MAX_REQUEST_BYTES": str(512 * 2**20),
+            "NOBACKFILL_VECTOR_STORAGE": vector_storage,
+        },
+    )
     n_batches = len(vectors) // batch
     out = {}
     try:
@@ -168,7 +179,8 @@ def render_markdown(result: dict[str, Any]) -> str:
         "",
         f"{result['rows']:,} rows (WordNet-noun MiniLM rows tiled with noise, real-data-derived) "
         f"into one empty cosine gallery in batches of {result['batch']:,}; durability included "
-        "where the path has it (index file written atomically with fsync; SQLite commit with "
+        "where the path has it (index file written atomically with fsync; HTTP: vectors stored "
+        f"as {result.get('vector_storage', 'segments')} with fsync, SQLite commit with "
         "synchronous=FULL). Batch times for the first and last quarter of the batches show how "
         "a batch's cost grows with the gallery.",
         "",
@@ -202,6 +214,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--rows", type=int, default=None)
     parser.add_argument("--batch", type=int, default=None)
     parser.add_argument("--no-http", action="store_true")
+    parser.add_argument(
+        "--vector-storage",
+        choices=("segments", "sql"),
+        default="segments",
+        help="where the server keeps the uploaded vectors (NOBACKFILL_VECTOR_STORAGE)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--no-markdown", action="store_true")
@@ -218,13 +236,14 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         times = faiss_paths(lifted, batch, workdir)
         times["library"] = library_path(points, batch, workdir)
         if not args.no_http:
-            times.update(http_paths(vectors, batch, workdir))
+            times.update(http_paths(vectors, batch, workdir, args.vector_storage))
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     result = {
         **run_record(command_line("bench.ingest", argv), tic, load_start),
         "rows": n,
         "batch": batch,
+        "vector_storage": args.vector_storage,
         "paths": {name: summarise(t, batch) for name, t in times.items()},
     }
     raw = result["paths"]["faiss_add"]["vectors_per_s"]

@@ -110,7 +110,11 @@ class Database:
 
         self.url = url or settings.resolved_database_url
         self.engine = make_engine(self.url, settings)
-        self.sessions = sessionmaker(self.engine, expire_on_commit=False)
+        # Sessions carry the settings: storage outside the database (vector segment files under
+        # the data dir) is found through the session that commits it.
+        self.sessions = sessionmaker(
+            self.engine, expire_on_commit=False, info={"settings": settings}
+        )
 
     @property
     def is_sqlite(self) -> bool:

@@ -31,6 +31,11 @@ class Settings(BaseSettings):
         default=True, description="run `alembic upgrade head` when the API starts"
     )
     sqlite_busy_timeout_ms: int = Field(default=30_000, ge=0)
+    vector_storage: Literal["segments", "sql"] = Field(
+        default="segments",
+        description="where new galleries keep their vectors: append-only segment files under "
+        "<data_dir>/vectors (manifest in the database) or one SQL row per vector",
+    )
 
     # HTTP.
     host: str = "127.0.0.1"

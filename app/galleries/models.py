@@ -37,12 +37,17 @@ class Gallery(Base):
     # Bumped in the same transaction as every change of the vectors; the persisted index file
     # carries the version it reflects, so a stale file is detected and rebuilt.
     index_version: Mapped[int] = mapped_column(default=0)
+    # Where the vectors live: "segments" (append-only files under the data dir, committed by
+    # ``vector_manifest``, see app.vectors.segments) or "sql" (rows of gallery_vectors: every
+    # gallery created before segment files existed, or with NOBACKFILL_VECTOR_STORAGE=sql).
+    vector_storage: Mapped[str] = mapped_column(String(16), default="sql", server_default="sql")
+    vector_manifest: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
 
 
 class GalleryVector(Base):
-    """One stored vector; its primary key is also its FAISS id."""
+    """One stored vector of a gallery stored as SQL rows; its primary key is also its FAISS id."""
 
     __tablename__ = "gallery_vectors"
     __table_args__ = (UniqueConstraint("gallery_id", "item_id"),)

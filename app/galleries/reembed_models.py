@@ -14,21 +14,21 @@ from app.core.db import Base, BigIntPK, utcnow
 
 class ReembeddedVector(Base):
     """The new backbone's features of one stored item, as ``model_id`` takes them as input. The
-    item's old vector stays in ``gallery_vectors``; deleting the item (or its model) deletes
-    this row too. A rewrite inserts a new row, so ``max(id)`` changes with every write."""
+    item's old vector stays where the gallery stores it; deleting or replacing the item deletes
+    this row (``app.galleries.service``), deleting its model or gallery cascades. ``vector_id``
+    is the item's internal id in its gallery (no foreign key: segment-stored galleries keep no
+    row per vector). A rewrite inserts a new row, so ``max(id)`` changes with every write."""
 
     __tablename__ = "gallery_reembedded"
     __table_args__ = (
-        UniqueConstraint("model_id", "vector_id"),
+        UniqueConstraint("gallery_id", "model_id", "vector_id"),
         Index("ix_gallery_reembedded_gallery_model", "gallery_id", "model_id"),
     )
 
     id: Mapped[int] = mapped_column(BigIntPK, primary_key=True, autoincrement=True)
     gallery_id: Mapped[str] = mapped_column(ForeignKey("galleries.id", ondelete="CASCADE"))
     model_id: Mapped[str] = mapped_column(ForeignKey("models.id", ondelete="CASCADE"))
-    vector_id: Mapped[int] = mapped_column(
-        ForeignKey("gallery_vectors.id", ondelete="CASCADE"), index=True
-    )
+    vector_id: Mapped[int] = mapped_column(BigIntPK, index=True)
     features: Mapped[bytes] = mapped_column(LargeBinary)  # float32 little-endian, as uploaded
     updated_at: Mapped[datetime] = mapped_column(default=utcnow)
 

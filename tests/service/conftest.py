@@ -142,7 +142,7 @@ def stop_client(client: TestClient) -> None:
 
 def snapshot(client: TestClient) -> dict[str, Any]:
     """Row counts of every table, each gallery's row, every in-memory index's ids and rows and
-    the bytes of every index file: what a rejected request must leave exactly as it was.
+    the bytes of every index file and vector segment file: what a rejected request must leave exactly as it was.
 
     Index files are written in the background, so pending writes are flushed first: the files
     compared are those the in-memory state gives, not whichever the flusher had reached."""
@@ -154,7 +154,8 @@ def snapshot(client: TestClient) -> dict[str, Any]:
             result[table.name] = session.scalar(select(func.count()).select_from(table))
         galleries = Base.metadata.tables["galleries"]
         result["gallery_rows"] = sorted(
-            (r.id, r.count, r.index_version) for r in session.execute(select(galleries))
+            (r.id, r.count, r.index_version, repr(r.vector_manifest))
+            for r in session.execute(select(galleries))
         )
         vectors = Base.metadata.tables["gallery_vectors"]
         digest = hashlib.sha256()
@@ -174,6 +175,11 @@ def snapshot(client: TestClient) -> dict[str, Any]:
     result["index_files"] = {
         p.name: hashlib.sha256(p.read_bytes()).hexdigest()
         for p in (sorted(index_dir.iterdir()) if index_dir.exists() else [])
+    }
+    vector_dir = state.settings.data_dir / "vectors"
+    result["vector_files"] = {
+        str(p.relative_to(vector_dir)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in (sorted(vector_dir.rglob("*.seg")) if vector_dir.exists() else [])
     }
     return result
 

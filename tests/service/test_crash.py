@@ -1,13 +1,18 @@
 """Durability against ``kill -9``: a real uvicorn process (embedded mode: SQLite, its own data
 directory) is killed mid-ingest at varied moments and restarted; every batch acknowledged with
 200 must be back, found through the index, and the startup check must have repaired the index
-files a kill left behind the database."""
+files a kill left behind the database. The gallery keeps its vectors in segment files (the
+embedded default): after every restart each file holds exactly the bytes its committed manifest
+names (a batch appended but not committed when the kill came was cut off) and no vector is an
+SQL row."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
+import sqlite3
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -75,6 +80,21 @@ def nearest(client: httpx.Client, gallery_id: str, vectors: dict[str, np.ndarray
     return found
 
 
+def segment_files_match_manifest(data_dir: Path, gallery_id: str) -> None:
+    with sqlite3.connect(data_dir / "nobackfill.db") as connection:
+        storage, manifest = connection.execute(
+            "SELECT vector_storage, vector_manifest FROM galleries WHERE id = ?", (gallery_id,)
+        ).fetchone()
+        rows = connection.execute("SELECT count(*) FROM gallery_vectors").fetchone()[0]
+    assert storage == "segments" and rows == 0
+    segments = json.loads(manifest)["segments"]
+    directory = data_dir / "vectors" / gallery_id
+    assert sorted(p.name for p in directory.iterdir()) == [s["name"] for s in segments]
+    assert [(directory / s["name"]).stat().st_size for s in segments] == [
+        s["bytes"] for s in segments
+    ]
+
+
 @pytest.mark.slow
 def test_acknowledged_ingests_survive_kill_9(tmp_path: Path) -> None:
     data_dir = tmp_path / "data"
@@ -105,6 +125,7 @@ def test_acknowledged_ingests_survive_kill_9(tmp_path: Path) -> None:
         env["NOBACKFILL_INDEX_FLUSH_INTERVAL_S"] = next_interval
         service = start_service(data_dir, env, startup_timeout=120)
         log = service.log_path.read_text()[log_start:]
+        segment_files_match_manifest(data_dir, gallery_id)
         startup = STARTUP.findall(log)
         assert startup and startup[-1][0] == "1", log
         if interval == "30" and ingest.acked:
