@@ -30,6 +30,7 @@ service's ``auto`` (same candidates and trials, objective ``class``) trained on 
 from __future__ import annotations
 
 import argparse
+import json
 import platform
 import time
 from dataclasses import dataclass
@@ -199,79 +200,174 @@ def _log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
-def run_scenario(
-    scenario: Scenario, split: Split, seeds: list[int], cfg: RunConfig
-) -> dict[str, Any]:
-    """Select every method's setting on validation, then train each (and ``auto``) on the
-    training part per seed and measure all of them on the evaluation part."""
-    old_points = old_points_for(scenario, split, cfg.epochs)
-    new = split.features[scenario.new_backbone]
-    common = {"epochs": cfg.epochs}
+class ScenarioRun:
+    """One scenario's units of work, each runnable alone (``--unit``) and combined later:
+    ``select`` (validation trials of every method), ``methods`` (every method trained on the
+    training part for one seed with the selected settings, measured on the evaluation part),
+    ``auto`` (the service's auto for one seed, needing no selection) and ``finish``."""
 
-    ctx0 = _context(split, new, old_points, 0)
-    val = ctx0.eval_set(split.train, split.validation, EMPTY)
+    def __init__(self, scenario: Scenario, split: Split, cfg: RunConfig):
+        self.scenario, self.split, self.cfg = scenario, split, cfg
+        self.old_points = old_points_for(scenario, split, cfg.epochs)
+        self.new = split.features[scenario.new_backbone]
+        self.common = {"epochs": cfg.epochs}
 
-    def fit_trainer(method: str, settings: dict[str, Any]):
-        params = CompatParams.from_dict({**common, **settings})
-        return ctx0.train(method, params, split.fit, EMPTY, NO_HOOKS)
+    def context(self, seed: int) -> UpgradeContext:
+        return _context(self.split, self.new, self.old_points, seed)
 
-    selection = compat_grid.select(fit_trainer, val, cfg.trials)
-    _log(f"{scenario.name}: chosen {selection['chosen']}; edges {selection['edge']}")
+    def evaluation_set(self, ctx: UpgradeContext):
+        return ctx.eval_set(np.arange(len(self.split.labels)), self.split.evaluation, EMPTY)
 
-    runs = []
-    for seed in seeds:
-        ctx = _context(split, new, old_points, seed)
-        ev = ctx.eval_set(np.arange(len(split.labels)), split.evaluation, EMPTY)
-        seconds: dict[str, float] = {}
-        measured: dict[str, Any] = {}
-        independent = None
-        for method in compat_grid.METHODS:
+    def select(self, methods: tuple[str, ...] = compat_grid.METHODS) -> dict[str, Any]:
+        ctx0 = self.context(0)
+        val = ctx0.eval_set(self.split.train, self.split.validation, EMPTY)
+
+        def fit_trainer(method: str, settings: dict[str, Any]):
+            params = CompatParams.from_dict({**self.common, **settings})
+            return ctx0.train(method, params, self.split.fit, EMPTY, NO_HOOKS)
+
+        selection = compat_grid.select(fit_trainer, val, self.cfg.trials, methods)
+        _log(f"{self.scenario.name}: chosen {selection['chosen']}; edges {selection['edge']}")
+        return selection
+
+    def methods(
+        self, seed: int, selection: dict[str, Any], methods: tuple[str, ...] = compat_grid.METHODS
+    ) -> dict[str, Any]:
+        ctx = self.context(seed)
+        ev = self.evaluation_set(ctx)
+        out: dict[str, Any] = {"seed": seed, "measured": {}, "seconds": {}}
+        for method in methods:
             t0 = time.perf_counter()
-            params = CompatParams.from_dict({**common, **selection["chosen"][method]})
-            model = ctx.train(method, params, split.train, EMPTY, NO_HOOKS)
+            params = CompatParams.from_dict({**self.common, **selection["chosen"][method]})
+            model = ctx.train(method, params, self.split.train, EMPTY, NO_HOOKS)
             if method == "independent":
-                independent = measure_independent(ev, model)
+                out["independent"] = measure_independent(ev, model)
             else:
-                measured[method] = measure_bridge(ev, model)
-            seconds[method] = time.perf_counter() - t0
+                out["measured"][method] = measure_bridge(ev, model)
+            out["seconds"][method] = time.perf_counter() - t0
+        _log(f"{self.scenario.name}: seed {seed}, every method measured")
+        return out
+
+    def auto(self, seed: int) -> dict[str, Any]:
         t0 = time.perf_counter()
+        ctx = self.context(seed)
+        split = self.split
         outcome = run_auto(
             ctx,
-            AutoParams.from_dict(cfg.auto_params),
+            AutoParams.from_dict(self.cfg.auto_params),
             "class",
             split.train,
             split.evaluation,
             EMPTY,
             EMPTY,
         )
-        measured["auto"] = measure_bridge(ev, outcome.model)
-        seconds["auto"] = time.perf_counter() - t0
+        measured = measure_bridge(self.evaluation_set(ctx), outcome.model)
         chosen = next(c for c in outcome.report["candidates"] if c["name"] == outcome.method)
-        metrics = assemble(measure_stay(ev), measure_reindex(ev), measured, independent)
-        runs.append(
+        _log(f"{self.scenario.name}: seed {seed}, auto chose {outcome.method}")
+        return {
+            "seed": seed,
+            "measured": {"auto": measured},
+            "seconds": {"auto": time.perf_counter() - t0},
+            "auto": {
+                "chosen": outcome.method,
+                "chosen_settings": chosen["chosen_settings"],
+                "validation": {c["name"]: c["validation"] for c in outcome.report["candidates"]},
+            },
+        }
+
+    def finish(self, selection: dict[str, Any], parts: list[dict[str, Any]]) -> dict[str, Any]:
+        """Every seed's ``methods`` and ``auto`` parts assembled against the same stay and
+        reindex measurements (P_com / P_up, ARR), summarised over seeds."""
+        ev = self.evaluation_set(self.context(0))
+        stay, reindex = measure_stay(ev), measure_reindex(ev)
+        runs = []
+        for seed in sorted({p["seed"] for p in parts}):
+            mine = [p for p in parts if p["seed"] == seed]
+            measured = {k: v for p in mine for k, v in p["measured"].items()}
+            independent = next(p["independent"] for p in mine if "independent" in p)
+            auto = next(p["auto"] for p in mine if "auto" in p)
+            seconds = {k: v for p in mine for k, v in p["seconds"].items()}
+            metrics = assemble(stay, reindex, measured, independent)
+            runs.append({"seed": seed, "metrics": metrics, "seconds": seconds, "auto": auto})
+        return json_safe(
             {
-                "seed": seed,
-                "metrics": metrics,
-                "seconds": seconds,
-                "auto": {
-                    "chosen": outcome.method,
-                    "chosen_settings": chosen["chosen_settings"],
-                    "validation": {
-                        c["name"]: c["validation"] for c in outcome.report["candidates"]
-                    },
-                },
+                "scenario": self.scenario.__dict__,
+                "selection": selection,
+                "runs": runs,
+                "summary": compat_report.summarise(runs),
+                "calibration": calibration(self.split, self.old_points),
             }
         )
-        _log(f"{scenario.name}: seed {seed} done, auto chose {outcome.method}")
-    return json_safe(
-        {
-            "scenario": scenario.__dict__,
-            "selection": selection,
-            "runs": runs,
-            "summary": compat_report.summarise(runs),
-            "calibration": calibration(split, old_points),
-        }
-    )
+
+
+def run_scenario(
+    scenario: Scenario, split: Split, seeds: list[int], cfg: RunConfig
+) -> dict[str, Any]:
+    """Select every method's setting on validation, then train each (and ``auto``) on the
+    training part per seed and measure all of them on the evaluation part."""
+    run = ScenarioRun(scenario, split, cfg)
+    selection = run.select()
+    parts = [part for seed in seeds for part in (run.methods(seed, selection), run.auto(seed))]
+    return run.finish(selection, parts)
+
+
+def _payload(
+    split: Split, cfg: RunConfig, quick: bool, seeds: int, scenarios: list[dict[str, Any]]
+) -> dict[str, Any]:
+    return {
+        "quick": quick,
+        "seeds": seeds,
+        "trials_per_method": cfg.trials,
+        "epochs": cfg.epochs,
+        "auto_params": cfg.auto_params,
+        "n_train": len(split.train),
+        "n_fit": len(split.fit),
+        "n_validation": len(split.validation),
+        "n_eval": len(split.evaluation),
+        "n_classes": len(np.unique(split.labels)),
+        "machine": f"{platform.machine()}, {torch.get_num_threads()} torch thread(s)",
+        "scenarios": scenarios,
+    }
+
+
+def run_unit(args: argparse.Namespace, split: Split, cfg: RunConfig) -> dict[str, Any]:
+    """One unit of one scenario (``--unit``), for runs spread over processes."""
+    (scenario,) = [s for s in SCENARIOS if s.name == args.scenarios]
+    run = ScenarioRun(scenario, split, cfg)
+    out: dict[str, Any] = {"unit": args.unit, "scenario": scenario.name, "seed": args.seed}
+    if args.unit == "select":
+        out["selection"] = run.select(args.methods)
+    elif args.unit == "methods":
+        selection = compat_report.merge_selections(
+            [json.loads(p.read_text())["selection"] for p in args.selection]
+        )
+        out["part"] = run.methods(args.seed, selection, args.methods)
+    else:
+        out["part"] = run.auto(args.seed)
+    return out
+
+
+def combine_units(paths: list[Path], split: Split, cfg: RunConfig, quick: bool) -> dict[str, Any]:
+    """Scenarios from ``--unit`` files: a ``select`` file and every seed's ``methods`` and
+    ``auto`` files per scenario; the elapsed time is the units' sum."""
+    units = [json.loads(p.read_text()) for p in paths]
+    scenarios, seeds = [], set()
+    for scenario in SCENARIOS:
+        mine = [u for u in units if u["scenario"] == scenario.name]
+        if not mine:
+            continue
+        selection = compat_report.merge_selections(
+            [u["selection"] for u in mine if u["unit"] == "select"]
+        )
+        parts = [u["part"] for u in mine if u["unit"] != "select"]
+        seeds.add(len({p["seed"] for p in parts}))
+        scenarios.append(ScenarioRun(scenario, split, cfg).finish(selection, parts))
+    if len(seeds) != 1:
+        raise ValueError(f"scenarios have different numbers of seeds: {sorted(seeds)}")
+    payload = _payload(split, cfg, quick, seeds.pop(), scenarios)
+    payload["elapsed_minutes"] = sum(u["elapsed_minutes"] for u in units)
+    payload["units"] = len(units)
+    return payload
 
 
 def main(argv: list[str] | None = None) -> Path:
@@ -291,6 +387,26 @@ def main(argv: list[str] | None = None) -> Path:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--no-markdown", action="store_true", help="do not touch BENCHMARKS.md")
     parser.add_argument(
+        "--unit",
+        choices=("select", "methods", "auto"),
+        default=None,
+        help="run one unit of one scenario (--scenarios NAME) and write it to --out: the "
+        "validation selection, or for --seed K every method (needs --selection FILE) or auto",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="the seed of a --unit run")
+    parser.add_argument(
+        "--selection", nargs="+", type=Path, default=None, help="select units' files"
+    )
+    parser.add_argument(
+        "--methods",
+        type=lambda s: tuple(s.split(",")),
+        default=compat_grid.METHODS,
+        help="the methods of a --unit select or methods run (default: all)",
+    )
+    parser.add_argument(
+        "--combine", nargs="+", type=Path, default=None, help="--unit files to combine"
+    )
+    parser.add_argument(
         "--merge",
         nargs="+",
         type=Path,
@@ -308,47 +424,50 @@ def main(argv: list[str] | None = None) -> Path:
     started = time.time()
     split = load_split(args.quick)
     cfg = QUICK if args.quick else FULL
-    names = args.scenarios.split(",") if args.scenarios else None
-    if args.quick and names is None:
-        names = list(QUICK_SCENARIOS)
-    chosen = [s for s in SCENARIOS if names is None or s.name in names]
-    if names and len(chosen) != len(names):
-        parser.error(f"unknown scenario in {names}")
-    seeds = list(range(args.seeds))
-    scenarios = []
-    for sc in chosen:
-        _log(f"scenario {sc.name}")
-        scenarios.append(run_scenario(sc, split, seeds, cfg))
-    querydoc = None
+    default_out = RESULTS.with_name("compat-quick.json") if args.quick else RESULTS
+    if args.unit:
+        unit = run_unit(args, split, cfg)
+        unit["elapsed_minutes"] = (time.time() - started) / 60
+        out = args.out or RESULTS.with_name(f"compat-unit-{args.scenarios}-{args.unit}.json")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(json_safe(unit)))
+        print(out)
+        return out
+    if args.combine:
+        payload = combine_units(args.combine, split, cfg, args.quick)
+        payload["command"] = (
+            f"python -m bench.compat --unit … ({payload['units']} units: per scenario one "
+            "select, and per seed one methods and one auto), then --combine"
+        )
+    else:
+        names = args.scenarios.split(",") if args.scenarios else None
+        if args.quick and names is None:
+            names = list(QUICK_SCENARIOS)
+        chosen = [s for s in SCENARIOS if names is None or s.name in names]
+        if names and len(chosen) != len(names):
+            parser.error(f"unknown scenario in {names}")
+        seeds = list(range(args.seeds))
+        scenarios = []
+        for sc in chosen:
+            _log(f"scenario {sc.name}")
+            scenarios.append(run_scenario(sc, split, seeds, cfg))
+        payload = _payload(split, cfg, args.quick, len(seeds), scenarios)
+        payload["elapsed_minutes"] = (time.time() - started) / 60
+        payload["command"] = "python -m bench.compat" + (" --quick" if args.quick else "")
+        for flag, value, default in (
+            ("--scenarios", args.scenarios, None),
+            ("--seeds", args.seeds, 3),
+            ("--querydoc", args.querydoc, "reuse"),
+        ):
+            if value != default:
+                payload["command"] += f" {flag} {value}"
     if args.querydoc != "skip":
-        querydoc = compat_report.querydoc_part(args.querydoc == "run", args.quick, seeds)
-    command = "python -m bench.compat" + (" --quick" if args.quick else "")
-    for flag, value, default in (
-        ("--scenarios", args.scenarios, None),
-        ("--seeds", args.seeds, 3),
-        ("--querydoc", args.querydoc, "reuse"),
-    ):
-        if value != default:
-            command += f" {flag} {value}"
-    payload = {
-        "command": command,
-        "quick": args.quick,
-        "seeds": len(seeds),
-        "trials_per_method": cfg.trials,
-        "epochs": cfg.epochs,
-        "auto_params": cfg.auto_params,
-        "n_train": len(split.train),
-        "n_fit": len(split.fit),
-        "n_validation": len(split.validation),
-        "n_eval": len(split.evaluation),
-        "n_classes": len(np.unique(split.labels)),
-        "machine": f"{platform.machine()}, {torch.get_num_threads()} torch thread(s)",
-        "elapsed_minutes": (time.time() - started) / 60,
-        "scenarios": scenarios,
-        "querydoc": querydoc,
-        "note": args.note,
-    }
-    out = args.out or (RESULTS.with_name("compat-quick.json") if args.quick else RESULTS)
+        seeds_run = list(range(payload["seeds"]))
+        payload["querydoc"] = compat_report.querydoc_part(
+            args.querydoc == "run", args.quick, seeds_run
+        )
+    payload["note"] = args.note
+    out = args.out or default_out
     print(compat_report.write_outputs(payload, out, markdown=not args.no_markdown))
     return out
 

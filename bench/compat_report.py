@@ -60,6 +60,19 @@ def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def merge_selections(selections: list[dict[str, Any]]) -> dict[str, Any]:
+    """One selection from several ``select`` units over parts of the methods (each unit
+    selects the independent head itself, deterministically: they must agree)."""
+    merged: dict[str, Any] = {"trials": {}, "chosen": {}, "edge": {}}
+    for sel in selections:
+        for key in merged:
+            for method, value in sel[key].items():
+                if method in merged[key] and merged[key][method] != value:
+                    raise ValueError(f"select units disagree on {method}'s {key}")
+                merged[key][method] = value
+    return merged
+
+
 def _value(summary: dict[str, Any], row: str, key: str) -> float | None:
     pair = summary["rows"].get(row, {}).get(key)
     return None if pair is None else pair[0]
@@ -206,6 +219,9 @@ def scenario_markdown(sc: dict[str, Any]) -> list[str]:
         rows.append([label, trials, chosen, *cells])
     columns = ["method", "trials", "chosen on validation", *(c for c, _, _ in COLUMNS)]
     lines += _table(columns, rows)
+    columns = ["auto candidate", "validation new→old CMC@1", "validation own-item R@1"]
+    columns += [f"≥ {INSTANCE_FLOOR} × procrustes's R@1 (seeds)", "chosen (seeds)"]
+    lines += ["", *_table(columns, auto_candidates(sc["runs"]))]
     cal = sc["calibration"]
 
     def rho(entry: dict) -> str:
@@ -220,6 +236,28 @@ def scenario_markdown(sc: dict[str, Any]) -> list[str]:
         "",
     ]
     return lines
+
+
+def auto_candidates(runs: list[dict[str, Any]]) -> list[list[str]]:
+    """auto's candidates on their validation split (each one's best trial), over seeds: CMC@1,
+    own-item R@1, in how many seeds it passed the instance floor (≥ ``INSTANCE_FLOOR`` ×
+    procrustes's own-item R@1 on validation; procrustes always does) and was chosen."""
+    rows = []
+    for name in runs[0]["auto"]["validation"]:
+        cmc, r1, eligible, chosen = [], [], 0, 0
+        for r in runs:
+            val = r["auto"]["validation"]
+            own = val[name].get("instance", {}).get("recall@1")
+            floor = INSTANCE_FLOOR * val["procrustes"]["instance"]["recall@1"]
+            cmc.append(val[name].get("class", {}).get("cmc1"))
+            r1.append(own)
+            eligible += name == "procrustes" or (own is not None and own >= floor)
+            chosen += r["auto"]["chosen"] == name
+        n = len(runs)
+        rows.append(
+            [name, _fmt(mean_sd(cmc)), _fmt(mean_sd(r1)), f"{eligible}/{n}", f"{chosen}/{n}"]
+        )
+    return rows
 
 
 def querydoc_instance(runs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -309,8 +347,9 @@ def render_markdown(payload: dict[str, Any]) -> str:
         f"Command: `{payload['command']}` — {payload['seeds']} seeds, mean ± sd; "
         f"{payload['n_train']} training ({payload['n_fit']} fit + {payload['n_validation']} "
         f"validation) / {payload['n_eval']} evaluation items, {payload['n_classes']} classes; "
-        f"{payload['epochs']} epochs; {payload['elapsed_minutes']:.0f} min on "
-        f"{payload['machine']}.",
+        f"{payload['epochs']} epochs; {payload['elapsed_minutes']:.0f} min"
+        + (f" summed over {payload['units']} processes" if payload.get("units") else "")
+        + f" on {payload['machine']}.",
         f"Class scenarios run: {', '.join(run)}."
         + (f" {payload['note']}" if payload.get("note") else ""),
         f"Every method: {payload['trials_per_method']} validation trials on its own knob "

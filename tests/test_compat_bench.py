@@ -47,15 +47,36 @@ def test_bridge_score_puts_the_p_up_floor_first() -> None:
 
 @pytest.fixture(scope="module")
 def quick_payload(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    out = tmp_path_factory.mktemp("compat") / "quick.json"
-    argv = ["--quick", "--seeds", "2", "--scenarios", "external", "--querydoc", "reuse"]
-    compat.main([*argv, "--no-markdown", "--out", str(out)])
+    """Two seeds of the external scenario run as units (as the full run spreads them over
+    processes), then combined with the query→document part read from bench.querydoc's file."""
+    folder = tmp_path_factory.mktemp("compat")
+    base = ["--quick", "--scenarios", "external"]
+    # The methods in two halves, as the full run spreads them.
+    halves = ("independent,hbct,l2,bct,contrastive", "procrustes,affine,mlp-adapter,instance-map")
+    selects = []
+    for i, half in enumerate(halves):
+        out = folder / f"select-{i}.json"
+        selects.append(
+            compat.main([*base, "--unit", "select", "--methods", half, "--out", str(out)])
+        )
+    units = list(selects)
+    for seed in (0, 1):
+        out = folder / f"auto-{seed}.json"
+        units.append(compat.main([*base, "--unit", "auto", "--seed", str(seed), "--out", str(out)]))
+        for i, half in enumerate(halves):
+            out = folder / f"methods-{seed}-{i}.json"
+            argv = ["--unit", "methods", "--seed", str(seed), "--methods", half, "--out", str(out)]
+            units.append(compat.main([*base, *argv, "--selection", *map(str, selects)]))
+    out = folder / "quick.json"
+    combine = ["--quick", "--combine", *map(str, units), "--querydoc", "reuse"]
+    compat.main([*combine, "--no-markdown", "--out", str(out)])
     return json.loads(out.read_text())
 
 
 def test_quick_run_measures_every_method_and_auto_in_both_views(quick_payload: dict) -> None:
     (sc,) = quick_payload["scenarios"]
     assert sc["scenario"]["name"] == "external" and len(sc["runs"]) == 2
+    assert quick_payload["units"] == 8 and quick_payload["seeds"] == 2
     trials = sc["selection"]["trials"]
     assert {len(t) for m, t in trials.items() if m != "procrustes"} == {compat.QUICK.trials}
     rows = sc["summary"]["rows"]
@@ -68,6 +89,9 @@ def test_quick_run_measures_every_method_and_auto_in_both_views(quick_payload: d
     assert len(sc["summary"]["auto_chosen"]) == 2
     assert set(sc["summary"]["reference"]["cmc1"]) <= {"raw_new", "independent"}
     assert sc["selection"]["edge"].keys() == compat_grid.GRIDS.keys()
+    candidates = {row[0]: row for row in compat_report.auto_candidates(sc["runs"])}
+    assert candidates["procrustes"][3] == "2/2"  # never below itself
+    assert sum(int(row[4].split("/")[0]) for row in candidates.values()) == 2
 
 
 def test_quick_run_renders_targets_and_the_query_document_part(quick_payload: dict) -> None:
@@ -114,7 +138,8 @@ def test_targets_say_met_or_by_how_much_they_are_missed() -> None:
     sc = _scenario((0.75, 0.0, 0.96), 0.5)
     sc["selection"]["edge"]["l2"] = "high"
     edge = compat_report.target_lines({"scenarios": [sc]})[-1]
-    assert "l2 (high end)" in edge and edge.endswith("missed for 1 of 9 tuned methods")
+    tuned = sum(1 for g in compat_grid.GRIDS.values() if g.axis)
+    assert "l2 (high end)" in edge and edge.endswith(f"missed for 1 of {tuned} tuned methods")
 
 
 def test_merge_keeps_the_benchmark_order(tmp_path: Path) -> None:
@@ -140,3 +165,15 @@ def test_mean_sd_skips_missing_values() -> None:
     assert compat_report.mean_sd([None, float("nan")]) is None
     mean, sd = compat_report.mean_sd([0.5, None, 0.7])  # type: ignore[misc]
     assert mean == pytest.approx(0.6) and sd == pytest.approx(np.std([0.5, 0.7], ddof=1))
+
+
+def test_select_units_merge_and_must_agree() -> None:
+    ind = {"trials": {"independent": [1]}, "chosen": {"independent": {"t": 1}}, "edge": {}}
+    a = {**ind, "chosen": {**ind["chosen"], "l2": {"w": 1}}, "edge": {"l2": None}}
+    b = {**ind, "chosen": {**ind["chosen"], "affine": {"r": 2}}, "edge": {"affine": "low"}}
+    merged = compat_report.merge_selections([a, b])
+    assert set(merged["chosen"]) == {"independent", "l2", "affine"}
+    assert merged["edge"] == {"l2": None, "affine": "low"}
+    other = {**b, "chosen": {"independent": {"t": 2}}}
+    with pytest.raises(ValueError, match="disagree"):
+        compat_report.merge_selections([a, other])
