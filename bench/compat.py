@@ -4,6 +4,11 @@
     python -m bench.compat --scenarios external,new-architecture
     python -m bench.compat --quick             # the committed 800-synset fixture, seconds
 
+Spread over processes (how the committed results were made, see BENCHMARKS.md): per scenario
+``--unit select --methods A`` and ``--methods B`` (two groups of methods), per seed ``--unit auto
+--seed K`` and ``--unit methods --seed K --methods A|B --selection <select files>``, then
+``--combine <unit files>``; each unit writes its own JSON file.
+
 Data: WordNet noun glosses embedded by all-MiniLM-L6-v2 (old backbone, 384-d) and
 all-mpnet-base-v2 (new backbone, 768-d); 147 fine classes (lexname + depth-4 ancestor, classes
 with ≥ 12 members); the data README's 60/40 split (train / evaluation). Settings are chosen on a
