@@ -1,25 +1,35 @@
-"""Backward-compatibility benchmark on real data: HBCT against the baselines, side by side.
+"""Backward-compatibility benchmark on real data: every method and ``auto``, side by side.
 
-    python -m bench.compat            # all five scenarios, 3 seeds, validation-selected settings
-    python -m bench.compat --quick    # the external scenario, fixed settings, a few methods
+    python -m bench.compat                     # class scenarios, 3 seeds, + query→document
+    python -m bench.compat --scenarios external,new-architecture
+    python -m bench.compat --quick             # the committed 800-synset fixture, seconds
+
+Spread over processes (how the committed results were made, see BENCHMARKS.md): per scenario
+``--unit select --methods A`` and ``--methods B`` (two groups of methods), per seed ``--unit auto
+--seed K`` and ``--unit methods --seed K --methods A|B --selection <select files>``, then
+``--combine <unit files>``; each unit writes its own JSON file.
 
 Data: WordNet noun glosses embedded by all-MiniLM-L6-v2 (old backbone, 384-d) and
 all-mpnet-base-v2 (new backbone, 768-d); 147 fine classes (lexname + depth-4 ancestor, classes
-with ≥ 12 members); the data README's 60/40 split (train / evaluation). Hyper-parameters are
-chosen on a validation split carved from the training part (20 %, seed 1) and never look at the
-evaluation part. Scenarios, at head level (every "model" is a head on frozen backbone features):
+with ≥ 12 members); the data README's 60/40 split (train / evaluation). Settings are chosen on a
+validation split carved from the training part (20 %, seed 1) and never look at the evaluation
+part; every method gets the same number of validation trials (``bench.compat_grid``). Scenarios,
+at head level (every "model" is a head on frozen backbone features):
 
-- ``extended-data``: old head on MiniLM trained on 50 % of the training items; new head on MiniLM.
+- ``extended-data``: old head on MiniLM trained on 50 % of the training items; new on MiniLM.
 - ``extended-class``: old head on MiniLM trained on the items of 50 % of the classes; new on MiniLM.
-- ``new-architecture``: old head on MiniLM (all training items); new head on MPNet.
-- ``both``: old head on MiniLM with 50 % of the classes; new head on MPNet.
-- ``external``: old = the raw MiniLM vectors (a gallery nobody trained here, lifted with a fixed
-  scale); new head on MPNet — the production case.
+- ``new-architecture``: old head on MiniLM (all training items); new on MPNet.
+- ``both``: old head on MiniLM with 50 % of the classes; new on MPNet.
+- ``external``: old = the raw MiniLM vectors (a gallery nobody trained here, lifted as the
+  service lifts it); new on MPNet — the production case.
+- query → document (lemma → gloss, with and without a query log): ``bench.querydoc``'s scenario,
+  its figures read from ``bench/results/querydoc.json`` or rerun (``--querydoc run``).
 
-Every method trains the same head with the same optimiser, schedule and L_base; the reference
-``independent`` model (no compatibility terms) gives M(ind, ind) for P_com and P_up. The table
-goes to BENCHMARKS.md (between this benchmark's markers), the figures to a JSON file whose path
-is printed last.
+Measured on the evaluation part with ``app.ml.alternatives`` (what a served upgrade's report
+uses): class view (CMC@1, mAP@100 over the evaluation set), instance view (each evaluation item's
+new features against the *whole* old gallery: own-item R@1, R@10, MRR@100), P_com / P_up against
+the stronger of the raw new backbone and the trained independent head. The ``auto`` row is the
+service's ``auto`` (same candidates and trials, objective ``class``) trained on the training part.
 """
 
 from __future__ import annotations
@@ -35,18 +45,23 @@ from typing import Any
 import numpy as np
 import torch
 
-from app.ml.compat import CompatParams, train_compatible_model
-from app.ml.metrics import (
-    p_com,
-    p_up,
-    ranked_neighbours,
-    retrieval_metrics,
-    top1_failures,
-    uncertainty_calibration,
+from app.ml.alternatives import (
+    assemble,
+    measure_bridge,
+    measure_independent,
+    measure_reindex,
+    measure_stay,
 )
+from app.ml.auto import AutoParams
+from app.ml.compat import CompatParams, train_compatible_model
+from app.ml.evaluation import json_safe
+from app.ml.metrics import ranked_neighbours, top1_failures, uncertainty_calibration
 from app.ml.space import EuclideanLift
+from app.ml.training import NO_HOOKS
 from app.ml.uncertainty import old_uncertainty
-from bench.report import replace_section
+from app.ml.upgrade_data import UpgradeData
+from app.ml.upgrade_run import UpgradeContext, run_auto
+from bench import compat_grid, compat_report
 from bench.wordnet import (
     NEW_MODEL,
     OLD_MODEL,
@@ -58,11 +73,10 @@ from bench.wordnet import (
 )
 
 CURV = 1.0
-METRICS = ("cmc1", "map")
-P_UP_FLOOR = -0.01
 RESULTS = REPO_ROOT / "bench/results/compat.json"
+FIXTURE = REPO_ROOT / "tests/fixtures/wordnet_small.npz"
 OLD_HEAD_SEED = 1000
-SECTION = "bench.compat"
+EMPTY = np.zeros(0, dtype=np.int64)
 
 
 @dataclass(frozen=True)
@@ -80,15 +94,21 @@ SCENARIOS = (
     Scenario("both", OLD_MODEL, NEW_MODEL, "half-classes"),
     Scenario("external", OLD_MODEL, NEW_MODEL, None),
 )
+QUICK_SCENARIOS = ("new-architecture", "external")
 
-# Settings shared by every head, before validation picks among BASE_GRID.
-COMMON = {"epochs": 15, "dropout": 0.1}
-BASE_GRID = [{"hidden_dim": h, "base_temperature": t} for h in (0, 1024) for t in (0.05, 0.1)]
-LIFT_SCALES = (0.3, 1.0)
-COMPAT_WEIGHTS = (0.3, 1.0, 3.0)
-OLD_PROTO_WEIGHTS = (0.0, 3.0)
-# HBCT's ablation rows (paper loss, each uncertainty source, raw RINCE) run where the bar is set.
-ABLATION_SCENARIOS = ("new-architecture", "external")
+
+@dataclass(frozen=True)
+class RunConfig:
+    """What differs between the full run and ``--quick``: training length and trial budget."""
+
+    epochs: int
+    trials: int
+    auto_params: dict[str, Any]
+
+
+FULL = RunConfig(epochs=CompatParams().epochs, trials=compat_grid.TRIALS, auto_params={})
+# Test-sized: 2 epochs, 2 trials per method (each grid's two ends), auto with 2 epochs.
+QUICK = RunConfig(epochs=2, trials=2, auto_params={"epochs": 2})
 
 
 @dataclass
@@ -101,15 +121,22 @@ class Split:
     validation: np.ndarray  # part of train used for scoring during selection
 
 
-def load_split() -> Split:
-    data = load_wordnet(fields=("gloss",))
-    keep, names = fine_labels(data.meta)
-    labels, _ = encode_labels(names)
-    train, evaluation = split_indices(len(keep))
+def load_split(quick: bool = False) -> Split:
+    """The full data's fine classes, or (``quick``) the committed fixture's 16 classes."""
+    if quick:
+        with np.load(FIXTURE) as f:
+            features = {m: f[f"gloss.{m}"].astype(np.float32) for m in (OLD_MODEL, NEW_MODEL)}
+            labels, _ = encode_labels(list(f["label"]))
+    else:
+        data = load_wordnet(fields=("gloss",))
+        keep, names = fine_labels(data.meta)
+        labels, _ = encode_labels(names)
+        features = {m: data.get("gloss", m)[keep] for m in (OLD_MODEL, NEW_MODEL)}
+    train, evaluation = split_indices(len(labels))
     perm = np.random.default_rng(1).permutation(train)
     n_val = len(train) // 5
     return Split(
-        features={m: data.get("gloss", m)[keep] for m in (OLD_MODEL, NEW_MODEL)},
+        features=features,
         labels=labels,
         train=np.sort(train),
         evaluation=np.sort(evaluation),
@@ -131,25 +158,20 @@ def _old_training_items(split: Split, mode: str) -> np.ndarray:
     raise ValueError(mode)
 
 
-def _dense(labels: np.ndarray) -> np.ndarray:
-    return np.unique(labels, return_inverse=True)[1]
-
-
-def old_points_for(
-    scenario: Scenario, split: Split, base: dict[str, Any], lift_scale: float
-) -> np.ndarray:
-    """The old gallery's points in the Lorentz frame, for every item."""
+def old_points_for(scenario: Scenario, split: Split, epochs: int) -> np.ndarray:
+    """The old gallery's points in the Lorentz frame, for every item: the raw old vectors lifted
+    as the service lifts them, or an old head (served default settings) trained here."""
     old_features = split.features[scenario.old_backbone]
     if scenario.old_training is None:
-        return EuclideanLift(CURV, lift_scale)(torch.from_numpy(old_features)).numpy()
+        return EuclideanLift(CURV)(torch.from_numpy(old_features)).numpy()
     items = _old_training_items(split, scenario.old_training)
     old_head = train_compatible_model(
         "independent",
         old_features[items],
         np.zeros((len(items), old_features.shape[1]), np.float32),
-        _dense(split.labels[items]),
+        np.unique(split.labels[items], return_inverse=True)[1],
         CURV,
-        {**COMMON, **base},
+        {"epochs": epochs},
         # Not one of the method seeds: a new head initialised like the old one starts out
         # compatible by accident (measured: one seed's independent head reached new→old CMC@1
         # 0.66 in extended-data), which would flatter every method.
@@ -158,167 +180,15 @@ def old_points_for(
     return old_head.embed(old_features)
 
 
-def evaluate(
-    method: str,
-    params: dict[str, Any],
-    new_features: np.ndarray,
-    old_points: np.ndarray,
-    labels: np.ndarray,
-    fit: np.ndarray,
-    score: np.ndarray,
-    seed: int,
-) -> dict[str, dict[str, float]]:
-    model = train_compatible_model(
-        method,
-        new_features[fit],
-        old_points[fit],
-        _dense(labels[fit]) if method != "procrustes" else None,
-        CURV,
-        params,
-        seed=seed,
-    )
-    emb = model.embed(new_features[score])
-    return {
-        "new_old": retrieval_metrics(emb, old_points[score], labels[score], CURV).as_dict(),
-        "new_new": retrieval_metrics(emb, emb, labels[score], CURV).as_dict(),
-    }
+def _context(split: Split, new: np.ndarray, old_points: np.ndarray, seed: int) -> UpgradeContext:
+    """The service's upgrade context over every item, its old side given as Lorentz points."""
+    data = UpgradeData(new, old_points, split.labels)
+    return UpgradeContext(data, EuclideanLift(CURV), seed, NO_HOOKS, old_points, None)
 
 
-def _p(result: dict, old_old: dict, ind_ind: dict) -> tuple[dict, dict]:
-    pc = {k: p_com(result["new_old"][k], old_old[k], ind_ind[k]) for k in METRICS}
-    pu = {k: p_up(result["new_new"][k], ind_ind[k]) for k in METRICS}
-    return pc, pu
-
-
-def _selection_score(result: dict, old_old: dict, ind_ind: dict) -> tuple[bool, float]:
-    """(P_up ≥ floor for CMC@1 and for mAP, mean P_com): feasible settings first, then by
-    P_com. The floor holds per metric, as the bar states it."""
-    pc, pu = _p(result, old_old, ind_ind)
-    feasible = all(v >= P_UP_FLOOR for v in pu.values())
-    return (feasible, float(np.mean(list(pc.values()))))
-
-
-def _log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
-
-
-def select_settings(scenario: Scenario, split: Split) -> dict[str, Any]:
-    """Validation-split selection of the base settings, the lift scale and each method's weights."""
-    new = split.features[scenario.new_backbone]
-    labels = split.labels
-    fit, val = split.fit, split.validation
-    trials: list[dict[str, Any]] = []
-
-    # 1. Base settings: the independent head's own retrieval on validation.
-    base_scores = []
-    for base in BASE_GRID:
-        params = {**COMMON, **base}
-        r = evaluate(
-            "independent",
-            params,
-            new,
-            np.zeros((len(labels), 384), np.float32),
-            labels,
-            fit,
-            val,
-            0,
-        )
-        base_scores.append(float(np.mean([r["new_new"][k] for k in METRICS])))
-        trials.append({"stage": "base", "params": params, "val": r})
-    base = BASE_GRID[int(np.argmax(base_scores))]
-    params0 = {**COMMON, **base}
-    ind_ind = trials[int(np.argmax(base_scores))]["val"]["new_new"]
-    _log(f"{scenario.name}: base {base}")
-
-    scales = LIFT_SCALES if scenario.old_training is None else (1.0,)
-    old_by_scale = {s: old_points_for(scenario, split, base, s) for s in scales}
-
-    def old_old(scale: float) -> dict:
-        op = old_by_scale[scale]
-        return retrieval_metrics(op[val], op[val], labels[val], CURV).as_dict()
-
-    chosen: dict[str, dict[str, Any]] = {}
-
-    # 2. HBCT, coordinate search: lift scale (external only) × old-prototype weight at λ = 1,
-    #    then λ, then a heavier prototype weight, a sharper prototype softmax, then the uncertainty
-    #    source.
-    def try_hbct(scale: float, params: dict[str, Any]) -> tuple[tuple[bool, float], dict]:
-        r = evaluate("hbct", params, new, old_by_scale[scale], labels, fit, val, 0)
-        score = _selection_score(r, old_old(scale), ind_ind)
-        trials.append(
-            {"stage": "hbct", "lift_scale": scale, "params": params, "val": r, "score": score}
-        )
-        return score, params
-
-    start = {**params0, "uncertainty": "auto", "compat_weight": 1.0}
-    candidates = [
-        (*try_hbct(s, {**start, "old_proto_weight": w}), s)
-        for s in scales
-        for w in OLD_PROTO_WEIGHTS
-    ]
-    score, params, lift_scale = max(candidates, key=lambda c: c[0])
-    for change in (
-        *({"compat_weight": lam} for lam in COMPAT_WEIGHTS if lam != 1.0),
-        {"old_proto_weight": 10.0},
-        # A sharper prototype softmax: BCT's influence loss uses 0.05.
-        {"old_proto_temperature": 0.05},
-        {"uncertainty": "none"},
-    ):
-        cand = try_hbct(lift_scale, {**params, **change})
-        if cand[0] > score:
-            score, params = cand
-    chosen["hbct"] = params
-    _log(f"{scenario.name}: lift scale {lift_scale}, hbct {params}")
-
-    # 3. Baselines' compatibility weight at the chosen lift scale.
-    for method in ("l2", "bct", "contrastive"):
-        best_b = None
-        for lam in COMPAT_WEIGHTS:
-            params = {**params0, "compat_weight": lam}
-            r = evaluate(method, params, new, old_by_scale[lift_scale], labels, fit, val, 0)
-            score = _selection_score(r, old_old(lift_scale), ind_ind)
-            trials.append({"stage": method, "params": params, "val": r, "score": score})
-            if best_b is None or score > best_b[0]:
-                best_b = (score, params)
-        assert best_b is not None
-        chosen[method] = best_b[1]
-    for method in ("independent", "procrustes", "affine", "mlp-adapter"):
-        chosen[method] = params0
-    return {"base": base, "lift_scale": lift_scale, "methods": chosen, "trials": trials}
-
-
-def method_rows(
-    chosen: dict[str, dict[str, Any]], ablations: bool
-) -> list[tuple[str, str, dict[str, Any]]]:
-    """(row name, method, params): every method, plus (``ablations``) HBCT's variants at HBCT's
-    settings."""
-    hbct = chosen["hbct"]
-    rows = [
-        ("independent", "independent", chosen["independent"]),
-        ("hbct", "hbct", hbct),
-        ("hbct-noentail", "hbct-noentail", hbct),
-    ]
-    if ablations:
-        rows += [
-            ("hbct (paper: no old-prototype term)", "hbct", {**hbct, "old_proto_weight": 0.0}),
-            ("hbct (q: norm)", "hbct", {**hbct, "uncertainty": "norm"}),
-            ("hbct (q: knn)", "hbct", {**hbct, "uncertainty": "knn"}),
-            ("hbct (q: none = InfoNCE)", "hbct", {**hbct, "uncertainty": "none"}),
-            ("hbct (raw RINCE)", "hbct", {**hbct, "rince_normalise_rows": False}),
-        ]
-    rows += [
-        (m, m, chosen[m])
-        for m in ("l2", "bct", "contrastive", "procrustes", "affine", "mlp-adapter")
-    ]
-    return rows
-
-
-def calibration(scenario: Scenario, split: Split, old_points: np.ndarray) -> dict[str, Any]:
-    """How well each uncertainty source predicts old→old top-1 failures on the evaluation set.
-
-    ``knn`` for an evaluation item uses the labels of its nearest *training* items, so it
-    predicts rather than restates the evaluation-set failure.
-    """
+def calibration(split: Split, old_points: np.ndarray) -> dict[str, Any]:
+    """How well each uncertainty source predicts old→old top-1 failures on the evaluation set;
+    ``knn`` uses the labels of an evaluation item's nearest *training* items."""
     ev, tr = split.evaluation, split.train
     labels = split.labels
     failures = top1_failures(old_points[ev], labels[ev], CURV)
@@ -328,238 +198,219 @@ def calibration(scenario: Scenario, split: Split, old_points: np.ndarray) -> dic
     neighbours = ranked_neighbours(old_points[ev], old_points[tr], CURV, k=10, exclude_self=False)
     knn_u = 1.0 - (labels[tr][neighbours] == labels[ev][:, None]).mean(axis=1)
     out["knn"] = uncertainty_calibration(knn_u, failures)
-    out["none"] = uncertainty_calibration(np.zeros(len(ev)), failures)
     return out
 
 
-QUICK_METHODS = ("independent", "hbct", "bct", "procrustes")
+def _log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
-def quick_selection(scenario_name: str) -> dict[str, Any]:
-    """``--quick`` has no time to select: it reuses what the last full run chose on validation
-    for this scenario (``bench/results/compat.json``), else fixed settings; 5 epochs either way."""
-    chosen: dict[str, Any] | None = None
-    if RESULTS.exists():
-        for sc in json.loads(RESULTS.read_text())["scenarios"]:
-            if sc["scenario"]["name"] == scenario_name:
-                chosen = sc["selection"]
-    if chosen is None:
-        base = {"hidden_dim": 0, "base_temperature": 0.05}
-        params0 = {**COMMON, **base}
-        chosen = {
-            "base": base,
-            "lift_scale": 1.0,
-            "methods": {
-                "independent": params0,
-                "hbct": {**params0, "old_proto_weight": 3.0},
-                "bct": params0,
-                "procrustes": params0,
+class ScenarioRun:
+    """One scenario's units of work, each runnable alone (``--unit``) and combined later:
+    ``select`` (validation trials of every method), ``methods`` (every method trained on the
+    training part for one seed with the selected settings, measured on the evaluation part),
+    ``auto`` (the service's auto for one seed, needing no selection) and ``finish``."""
+
+    def __init__(self, scenario: Scenario, split: Split, cfg: RunConfig):
+        self.scenario, self.split, self.cfg = scenario, split, cfg
+        self.old_points = old_points_for(scenario, split, cfg.epochs)
+        self.new = split.features[scenario.new_backbone]
+        self.common = {"epochs": cfg.epochs}
+
+    def context(self, seed: int) -> UpgradeContext:
+        return _context(self.split, self.new, self.old_points, seed)
+
+    def evaluation_set(self, ctx: UpgradeContext):
+        return ctx.eval_set(np.arange(len(self.split.labels)), self.split.evaluation, EMPTY)
+
+    def select(self, methods: tuple[str, ...] = compat_grid.METHODS) -> dict[str, Any]:
+        ctx0 = self.context(0)
+        val = ctx0.eval_set(self.split.train, self.split.validation, EMPTY)
+
+        def fit_trainer(method: str, settings: dict[str, Any]):
+            params = CompatParams.from_dict({**self.common, **settings})
+            return ctx0.train(method, params, self.split.fit, EMPTY, NO_HOOKS)
+
+        selection = compat_grid.select(fit_trainer, val, self.cfg.trials, methods)
+        _log(f"{self.scenario.name}: chosen {selection['chosen']}; edges {selection['edge']}")
+        return selection
+
+    def methods(
+        self, seed: int, selection: dict[str, Any], methods: tuple[str, ...] = compat_grid.METHODS
+    ) -> dict[str, Any]:
+        ctx = self.context(seed)
+        ev = self.evaluation_set(ctx)
+        out: dict[str, Any] = {"seed": seed, "measured": {}, "seconds": {}}
+        for method in methods:
+            t0 = time.perf_counter()
+            params = CompatParams.from_dict({**self.common, **selection["chosen"][method]})
+            model = ctx.train(method, params, self.split.train, EMPTY, NO_HOOKS)
+            if method == "independent":
+                out["independent"] = measure_independent(ev, model)
+            else:
+                out["measured"][method] = measure_bridge(ev, model)
+            out["seconds"][method] = time.perf_counter() - t0
+        _log(f"{self.scenario.name}: seed {seed}, every method measured")
+        return out
+
+    def auto(self, seed: int) -> dict[str, Any]:
+        t0 = time.perf_counter()
+        ctx = self.context(seed)
+        split = self.split
+        outcome = run_auto(
+            ctx,
+            AutoParams.from_dict(self.cfg.auto_params),
+            "class",
+            split.train,
+            split.evaluation,
+            EMPTY,
+            EMPTY,
+        )
+        measured = measure_bridge(self.evaluation_set(ctx), outcome.model)
+        chosen = next(c for c in outcome.report["candidates"] if c["name"] == outcome.method)
+        _log(f"{self.scenario.name}: seed {seed}, auto chose {outcome.method}")
+        return {
+            "seed": seed,
+            "measured": {"auto": measured},
+            "seconds": {"auto": time.perf_counter() - t0},
+            "auto": {
+                "chosen": outcome.method,
+                "chosen_settings": chosen["chosen_settings"],
+                "validation": {c["name"]: c["validation"] for c in outcome.report["candidates"]},
             },
         }
-    methods = {m: {**chosen["methods"][m], "epochs": 5} for m in QUICK_METHODS}
-    return {**chosen, "methods": methods, "trials": []}
+
+    def finish(self, selection: dict[str, Any], parts: list[dict[str, Any]]) -> dict[str, Any]:
+        """Every seed's ``methods`` and ``auto`` parts assembled against the same stay and
+        reindex measurements (P_com / P_up, ARR), summarised over seeds."""
+        ev = self.evaluation_set(self.context(0))
+        stay, reindex = measure_stay(ev), measure_reindex(ev)
+        runs = []
+        for seed in sorted({p["seed"] for p in parts}):
+            mine = [p for p in parts if p["seed"] == seed]
+            measured = {k: v for p in mine for k, v in p["measured"].items()}
+            independent = next(p["independent"] for p in mine if "independent" in p)
+            auto = next(p["auto"] for p in mine if "auto" in p)
+            seconds = {k: v for p in mine for k, v in p["seconds"].items()}
+            metrics = assemble(stay, reindex, measured, independent)
+            runs.append({"seed": seed, "metrics": metrics, "seconds": seconds, "auto": auto})
+        return json_safe(
+            {
+                "scenario": self.scenario.__dict__,
+                "selection": selection,
+                "runs": runs,
+                "summary": compat_report.summarise(runs),
+                "calibration": calibration(self.split, self.old_points),
+            }
+        )
 
 
-def run_scenario(scenario: Scenario, split: Split, seeds: list[int], quick: bool) -> dict[str, Any]:
-    labels = split.labels
-    if quick:
-        selection = quick_selection(scenario.name)
-        rows = [(m, m, selection["methods"][m]) for m in QUICK_METHODS]
-    else:
-        selection = select_settings(scenario, split)
-        rows = method_rows(selection["methods"], ablations=scenario.name in ABLATION_SCENARIOS)
-    old_points = old_points_for(scenario, split, selection["base"], selection["lift_scale"])
-    new = split.features[scenario.new_backbone]
-    ev, tr = split.evaluation, split.train
-    old_old = retrieval_metrics(old_points[ev], old_points[ev], labels[ev], CURV).as_dict()
+def run_scenario(
+    scenario: Scenario, split: Split, seeds: list[int], cfg: RunConfig
+) -> dict[str, Any]:
+    """Select every method's setting on validation, then train each (and ``auto``) on the
+    training part per seed and measure all of them on the evaluation part."""
+    run = ScenarioRun(scenario, split, cfg)
+    selection = run.select()
+    parts = [part for seed in seeds for part in (run.methods(seed, selection), run.auto(seed))]
+    return run.finish(selection, parts)
 
-    per_seed: dict[str, list[dict]] = {}
-    for name, method, params in rows:
-        for seed in seeds:
-            t0 = time.perf_counter()
-            r = evaluate(method, params, new, old_points, labels, tr, ev, seed)
-            r["seconds"] = time.perf_counter() - t0
-            per_seed.setdefault(name, []).append(r)
-        _log(f"{scenario.name}: {name} done")
-    ind_runs = per_seed["independent"]
-    results: dict[str, Any] = {}
-    for name, runs in per_seed.items():
-        entries = []
-        for seed_i, r in enumerate(runs):
-            pc, pu = _p(r, old_old, ind_runs[seed_i]["new_new"])
-            entries.append({**r, "p_com": pc, "p_up": pu})
-        results[name] = {
-            "method": next(m for n, m, _ in rows if n == name),
-            "params": CompatParams.from_dict(next(p for n, _, p in rows if n == name)).to_dict(),
-            "runs": entries,
-            "summary": summarise(entries),
-        }
+
+def _payload(
+    split: Split, cfg: RunConfig, quick: bool, seeds: int, scenarios: list[dict[str, Any]]
+) -> dict[str, Any]:
     return {
-        "scenario": scenario.__dict__,
-        "old_old": old_old,
-        "selection": {k: v for k, v in selection.items() if k != "trials"},
-        "selection_trials": selection["trials"],
-        "results": results,
-        "calibration": calibration(scenario, split, old_points),
+        "quick": quick,
+        "seeds": seeds,
+        "trials_per_method": cfg.trials,
+        "epochs": cfg.epochs,
+        "auto_params": cfg.auto_params,
+        "n_train": len(split.train),
+        "n_fit": len(split.fit),
+        "n_validation": len(split.validation),
+        "n_eval": len(split.evaluation),
+        "n_classes": len(np.unique(split.labels)),
+        "machine": f"{platform.machine()}, {torch.get_num_threads()} torch thread(s)",
+        "scenarios": scenarios,
     }
 
 
-def summarise(entries: list[dict]) -> dict[str, dict[str, list[float]]]:
-    """mean and sd (ddof=1) over seeds of every figure in the table."""
-    out: dict[str, dict[str, list[float]]] = {}
-    for group in ("new_old", "new_new", "p_com", "p_up"):
-        out[group] = {}
-        for k in METRICS:
-            values = np.array([e[group][k] for e in entries])
-            sd = float(values.std(ddof=1)) if len(values) > 1 else 0.0
-            out[group][k] = [float(values.mean()), sd]
+def run_unit(args: argparse.Namespace, split: Split, cfg: RunConfig) -> dict[str, Any]:
+    """One unit of one scenario (``--unit``), for runs spread over processes."""
+    (scenario,) = [s for s in SCENARIOS if s.name == args.scenarios]
+    run = ScenarioRun(scenario, split, cfg)
+    out: dict[str, Any] = {"unit": args.unit, "scenario": scenario.name, "seed": args.seed}
+    if args.unit == "select":
+        out["selection"] = run.select(args.methods)
+    elif args.unit == "methods":
+        selection = compat_report.merge_selections(
+            [json.loads(p.read_text())["selection"] for p in args.selection]
+        )
+        out["part"] = run.methods(args.seed, selection, args.methods)
+    else:
+        out["part"] = run.auto(args.seed)
     return out
 
 
-def _fmt(pair: list[float]) -> str:
-    return f"{pair[0]:.3f} ± {pair[1]:.3f}"
-
-
-def _chosen(methods: dict[str, dict[str, Any]]) -> str:
-    """The settings selection changed per method, in a line."""
-    defaults = CompatParams()
-
-    def value(method: str, key: str) -> Any:
-        return methods[method].get(key, getattr(defaults, key))
-
-    keys = ("compat_weight", "old_proto_weight", "old_proto_temperature", "uncertainty")
-    shown = ", ".join(f"{k} {value('hbct', k)}" for k in keys)
-    weights = "; ".join(
-        f"{m} compat_weight {value(m, 'compat_weight')}"
-        for m in ("l2", "bct", "contrastive")
-        if m in methods
-    )
-    return f"hbct {shown}; {weights}"
-
-
-BASELINES = ("independent", "l2", "bct", "contrastive", "procrustes", "affine", "mlp-adapter")
-# The issue's bar: HBCT beats every baseline's P_com here at P_up ≥ −0.01, and in "external"
-# reaches these P_com values.
-BAR_SCENARIOS = ("new-architecture", "external")
-EXTERNAL_BAR = {"cmc1": 0.70, "map": 0.60}
-
-
-def bar_lines(payload: dict[str, Any]) -> list[str]:
-    """The bar, checked against the measured means: met or missed, with the figures."""
-    lines = []
-    for sc in payload["scenarios"]:
-        name = sc["scenario"]["name"]
-        if name not in BAR_SCENARIOS or "hbct" not in sc["results"]:
+def combine_units(paths: list[Path], split: Split, cfg: RunConfig, quick: bool) -> dict[str, Any]:
+    """Scenarios from ``--unit`` files: a ``select`` file and every seed's ``methods`` and
+    ``auto`` files per scenario; the elapsed time is the units' sum."""
+    units = [json.loads(p.read_text()) for p in paths]
+    scenarios, seeds = [], set()
+    for scenario in SCENARIOS:
+        mine = [u for u in units if u["scenario"] == scenario.name]
+        if not mine:
             continue
-        res = sc["results"]
-        for k, label in (("cmc1", "CMC@1"), ("map", "mAP")):
-            ours = res["hbct"]["summary"]["p_com"][k][0]
-            rivals = [(res[b]["summary"]["p_com"][k][0], b) for b in BASELINES if b in res]
-            best, who = max(rivals)
-            up = res["hbct"]["summary"]["p_up"][k][0]
-            verdict = "met" if ours > best and up >= P_UP_FLOOR else "missed"
-            lines.append(
-                f"- {name}, {label}: HBCT P_com {ours:.3f} against the best baseline's {best:.3f}"
-                f" ({who}), HBCT P_up {up:+.3f} (floor {P_UP_FLOOR}) — {verdict}"
-            )
-            if name == "external":
-                target = EXTERNAL_BAR[k]
-                lines.append(
-                    f"- {name}, {label}: HBCT P_com {ours:.3f} ≥ {target} — "
-                    + ("met" if ours >= target else "missed")
-                )
-    return lines
-
-
-def render_markdown(payload: dict[str, Any]) -> str:
-    lines = [
-        f"Command: `{payload['command']}` — {payload['seeds']} seeds, mean ± sd; "
-        f"{payload['n_train']} training / {payload['n_eval']} evaluation items, "
-        f"{payload['n_classes']} classes; {payload['elapsed_minutes']:.0f} min on {payload['machine']}.",
-        "CMC@1 / mAP@100 with the evaluation set as query and gallery (self excluded). "
-        "P_com = (M(new,old) − M(old,old)) / (M(ind,ind) − M(old,old)); "
-        "P_up = (M(new,new) − M(ind,ind)) / M(ind,ind). Settings chosen on a validation split.",
-        "",
-    ]
-    bar = [] if payload.get("quick") else bar_lines(payload)
-    if bar:
-        lines += ["The bar (issue 2), checked on the means below:", "", *bar, ""]
-    for sc in payload["scenarios"]:
-        name = sc["scenario"]["name"]
-        sel = sc["selection"]
-        oo = sc["old_old"]
-        lines += [
-            f"### {name}",
-            f"old→old CMC@1 {oo['cmc1']:.3f}, mAP {oo['map']:.3f}; base {sel['base']}, "
-            f"lift scale {sel['lift_scale']}.",
-            f"Chosen on validation: {_chosen(sel['methods'])}.",
-            "",
-            "| method | new→old CMC@1 | new→old mAP | new→new CMC@1 | new→new mAP | P_com CMC@1 | P_com mAP | P_up CMC@1 | P_up mAP |",
-            "|---|---|---|---|---|---|---|---|---|",
-        ]
-        for row, res in sc["results"].items():
-            s = res["summary"]
-            cells = [
-                _fmt(s["new_old"]["cmc1"]),
-                _fmt(s["new_old"]["map"]),
-                _fmt(s["new_new"]["cmc1"]),
-                _fmt(s["new_new"]["map"]),
-                _fmt(s["p_com"]["cmc1"]),
-                _fmt(s["p_com"]["map"]),
-                _fmt(s["p_up"]["cmc1"]),
-                _fmt(s["p_up"]["map"]),
-            ]
-            lines.append(f"| {row} | " + " | ".join(cells) + " |")
-        cal = sc["calibration"]
-
-        def rho(entry: dict) -> str:
-            if entry["spearman"] is None:
-                return "n/a (constant)"
-            return f"{entry['spearman']:+.3f} (shuffled {entry['spearman_shuffled']:+.3f})"
-
-        lines += [
-            "",
-            f"Uncertainty calibration (Spearman with old→old top-1 failure, rate "
-            f"{cal['old_old_failure_rate']:.3f}): norm {rho(cal['norm'])}; knn {rho(cal['knn'])}; "
-            f"none {rho(cal['none'])}.",
-            "",
-        ]
-    return "\n".join(lines)
-
-
-def write_outputs(payload: dict[str, Any], out: Path, markdown: bool) -> Path:
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(payload, indent=1))
-    if markdown:
-        quick = payload["quick"]
-        title = "Backward compatibility (`bench.compat`" + (", quick)" if quick else ")")
-        replace_section(SECTION + (".quick" if quick else ""), title, render_markdown(payload))
-    return out
-
-
-def merge_runs(paths: list[Path], out: Path, markdown: bool) -> Path:
-    """One payload from several: scenarios in the benchmark's order, elapsed times summed."""
-    payloads = [json.loads(p.read_text()) for p in paths]
-    by_name = {sc["scenario"]["name"]: sc for p in payloads for sc in p["scenarios"]}
-    order = [s.name for s in SCENARIOS if s.name in by_name]
-    merged = {
-        **payloads[0],
-        "command": "python -m bench.compat",
-        "elapsed_minutes": sum(p["elapsed_minutes"] for p in payloads),
-        "scenarios": [by_name[n] for n in order],
-    }
-    print(write_outputs(merged, out, markdown))
-    return out
+        selection = compat_report.merge_selections(
+            [u["selection"] for u in mine if u["unit"] == "select"]
+        )
+        parts = [u["part"] for u in mine if u["unit"] != "select"]
+        seeds.add(len({p["seed"] for p in parts}))
+        scenarios.append(ScenarioRun(scenario, split, cfg).finish(selection, parts))
+    if len(seeds) != 1:
+        raise ValueError(f"scenarios have different numbers of seeds: {sorted(seeds)}")
+    payload = _payload(split, cfg, quick, seeds.pop(), scenarios)
+    payload["elapsed_minutes"] = sum(u["elapsed_minutes"] for u in units)
+    payload["units"] = len(units)
+    return payload
 
 
 def main(argv: list[str] | None = None) -> Path:
-    parser = argparse.ArgumentParser(description="HBCT vs baselines on WordNet nouns")
-    parser.add_argument("--quick", action="store_true", help="≤ 2 minutes: external scenario only")
+    parser = argparse.ArgumentParser(description="every method and auto on WordNet nouns")
+    parser.add_argument("--quick", action="store_true", help="the committed fixture, seconds")
     parser.add_argument("--scenarios", default=None, help="comma-separated subset")
     parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument(
+        "--querydoc",
+        choices=("reuse", "run", "skip"),
+        default="reuse",
+        help="query→document figures: read bench.querydoc's results (reuse), rerun them with "
+        "bench.querydoc's functions (run; about 22 min a seed on the full data), or leave out",
+    )
+    parser.add_argument("--note", default=None, help="why scenarios were left out (shown)")
     parser.add_argument("--out", type=Path, default=None, help="JSON path")
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--no-markdown", action="store_true", help="do not touch BENCHMARKS.md")
+    parser.add_argument(
+        "--unit",
+        choices=("select", "methods", "auto"),
+        default=None,
+        help="run one unit of one scenario (--scenarios NAME) and write it to --out: the "
+        "validation selection, or for --seed K every method (needs --selection FILE) or auto",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="the seed of a --unit run")
+    parser.add_argument(
+        "--selection", nargs="+", type=Path, default=None, help="select units' files"
+    )
+    parser.add_argument(
+        "--methods",
+        type=lambda s: tuple(s.split(",")),
+        default=compat_grid.METHODS,
+        help="the methods of a --unit select or methods run (default: all)",
+    )
+    parser.add_argument(
+        "--combine", nargs="+", type=Path, default=None, help="--unit files to combine"
+    )
     parser.add_argument(
         "--merge",
         nargs="+",
@@ -570,37 +421,59 @@ def main(argv: list[str] | None = None) -> Path:
     )
     args = parser.parse_args(argv)
     if args.merge:
-        return merge_runs(args.merge, args.out or RESULTS, markdown=not args.no_markdown)
+        out = args.out or RESULTS
+        order = [s.name for s in SCENARIOS]
+        print(compat_report.merge_runs(args.merge, out, order, markdown=not args.no_markdown))
+        return out
     torch.set_num_threads(args.threads)
     started = time.time()
-    split = load_split()
-    names = args.scenarios.split(",") if args.scenarios else None
-    if args.quick and names is None:
-        names = ["external"]
-    chosen = [s for s in SCENARIOS if names is None or s.name in names]
-    if names and len(chosen) != len(names):
-        parser.error(f"unknown scenario in {names}")
-    seeds = list(range(args.seeds))
-    scenarios = []
-    for sc in chosen:
-        _log(f"scenario {sc.name}")
-        scenarios.append(run_scenario(sc, split, seeds, args.quick))
-    command = "python -m bench.compat" + (" --quick" if args.quick else "")
-    if args.scenarios:
-        command += f" --scenarios {args.scenarios}"
-    payload = {
-        "command": command,
-        "quick": args.quick,
-        "seeds": len(seeds),
-        "n_train": len(split.train),
-        "n_eval": len(split.evaluation),
-        "n_classes": len(np.unique(split.labels)),
-        "machine": f"{platform.machine()}, {torch.get_num_threads()} torch threads",
-        "elapsed_minutes": (time.time() - started) / 60,
-        "scenarios": scenarios,
-    }
-    out = args.out or (RESULTS.with_name("compat-quick.json") if args.quick else RESULTS)
-    print(write_outputs(payload, out, markdown=not args.no_markdown))
+    split = load_split(args.quick)
+    cfg = QUICK if args.quick else FULL
+    default_out = RESULTS.with_name("compat-quick.json") if args.quick else RESULTS
+    if args.unit:
+        unit = run_unit(args, split, cfg)
+        unit["elapsed_minutes"] = (time.time() - started) / 60
+        out = args.out or RESULTS.with_name(f"compat-unit-{args.scenarios}-{args.unit}.json")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(json_safe(unit)))
+        print(out)
+        return out
+    if args.combine:
+        payload = combine_units(args.combine, split, cfg, args.quick)
+        payload["command"] = (
+            f"python -m bench.compat --unit … ({payload['units']} units: per scenario one "
+            "select, and per seed one methods and one auto), then --combine"
+        )
+    else:
+        names = args.scenarios.split(",") if args.scenarios else None
+        if args.quick and names is None:
+            names = list(QUICK_SCENARIOS)
+        chosen = [s for s in SCENARIOS if names is None or s.name in names]
+        if names and len(chosen) != len(names):
+            parser.error(f"unknown scenario in {names}")
+        seeds = list(range(args.seeds))
+        scenarios = []
+        for sc in chosen:
+            _log(f"scenario {sc.name}")
+            scenarios.append(run_scenario(sc, split, seeds, cfg))
+        payload = _payload(split, cfg, args.quick, len(seeds), scenarios)
+        payload["elapsed_minutes"] = (time.time() - started) / 60
+        payload["command"] = "python -m bench.compat" + (" --quick" if args.quick else "")
+        for flag, value, default in (
+            ("--scenarios", args.scenarios, None),
+            ("--seeds", args.seeds, 3),
+            ("--querydoc", args.querydoc, "reuse"),
+        ):
+            if value != default:
+                payload["command"] += f" {flag} {value}"
+    if args.querydoc != "skip":
+        seeds_run = list(range(payload["seeds"]))
+        payload["querydoc"] = compat_report.querydoc_part(
+            args.querydoc == "run", args.quick, seeds_run
+        )
+    payload["note"] = args.note
+    out = args.out or default_out
+    print(compat_report.write_outputs(payload, out, markdown=not args.no_markdown))
     return out
 
 

@@ -1,85 +1,179 @@
-"""bench.compat's --quick path reuses the full run's validation choices."""
+"""bench.compat: equal trial budgets, edge flags, instance metrics and the auto row in every
+scenario, the query→document part, and the targets — on the committed fixture."""
 
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from bench import compat
+from bench import compat, compat_grid, compat_report, querydoc
 
 
-def _write_results(path: Path, lift_scale: float, hbct: dict) -> None:
-    params = {"epochs": 15, "hidden_dim": 0}
-    methods = {m: dict(params) for m in compat.QUICK_METHODS}
-    methods["hbct"] = {**params, **hbct}
-    payload = {
-        "scenarios": [
-            {
-                "scenario": {"name": "external"},
-                "selection": {"base": params, "lift_scale": lift_scale, "methods": methods},
-            }
-        ]
-    }
-    path.write_text(json.dumps(payload))
+def test_every_method_gets_the_same_number_of_trials() -> None:
+    for trials in (2, compat_grid.TRIALS):
+        counts = {m: len(g.settings(trials)) for m, g in compat_grid.GRIDS.items()}
+        assert counts.pop("procrustes") == 1  # closed form: nothing to tune
+        assert set(counts.values()) == {trials}
+    # Two trials are the grid's two ends, so a quick run still spans the whole axis.
+    two = compat_grid.GRIDS["l2"].settings(2)
+    assert [s["compat_weight"] for s in two] == [min(compat_grid.WEIGHTS), max(compat_grid.WEIGHTS)]
 
 
-def test_quick_reuses_the_full_runs_choice(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    results = tmp_path / "compat.json"
-    _write_results(results, 0.3, {"old_proto_temperature": 0.05, "compat_weight": 0.3})
-    monkeypatch.setattr(compat, "RESULTS", results)
-    sel = compat.quick_selection("external")
-    assert sel["lift_scale"] == 0.3
-    assert sel["methods"]["hbct"]["old_proto_temperature"] == 0.05
-    assert sel["methods"]["hbct"]["compat_weight"] == 0.3
-    assert {p["epochs"] for p in sel["methods"].values()} == {5}
-    assert "compat_weight 0.3" in compat._chosen(sel["methods"])
+def test_edge_flags_ends_but_not_the_natural_bound() -> None:
+    grid = compat_grid.Grid("compat_weight", (0.1, 1.0, 10.0))
+    trials = grid.settings(3)
+    assert compat_grid.edge_of(grid, trials, 0) == "low"
+    assert compat_grid.edge_of(grid, trials, 1) is None
+    assert compat_grid.edge_of(grid, trials, 2) == "high"
+    bounded = compat_grid.GRIDS["hbct"]
+    trials = bounded.settings(compat_grid.TRIALS)
+    assert compat_grid.edge_of(bounded, trials, 0) is None  # weight 0 = the paper's loss
+    assert compat_grid.edge_of(bounded, trials, len(trials) - 1) == "high"
 
 
-def test_quick_without_a_full_run_uses_fixed_settings(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(compat, "RESULTS", tmp_path / "absent.json")
-    sel = compat.quick_selection("external")
-    assert sel["lift_scale"] == 1.0
-    assert set(sel["methods"]) == set(compat.QUICK_METHODS)
-    assert {p["epochs"] for p in sel["methods"].values()} == {5}
-
-
-def _summary(p_com: float, p_up: float) -> dict:
-    return {
-        "summary": {
-            "p_com": {k: [p_com, 0.0] for k in compat.METRICS},
-            "p_up": {k: [p_up, 0.0] for k in compat.METRICS},
-        }
-    }
-
-
-def test_bar_needs_a_win_over_every_baseline_and_the_p_up_floor() -> None:
-    def payload(hbct: tuple[float, float], bct: float) -> dict:
-        results = {"hbct": _summary(*hbct), "bct": _summary(bct, 0.0)}
-        return {"scenarios": [{"scenario": {"name": "external"}, "results": results}]}
-
-    met = compat.bar_lines(payload((0.75, 0.0), 0.5))
-    assert all(line.endswith("— met") for line in met) and len(met) == 4
-    behind = compat.bar_lines(payload((0.75, 0.0), 0.8))
-    assert sum(line.endswith("— missed") for line in behind) == 2
-    costly = compat.bar_lines(payload((0.75, -0.02), 0.5))
-    assert sum(line.endswith("— missed") for line in costly) == 2
-    short = compat.bar_lines(payload((0.65, 0.0), 0.5))
-    assert [line.endswith("— missed") for line in short] == [False, True, False, False]
-
-
-def test_selection_needs_the_p_up_floor_on_each_metric() -> None:
-    old_old = {"cmc1": 0.5, "map": 0.4}
-    ind = {"cmc1": 0.7, "map": 0.6}
-
-    def result(new_new_cmc: float, new_new_map: float) -> dict:
+def test_bridge_score_puts_the_p_up_floor_first() -> None:
+    def entry(p_com: float, p_up_cmc: float) -> dict:
         return {
-            "new_old": {"cmc1": 0.6, "map": 0.5},
-            "new_new": {"cmc1": new_new_cmc, "map": new_new_map},
+            "p_com": {"cmc1": p_com, "map@100": p_com},
+            "p_up": {"cmc1": p_up_cmc, "map@100": 0.0},
         }
 
-    assert compat._selection_score(result(0.7, 0.6), old_old, ind)[0]
-    # Mean P_up is above the floor, but CMC@1's is below it.
-    assert not compat._selection_score(result(0.69, 0.62), old_old, ind)[0]
-    assert compat._selection_score(result(0.7, 0.6), old_old, ind)[1] == pytest.approx(0.5)
+    feasible = compat_grid.bridge_score(entry(0.2, 0.0))
+    costly = compat_grid.bridge_score(entry(0.9, -0.02))
+    assert feasible[0] and not costly[0]
+    assert max(feasible, costly) == feasible
+
+
+@pytest.fixture(scope="module")
+def quick_payload(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """Two seeds of the external scenario run as units (as the full run spreads them over
+    processes), then combined with the query→document part read from bench.querydoc's file."""
+    folder = tmp_path_factory.mktemp("compat")
+    base = ["--quick", "--scenarios", "external"]
+    # The methods in two halves, as the full run spreads them.
+    halves = ("independent,hbct,l2,bct,contrastive", "procrustes,affine,mlp-adapter,instance-map")
+    selects = []
+    for i, half in enumerate(halves):
+        out = folder / f"select-{i}.json"
+        selects.append(
+            compat.main([*base, "--unit", "select", "--methods", half, "--out", str(out)])
+        )
+    units = list(selects)
+    for seed in (0, 1):
+        out = folder / f"auto-{seed}.json"
+        units.append(compat.main([*base, "--unit", "auto", "--seed", str(seed), "--out", str(out)]))
+        for i, half in enumerate(halves):
+            out = folder / f"methods-{seed}-{i}.json"
+            argv = ["--unit", "methods", "--seed", str(seed), "--methods", half, "--out", str(out)]
+            units.append(compat.main([*base, *argv, "--selection", *map(str, selects)]))
+    out = folder / "quick.json"
+    combine = ["--quick", "--combine", *map(str, units), "--querydoc", "reuse"]
+    compat.main([*combine, "--no-markdown", "--out", str(out)])
+    return json.loads(out.read_text())
+
+
+def test_quick_run_measures_every_method_and_auto_in_both_views(quick_payload: dict) -> None:
+    (sc,) = quick_payload["scenarios"]
+    assert sc["scenario"]["name"] == "external" and len(sc["runs"]) == 2
+    assert quick_payload["units"] == 8 and quick_payload["seeds"] == 2
+    trials = sc["selection"]["trials"]
+    assert {len(t) for m, t in trials.items() if m != "procrustes"} == {compat.QUICK.trials}
+    rows = sc["summary"]["rows"]
+    for name in (*compat_grid.BRIDGES, "auto"):
+        for key in ("instance.recall@1", "instance.recall@10", "instance.mrr@100"):
+            assert 0.0 <= rows[name][key][0] <= 1.0, (name, key)
+        assert rows[name]["p_com.cmc1"] is not None and rows[name]["p_up.cmc1"] is not None
+    # Stay finds every item's own old vector first; the chosen auto candidate is recorded per seed.
+    assert rows["stay"]["instance.recall@1"][0] == 1.0
+    assert len(sc["summary"]["auto_chosen"]) == 2
+    assert set(sc["summary"]["reference"]["cmc1"]) <= {"raw_new", "independent"}
+    assert sc["selection"]["edge"].keys() == compat_grid.GRIDS.keys()
+    candidates = {row[0]: row for row in compat_report.auto_candidates(sc["runs"])}
+    assert candidates["procrustes"][3] == "2/2"  # never below itself
+    assert sum(int(row[4].split("/")[0]) for row in candidates.values()) == 2
+
+
+def test_quick_run_renders_targets_and_the_query_document_part(quick_payload: dict) -> None:
+    qd = quick_payload["querydoc"]
+    for variant in querydoc.VARIANTS:
+        assert qd["instance"][variant]["auto"]["recall@10"] is not None
+    lines = compat_report.target_lines(quick_payload)
+    ours = [line for line in lines if not line.startswith("- query → document")]
+    assert ours and all(
+        line.endswith("met") or "missed by" in line or "missed for" in line for line in ours
+    )
+    # bench.querydoc's own target lines, carried over as it words them.
+    assert len(lines) - len(ours) == len(qd["targets"])
+    text = compat_report.render_markdown(quick_payload)
+    assert "| **auto** |" in text and "### query → document" in text
+    assert "own-item R@10" in text and "stronger:" in text
+
+
+def _scenario(auto: tuple[float, float, float], best_single: float) -> dict:
+    p_com, p_up, own = auto
+    rows = {
+        "auto": {
+            "p_com.cmc1": [p_com, 0.0],
+            "p_up.cmc1": [p_up, 0.0],
+            "instance.recall@1": [own, 0.0],
+        },
+        "procrustes": {"p_com.cmc1": [best_single, 0.0], "instance.recall@1": [1.0, 0.0]},
+    }
+    return {
+        "scenario": {"name": "external"},
+        "summary": {"rows": rows},
+        "selection": {"edge": {m: None for m in compat_grid.GRIDS}},
+    }
+
+
+def test_targets_say_met_or_by_how_much_they_are_missed() -> None:
+    met = compat_report.target_lines({"scenarios": [_scenario((0.75, 0.0, 0.96), 0.5)]})
+    assert len(met) == 5 and all(line.endswith("met") for line in met)
+    short = compat_report.target_lines({"scenarios": [_scenario((0.65, -0.03, 0.90), 0.7)]})
+    assert "missed by 0.050" in short[0]  # own-item R@1 0.90 = 0.90 × procrustes's
+    assert "missed by 0.050" in short[1]  # P_com 0.65 < 0.70
+    assert "missed by 0.020" in short[2]  # P_up −0.03 < −0.01
+    assert "missed by 0.050" in short[3]  # below the best single method
+    sc = _scenario((0.75, 0.0, 0.96), 0.5)
+    sc["selection"]["edge"]["l2"] = "high"
+    edge = compat_report.target_lines({"scenarios": [sc]})[-1]
+    tuned = sum(1 for g in compat_grid.GRIDS.values() if g.axis)
+    assert "l2 (high end)" in edge and edge.endswith(f"missed for 1 of {tuned} tuned methods")
+
+
+def test_merge_keeps_the_benchmark_order(tmp_path: Path) -> None:
+    def payload(name: str, minutes: float) -> dict:
+        sc = _scenario((0.75, 0.0, 0.96), 0.5)
+        sc["scenario"]["name"] = name
+        return {"command": f"run {name}", "elapsed_minutes": minutes, "scenarios": [sc]}
+
+    paths = []
+    for name, minutes in (("external", 2.0), ("new-architecture", 3.0)):
+        paths.append(tmp_path / f"{name}.json")
+        paths[-1].write_text(json.dumps(payload(name, minutes)))
+    order = [s.name for s in compat.SCENARIOS]
+    out = tmp_path / "merged.json"
+    compat_report.merge_runs(paths, out, order, markdown=False)
+    merged = json.loads(out.read_text())
+    assert [s["scenario"]["name"] for s in merged["scenarios"]] == ["new-architecture", "external"]
+    assert merged["elapsed_minutes"] == 5.0
+    assert merged["command"] == "run external and run new-architecture"
+
+
+def test_mean_sd_skips_missing_values() -> None:
+    assert compat_report.mean_sd([None, float("nan")]) is None
+    mean, sd = compat_report.mean_sd([0.5, None, 0.7])  # type: ignore[misc]
+    assert mean == pytest.approx(0.6) and sd == pytest.approx(np.std([0.5, 0.7], ddof=1))
+
+
+def test_select_units_merge_and_must_agree() -> None:
+    ind = {"trials": {"independent": [1]}, "chosen": {"independent": {"t": 1}}, "edge": {}}
+    a = {**ind, "chosen": {**ind["chosen"], "l2": {"w": 1}}, "edge": {"l2": None}}
+    b = {**ind, "chosen": {**ind["chosen"], "affine": {"r": 2}}, "edge": {"affine": "low"}}
+    merged = compat_report.merge_selections([a, b])
+    assert set(merged["chosen"]) == {"independent", "l2", "affine"}
+    assert merged["edge"] == {"l2": None, "affine": "low"}
+    other = {**b, "chosen": {"independent": {"t": 2}}}
+    with pytest.raises(ValueError, match="disagree"):
+        compat_report.merge_selections([a, other])

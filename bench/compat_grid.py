@@ -1,0 +1,143 @@
+"""bench.compat's validation grids: the same number of trials for every method, on its own knob.
+
+Every method is tuned on one axis with ``TRIALS`` values, each trained on the *fit* part of the
+training items and scored on the *validation* part (both carved from the training items; the
+evaluation part is never seen). Methods with few natural knobs get a wide grid on the one they
+have. ``procrustes`` is closed form: it has nothing to tune and gets its single fit. A chosen
+value at either end of its grid is flagged (``on_edge``) — unless it is the axis's natural bound
+(a weight of 0 is the paper's loss, nothing lies below it) — because a better value may lie
+beyond it.
+
+Scores: ``independent`` by its own space's class metrics (mean of CMC@1 and mAP@100); every
+bridge by (P_up ≥ ``P_UP_FLOOR`` for CMC@1 and mAP@100, mean P_com of the two), P_com/P_up
+against the stronger reference on validation (``app.ml.alternatives.assemble``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from app.ml import alternatives
+from app.ml.alternatives import EvalSet
+from app.ml.auto import DEFAULT_TRIALS
+from app.ml.evaluation import CLASS_METRICS
+from app.ml.models import EmbeddingModel
+
+# As many trials as ``auto`` gives each of its candidates (app.ml.auto.DEFAULT_TRIALS): three
+# values spread over each grid (its two ends and its middle).
+TRIALS = DEFAULT_TRIALS
+P_UP_FLOOR = -0.01
+
+
+@dataclass(frozen=True)
+class Grid:
+    """The one setting validation tunes for a method, and its values (ascending)."""
+
+    axis: str | None
+    values: tuple[Any, ...] = ()
+    bound: Any = None  # the axis's natural end: choosing it is not an edge to widen
+
+    def settings(self, trials: int) -> list[dict[str, Any]]:
+        """``trials`` values spread over the grid, both ends included (all of them when
+        ``trials`` ≥ its length)."""
+        if self.axis is None:
+            return [{}]
+        if trials >= len(self.values):
+            picked = list(self.values)
+        else:
+            idx = np.unique(np.linspace(0, len(self.values) - 1, trials).round().astype(int))
+            picked = [self.values[i] for i in idx]
+        return [{self.axis: v} for v in picked]
+
+
+WEIGHTS = (0.1, 0.3, 1.0, 3.0, 10.0)
+PROTO_WEIGHTS = (0.0, 1.0, 3.0, 10.0, 30.0)
+GRIDS: dict[str, Grid] = {
+    # L_base's temperature, chosen on the independent head and then shared by every method that
+    # trains L_base (hbct, l2, bct, contrastive).
+    "independent": Grid("base_temperature", (0.02, 0.05, 0.1, 0.2, 0.5)),
+    "hbct": Grid("old_proto_weight", PROTO_WEIGHTS, bound=0.0),
+    "l2": Grid("compat_weight", WEIGHTS),
+    "bct": Grid("compat_weight", WEIGHTS),
+    "contrastive": Grid("compat_weight", WEIGHTS),
+    "procrustes": Grid(None),
+    "affine": Grid("adapter_rank", (16, 32, 64, 128, 256)),
+    "mlp-adapter": Grid("adapter_hidden", (64, 128, 256, 512, 1024)),
+    "instance-map": Grid("instance_temperature", (0.01, 0.02, 0.05, 0.1, 0.2)),
+}
+METHODS = tuple(GRIDS)
+BRIDGES = tuple(m for m in METHODS if m != "independent")
+# Methods whose loss includes L_base and so take the independent head's chosen temperature.
+BASE_LOSS_METHODS = ("hbct", "l2", "bct", "contrastive")
+
+
+def bridge_score(entry: dict[str, Any]) -> tuple[bool, float]:
+    """(P_up ≥ floor for CMC@1 and for mAP@100, mean P_com): feasible settings first."""
+    pu, pc = entry["p_up"], entry["p_com"]
+    feasible = all(pu[k] is not None and pu[k] >= P_UP_FLOOR for k in CLASS_METRICS)
+    values = [pc[k] for k in CLASS_METRICS if pc[k] is not None]
+    return feasible, float(np.mean(values)) if values else -np.inf
+
+
+def independent_score(own_class: dict[str, float]) -> float:
+    return float(np.mean([own_class[k] for k in CLASS_METRICS]))
+
+
+def edge_of(grid: Grid, trials: list[dict[str, Any]], chosen: int) -> str | None:
+    """``"low"`` / ``"high"`` when the chosen trial's value is the lowest / highest tried (and
+    not the axis's natural bound), else None."""
+    if grid.axis is None or len(trials) < 2:
+        return None
+    values = [t[grid.axis] for t in trials]
+    value = values[chosen]
+    if value == grid.bound:
+        return None
+    if value == min(values):
+        return "low"
+    if value == max(values):
+        return "high"
+    return None
+
+
+Trainer = Callable[[str, dict[str, Any]], EmbeddingModel]
+
+
+def select(
+    train: Trainer, val: EvalSet, trials: int, methods: tuple[str, ...] = METHODS
+) -> dict[str, Any]:
+    """Every method's ``trials`` settings trained by ``train(method, settings)`` (on the fit
+    part) and scored on ``val``; returns each method's chosen settings, its trials and its edge
+    flag. The independent head goes first: its chosen temperature is shared."""
+    stay, reindex = alternatives.measure_stay(val), alternatives.measure_reindex(val)
+    out: dict[str, Any] = {"trials": {}, "chosen": {}, "edge": {}}
+    grid = GRIDS["independent"]
+    ind_trials = []
+    for s in grid.settings(trials):
+        own = alternatives.measure_independent(val, train("independent", s))["class"]
+        ind_trials.append({"settings": s, "class_own_space": own, "score": independent_score(own)})
+    best = int(np.argmax([t["score"] for t in ind_trials]))
+    shared = dict(ind_trials[best]["settings"])
+    reference = {"class": ind_trials[best]["class_own_space"]}
+    out["trials"]["independent"] = ind_trials
+    out["chosen"]["independent"] = shared
+    out["edge"]["independent"] = edge_of(grid, [t["settings"] for t in ind_trials], best)
+    for method in methods:
+        if method == "independent":
+            continue
+        grid = GRIDS[method]
+        base = shared if method in BASE_LOSS_METHODS else {}
+        method_trials = []
+        for s in grid.settings(trials):
+            settings = {**base, **s}
+            measured = alternatives.measure_bridge(val, train(method, settings))
+            entry = alternatives.assemble(stay, reindex, {method: measured}, reference)[method]
+            method_trials.append({"settings": settings, "val": entry, "score": bridge_score(entry)})
+        best = max(range(len(method_trials)), key=lambda i: method_trials[i]["score"])
+        out["trials"][method] = method_trials
+        out["chosen"][method] = method_trials[best]["settings"]
+        out["edge"][method] = edge_of(grid, [t["settings"] for t in method_trials], best)
+    return out
