@@ -58,9 +58,12 @@ class CompatParams:
     """Hyper-parameters. Where each served default comes from (validation splits only):
 
     - ``epochs`` 15, ``hidden_dim`` 0 (a linear head), ``base_temperature`` 0.05,
-      ``old_proto_temperature`` 0.05, ``compat_weight`` 1.0: ``bench.compat``'s selection on its
-      validation split for the ``external`` scenario (``bench/results/compat.json``, "selection");
-      the previous 40 / 1024 / 0.1 had never been measured.
+      ``old_proto_temperature`` 0.05, ``compat_weight`` 1.0: what the earlier ``bench.compat``
+      protocol (commit 7acf9f5, five scenarios, a 2×2 base grid) chose on its validation split
+      for the ``external`` scenario; the previous 40 / 1024 / 0.1 had never been measured. The
+      current protocol (3 trials per method, ``bench/results/compat.json``, "selection") chose
+      ``base_temperature`` 0.1 from (0.02, 0.1, 0.5) for the independent head; 0.05 was not among
+      its trials, so the default is kept and ``auto`` re-tunes per upgrade.
     - ``old_proto_weight`` 0.0 (the paper's loss): the prototype term collapses instances within
       a class (own-item R@1 0.61 vs Procrustes 0.97, docs/algorithms.md §5); ``auto`` tunes it per
       upgrade over (0, 1, 3) under an own-item floor, and ``bench.querydoc`` records the
