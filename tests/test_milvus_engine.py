@@ -78,6 +78,8 @@ def test_cosine_gallery_ranks_like_the_exact_lorentz_search(
     )
     points = lifted(rows["gallery"], 3.0)
     gallery.upsert(item_ids(len(points)), rows["gallery"], points)
+    # Sealed: the index then answers (unsealed rows are scanned exactly).
+    gallery.seal()
     queries = lifted(rows["queries"], 3.0).astype(np.float64)
     hits = gallery.search(queries, 10)
     measured = recall(hits, points, queries)
@@ -93,13 +95,14 @@ def test_cosine_gallery_ranks_like_the_exact_lorentz_search(
 @pytest.mark.parametrize("radius", [1.0, 3.0, 6.0])
 def test_tangent_ann_recall_at_radii(engine: MilvusEngine, rows: dict, radius: float) -> None:
     """The L2 HNSW over log₀(x) with k′ = 100 candidates and the float64 re-rank finds the exact
-    top-10 (measured 1.000 / 1.000 / 0.999 at radii 1 / 3 / 6); without the over-fetch it
-    does not (measured 0.35 at radius 6), which shows the test can see a bad candidate list."""
+    top-10 (measured 0.990 / 0.999 / 0.999 at radii 1 / 3 / 6, sealed so that the HNSW answers);
+    without the over-fetch it does not (0.36 at radius 6): the test sees a bad candidate list."""
     gallery = engine.create_gallery(
         GalleryLayout(f"tangent_r{int(radius)}", 384, 384, 1.0, "tangent", "HNSW")
     )
     points = spread_points(rows["gallery"], radius, rows["gallery"])
     gallery.upsert(item_ids(len(points)), rows["gallery"], points)
+    gallery.seal()
     queries = spread_points(rows["queries"], radius, rows["gallery"]).astype(np.float64)
     measured = recall(gallery.search(queries, 10, overfetch=100), points, queries)
     assert measured >= 0.97, measured
@@ -121,32 +124,53 @@ def test_upsert_replaces_and_delete_removes(engine: MilvusEngine, rows: dict) ->
     vectors = rows["gallery"][:50]
     # Ids a filter expression must escape.
     ids = [*item_ids(47), 'quote"d', "back\\slash", "é ünïcode"]
-    gallery.upsert(
+    first = gallery.upsert(
         ids, vectors, lifted(vectors, 1.0), labels=ids, metadata=[{"n": i} for i in range(50)]
     )
     assert gallery.count() == 50
+    np.testing.assert_array_equal(first, np.arange(50))
 
     replaced = rows["gallery"][100:103]
-    gallery.upsert(ids[:3], replaced, lifted(replaced, 1.0), labels=["new"] * 3)
-    assert gallery.count() == 50
+    # Two replaced items and one new: the replaced keep their internal ids.
+    again = gallery.upsert(
+        [ids[2], ids[0], "new"], replaced, lifted(replaced, 1.0), labels=["new"] * 3
+    )
+    np.testing.assert_array_equal(again, [2, 0, 50])
+    assert gallery.count() == 51
     stored = gallery.fetch([ids[2], "missing", ids[0], ids[48]])
     assert stored.item_ids == [ids[2], ids[0], ids[48]]
-    np.testing.assert_array_equal(stored.vectors[:2], replaced[[2, 0]])
+    np.testing.assert_array_equal(stored.row_ids, [2, 0, 48])
+    np.testing.assert_array_equal(stored.vectors[:2], replaced[:2])
     np.testing.assert_array_equal(stored.vectors[2], vectors[48])
     assert stored.labels == ["new", "new", ids[48]]
     # A replaced item's metadata is what the replacing write gave (none), not the old one.
     assert stored.metadata == [None, None, {"n": 48}]
-    hits = gallery.search(lifted(replaced[:1], 1.0), 1)
+    assert gallery.lookup([ids[0], "missing", 'quote"d']) == {
+        ids[0]: (0, "new"),
+        'quote"d': (47, 'quote"d'),
+    }
+    assert gallery.names([48, 0, 999]) == {48: (ids[48], ids[48]), 0: (ids[0], "new")}
+    hits = gallery.search(lifted(replaced[1:2], 1.0), 1)
     assert hits.item_ids == [[ids[0]]] and hits.distances[0, 0] < 1e-3
+    assert hits.row_ids.tolist() == [[0]]
 
     assert gallery.delete([ids[0], 'quote"d', "never-stored"]) == 2
-    assert gallery.count() == 48
+    assert gallery.count() == 49
     assert gallery.existing_ids([*ids[:2], 'quote"d']) == {ids[1]}
-    assert ids[0] not in {
-        i for row in gallery.search(lifted(replaced, 1.0), 10).item_ids for i in row
-    }
-    scanned = [i for batch in gallery.scan(batch_size=7) for i in batch.item_ids]
-    assert scanned == sorted(set(ids) - {ids[0], 'quote"d'})
+    found = gallery.search(lifted(replaced, 1.0), 10)
+    found_items = {i for row in found.item_ids for i in row}
+    assert ids[0] not in found_items
+    names = gallery.names(found.row_ids.ravel())
+    assert {names[int(r)][0] for r in found.row_ids.ravel()} == found_items
+    batches = list(gallery.scan(batch_size=7))
+    scanned = np.concatenate([b.row_ids for b in batches])
+    np.testing.assert_array_equal(scanned, sorted(set(range(51)) - {0, 47}))
+    every = gallery.names(scanned)
+    assert [i for b in batches for i in b.item_ids] == [every[int(r)][0] for r in scanned]
+    # A deleted item that comes back gets a fresh internal id (ids are never reused).
+    back = gallery.upsert([ids[0]], replaced[:1], lifted(replaced[:1], 1.0))
+    np.testing.assert_array_equal(back, [51])
+    assert gallery.delete([ids[0]]) == 1
     assert gallery.delete([ids[0]]) == 0
 
 

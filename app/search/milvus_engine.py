@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -50,19 +51,24 @@ from app.search.milvus_math import (
 # Candidates fetched per query before the exact re-rank (k′): issue 14 measured recall@10
 # 0.91–0.99 for the tangent HNSW at k′ = 100; bench.engines measures it again.
 DEFAULT_OVERFETCH = 100
-# Extra candidates of a cosine layout, whose engine ranking is already the Lorentz one: they only
-# absorb float32 ties at the k-th place.
-COSINE_MARGIN = 16
+# Extra candidates of a cosine layout, whose engine ranking is already the Lorentz one (0: the
+# engine's top k are the answer; the re-rank only gives them float64 distances). A margin would
+# only absorb float32 ties at the k-th place, at the price of fetching more vectors per query.
+COSINE_MARGIN = 0
 DEFAULT_HNSW = {"m": 32, "ef_construction": 200}
 # Rows per insert request (pymilvus sends one gRPC message per request; Milvus limits its size).
 WRITE_BATCH = 2048
 # Ids per query/delete request (filter expressions grow with the list).
 ID_BATCH = 1024
+# How often ``seal`` asks whether the index build has finished.
+SEAL_POLL_S = 0.2
 MAX_ITEM_ID = 256
 MAX_LABEL = 65535
 PROPERTY = "nobackfill.gallery"
+# The next internal id to hand out (ids are reserved here before rows carry them).
+NEXT_ROW_ID = "nobackfill.next_row_id"
 COLLECTION_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,254}$")
-FIELDS = ("item_id", "label", "metadata", "vector")
+FIELDS = ("item_id", "row_id", "label", "metadata", "vector")
 
 
 @dataclass(frozen=True)
@@ -110,6 +116,7 @@ class StoredRows:
     """Rows read back, in the order asked for (ids not stored are left out)."""
 
     item_ids: list[str]
+    row_ids: np.ndarray  # n int64, the items' internal ids
     vectors: np.ndarray  # n × dim float32, as stored
     labels: list[str | None]
     metadata: list[dict[str, Any] | None]
@@ -117,10 +124,30 @@ class StoredRows:
 
 @dataclass
 class SearchHits:
-    """Per query the k nearest item ids ('' padded) and float64 distances (inf padded)."""
+    """Per query the k nearest item ids ('' padded), their internal ids (−1 padded) and float64
+    distances (inf padded)."""
 
     item_ids: list[list[str]]
     distances: np.ndarray
+    row_ids: np.ndarray
+
+
+def seal_collection(
+    client: MilvusClient, collection: str, field_name: str, timeout_s: float = 3600.0
+) -> None:
+    """Seal the rows written so far into segments and wait until the index of ``field_name``
+    covers them all (after a bulk load: until then Milvus scans unsealed rows exactly, which is
+    correct but slower). Not needed for durability (see the module docstring)."""
+    client.flush(collection)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        info = client.describe_index(collection, field_name)
+        pending = info.get("pending_index_rows", 0)
+        if pending == 0 and info.get("indexed_rows", 0) >= info.get("total_rows", 0):
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"index of {collection} not built after {timeout_s} s: {info}")
+        time.sleep(SEAL_POLL_S)
 
 
 def is_remote(uri: str) -> bool:
@@ -181,6 +208,7 @@ class MilvusEngine:
             return existing
         schema = self.client.create_schema(auto_id=False, enable_dynamic_field=False)
         schema.add_field("item_id", DataType.VARCHAR, is_primary=True, max_length=MAX_ITEM_ID)
+        schema.add_field("row_id", DataType.INT64)
         schema.add_field("label", DataType.VARCHAR, max_length=MAX_LABEL, nullable=True)
         schema.add_field("metadata", DataType.JSON, nullable=True)
         schema.add_field("vector", DataType.FLOAT_VECTOR, dim=layout.dim)
@@ -204,7 +232,7 @@ class MilvusEngine:
             schema=schema,
             index_params=index,
             consistency_level="Strong",
-            properties={PROPERTY: layout.to_json()},
+            properties={PROPERTY: layout.to_json(), NEXT_ROW_ID: "0"},
         )
         self._layouts[layout.collection] = layout
         return MilvusGallery(self, layout)
@@ -256,11 +284,15 @@ class MilvusGallery:
         points: np.ndarray,
         labels: Sequence[str | None] | None = None,
         metadata: Sequence[dict[str, Any] | None] | None = None,
-    ) -> int:
-        """Insert or replace items: an existing item id gets the new vector, label and metadata.
+    ) -> np.ndarray:
+        """Insert or replace items: an existing item id gets the new vector, label and metadata
+        and keeps its internal id; a new one gets the next free id.
 
         ``vectors`` (n × dim) are stored as given; ``points`` (n × point_dim) are their space
-        components, from which the search rows are computed. Returns the rows written."""
+        components, from which the search rows are computed. Returns the internal ids (int64)
+        in the order given. Writers of one gallery must be serialised by the caller (the
+        service holds the gallery row's lock): the id reservation reads, then writes, a
+        collection property."""
         ids = _check_ids(item_ids)
         n = len(ids)
         vectors = np.ascontiguousarray(vectors, dtype=np.float32).reshape(n, self.layout.dim)
@@ -275,11 +307,15 @@ class MilvusGallery:
             # The cosine ranking equals the Lorentz ranking only at one radius.
             raise ValueError("a cosine-layout gallery takes points at one radius only")
         search = gallery_search_vectors(self.layout.layout, points, self.layout.curv)
+        known = self.lookup(ids)
+        fresh = iter(self._reserve(n - len(known)))
+        row_ids = np.array([known[i][0] if i in known else next(fresh) for i in ids], np.int64)
         for start in range(0, n, WRITE_BATCH):
             stop = min(n, start + WRITE_BATCH)
             rows = [
                 {
                     "item_id": ids[i],
+                    "row_id": int(row_ids[i]),
                     "label": labels[i],
                     "metadata": metadata[i],
                     "vector": vectors[i],
@@ -288,7 +324,16 @@ class MilvusGallery:
                 for i in range(start, stop)
             ]
             self.client.upsert(self.name, rows)
-        return n
+        return row_ids
+
+    def _reserve(self, n: int) -> range:
+        """``n`` internal ids never handed out before in this collection."""
+        if n == 0:
+            return range(0)
+        described = self.client.describe_collection(self.name)
+        first = int((described.get("properties") or {}).get(NEXT_ROW_ID, 0))
+        self.client.alter_collection_properties(self.name, {NEXT_ROW_ID: str(first + n)})
+        return range(first, first + n)
 
     def delete(self, item_ids: Sequence[str]) -> int:
         """Delete the items stored; returns how many of them existed."""
@@ -297,18 +342,43 @@ class MilvusGallery:
             self.client.delete(self.name, filter=ids_filter(present[start : start + ID_BATCH]))
         return len(present)
 
+    def seal(self, timeout_s: float = 3600.0) -> None:
+        """Seal the rows written so far and wait until the search index covers them all."""
+        seal_collection(self.client, self.name, "search", timeout_s)
+
     # -- reads ----------------------------------------------------------------------------------
     def count(self) -> int:
         rows = self.client.query(self.name, filter="", output_fields=["count(*)"])
         return int(rows[0]["count(*)"])
 
     def existing_ids(self, item_ids: Sequence[str]) -> set[str]:
+        return set(self.lookup(item_ids))
+
+    def lookup(self, item_ids: Sequence[str]) -> dict[str, tuple[int, str | None]]:
+        """item id → (internal id, label) of the items stored."""
         ids = list(dict.fromkeys(str(i) for i in item_ids))
-        found: set[str] = set()
+        found: dict[str, tuple[int, str | None]] = {}
         for start in range(0, len(ids), ID_BATCH):
-            part = ids[start : start + ID_BATCH]
-            rows = self.client.query(self.name, filter=ids_filter(part), output_fields=["item_id"])
-            found.update(row["item_id"] for row in rows)
+            rows = self.client.query(
+                self.name,
+                filter=ids_filter(ids[start : start + ID_BATCH]),
+                output_fields=["item_id", "row_id", "label"],
+            )
+            found.update((r["item_id"], (int(r["row_id"]), r.get("label"))) for r in rows)
+        return found
+
+    def names(self, row_ids: Sequence[int] | np.ndarray) -> dict[int, tuple[str, str | None]]:
+        """internal id → (item id, label) of the ids stored."""
+        wanted = sorted({int(i) for i in row_ids})
+        found: dict[int, tuple[str, str | None]] = {}
+        for start in range(0, len(wanted), ID_BATCH):
+            part = wanted[start : start + ID_BATCH]
+            rows = self.client.query(
+                self.name,
+                filter=f"row_id in [{', '.join(map(str, part))}]",
+                output_fields=["item_id", "row_id", "label"],
+            )
+            found.update((int(r["row_id"]), (r["item_id"], r.get("label"))) for r in rows)
         return found
 
     def fetch(self, item_ids: Sequence[str]) -> StoredRows:
@@ -328,29 +398,36 @@ class MilvusGallery:
         vectors = np.array([row["vector"] for row in rows], dtype=np.float32)
         return StoredRows(
             item_ids=[row["item_id"] for row in rows],
+            row_ids=np.array([row["row_id"] for row in rows], dtype=np.int64),
             vectors=vectors.reshape(len(rows), self.layout.dim),
             labels=[row.get("label") for row in rows],
             metadata=[row.get("metadata") for row in rows],
         )
 
-    def all_ids(self) -> list[str]:
-        """Every stored item id, sorted (ids only: a few dozen bytes per item)."""
-        rows = self.client.query(self.name, filter='item_id != ""', output_fields=["item_id"])
-        return sorted(row["item_id"] for row in rows)
+    def all_row_ids(self) -> np.ndarray:
+        """Every stored internal id, ascending (int64; 8 bytes per item)."""
+        rows = self.client.query(self.name, filter="row_id >= 0", output_fields=["row_id"])
+        return np.sort(np.array([row["row_id"] for row in rows], dtype=np.int64))
 
     def scan(self, batch_size: int = 4096) -> Iterator[StoredRows]:
-        """Every stored row, in batches in item-id order.
+        """Every stored row, in batches in ascending internal id.
 
-        The ids are listed once and the rows fetched by id: milvus-lite's ``query`` returns rows
-        in no particular order, so a cursor on ``item_id > last`` (what pymilvus's iterator
-        does) could skip rows there, and the iterator also does not escape quotes in ids."""
+        The ids are listed once and the rows fetched by id range: milvus-lite's ``query``
+        returns rows in no particular order, so a cursor on the primary key (what pymilvus's
+        iterator does) could skip rows there; the iterator also does not escape quotes in ids."""
         if batch_size < 1:
             raise ValueError("batch_size must be ≥ 1")
-        ids = self.all_ids()
-        for start in range(0, len(ids), batch_size):
-            rows = self.fetch(ids[start : start + batch_size])
-            if rows.item_ids:
-                yield rows
+        row_ids = self.all_row_ids()
+        for start in range(0, len(row_ids), batch_size):
+            part = row_ids[start : start + batch_size]
+            rows = self.client.query(
+                self.name,
+                filter=f"row_id >= {int(part[0])} and row_id <= {int(part[-1])}",
+                output_fields=list(FIELDS),
+            )
+            rows.sort(key=lambda row: row["row_id"])
+            if rows:
+                yield self._stored_rows(rows)
 
     def search(self, queries: np.ndarray, k: int, *, overfetch: int | None = None) -> SearchHits:
         """The k nearest items per query (space components in the gallery's frame), nearest
@@ -361,7 +438,7 @@ class MilvusGallery:
             raise ValueError("k must be ≥ 1")
         nq = len(queries)
         if nq == 0:
-            return SearchHits([], np.empty((0, k)))
+            return SearchHits([], np.empty((0, k)), np.empty((0, k), dtype=np.int64))
         fetch_k = max(k, overfetch or self.engine.overfetch)
         limit = min(fetch_k, k + COSINE_MARGIN) if layout.layout == "cosine" else fetch_k
         params: dict[str, Any] = {"metric_type": layout.metric}
@@ -374,14 +451,14 @@ class MilvusGallery:
             limit=limit,
             anns_field="search",
             search_params=params,
-            output_fields=["search"],
+            output_fields=["search", "row_id"],
         )
         return self._reranked(queries, results, k, limit)
 
     def _reranked(self, queries: np.ndarray, results: Any, k: int, limit: int) -> SearchHits:
         layout = self.layout
         nq = len(queries)
-        rows, valid, candidate_ids = candidate_rows(
+        rows, valid, candidate_ids, candidate_rows_ids = candidate_rows(
             results, nq, limit, search_dim(layout.layout, layout.point_dim)
         )
         points = points_from_search_vectors(layout.layout, rows, layout.curv)
@@ -389,14 +466,17 @@ class MilvusGallery:
         item_ids = [
             [candidate_ids[q][p] if p >= 0 else "" for p in positions[q]] for q in range(nq)
         ]
-        return SearchHits(item_ids, distances)
+        row_ids = np.where(
+            positions >= 0, np.take_along_axis(candidate_rows_ids, np.maximum(positions, 0), 1), -1
+        )
+        return SearchHits(item_ids, distances, row_ids)
 
 
 def candidate_rows(
     results: Any, nq: int, limit: int, width: int, field_name: str = "search"
-) -> tuple[np.ndarray, np.ndarray, list[list[Any]]]:
-    """(nq × limit × width float32 rows, nq × limit validity, per query the hit ids) of a
-    pymilvus search result, read from the response's one column of vectors.
+) -> tuple[np.ndarray, np.ndarray, list[list[Any]], np.ndarray]:
+    """(nq × limit × width float32 rows, nq × limit validity, per query the hit ids, nq × limit
+    internal ids) of a pymilvus search result, read from the response's one column of vectors.
 
     pymilvus decodes a hit's vector into a Python list only when the hit is read (measured: 0.47 s
     for 50 queries × 100 candidates × 384 floats, most of a search's client time); the response
@@ -406,15 +486,18 @@ def candidate_rows(
     rows = np.zeros((nq, limit, width), dtype=np.float32)
     valid = np.zeros((nq, limit), dtype=bool)
     ids: list[list[Any]] = []
+    row_ids = np.full((nq, limit), -1, dtype=np.int64)
     column: np.ndarray | None = None
     for q, hits in enumerate(list.__iter__(results)):
         found = len(hits.ids)
         ids.append(list(hits.ids))
         if not found:
             continue
+        # Scalars are decoded when the result is built; reading them does not materialise.
+        row_ids[q, :found] = [hits.get_raw_item(j)["entity"]["row_id"] for j in range(found)]
         if column is None:
             data = next(f for f in hits.lazy_field_data if f.field_name == field_name)
             column = np.asarray(data.vectors.float_vector.data, dtype=np.float32).reshape(-1, width)
         rows[q, :found] = column[hits.start : hits.start + found]
         valid[q, :found] = True
-    return rows, valid, ids
+    return rows, valid, ids, row_ids
