@@ -16,7 +16,7 @@ from typing import Any
 
 import httpx
 import numpy as np
-from sqlalchemy import insert, select
+from sqlalchemy import select
 
 from bench.wordnet import REPO_ROOT
 
@@ -125,32 +125,29 @@ def seed_gallery_rows(
 ) -> None:
     """Insert rows straight into the (stopped) service's database, as committed uploads would
     leave them, and bump the gallery's index version: the next start rebuilds its index."""
-    from app.core.db import Database, utcnow
+    from app.core.db import Database
     from app.core.settings import Settings
-    from app.galleries.models import Gallery, GalleryVector
+    from app.galleries.models import Gallery
+    from app.vectors.engine import storage_for
 
     settings = Settings(_env_file=None, data_dir=data_dir, bootstrap_key=BENCH_KEY)
     db = Database(settings)
     try:
-        now = utcnow()
         with db.session() as session:
-            for start in range(0, len(item_ids), chunk):
-                block = np.ascontiguousarray(vectors[start : start + chunk], dtype="<f4")
-                session.execute(
-                    insert(GalleryVector),
-                    [
-                        {
-                            "gallery_id": gallery_id,
-                            "item_id": item_id,
-                            "vector": row.tobytes(),
-                            "updated_at": now,
-                        }
-                        for item_id, row in zip(item_ids[start : start + chunk], block, strict=True)
-                    ],
-                )
             gallery = session.scalar(select(Gallery).where(Gallery.id == gallery_id))
             assert gallery is not None
-            gallery.count += len(item_ids)
+            storage = storage_for(session, gallery)
+            for start in range(0, len(item_ids), chunk):
+                ids = item_ids[start : start + chunk]
+                written = storage.upsert(
+                    session,
+                    gallery,
+                    ids,
+                    np.ascontiguousarray(vectors[start : start + chunk], dtype=np.float32),
+                    [None] * len(ids),
+                    [None] * len(ids),
+                )
+                gallery.count += written.inserted
             gallery.index_version += 1
     finally:
         db.dispose()

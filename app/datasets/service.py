@@ -16,9 +16,10 @@ from app.core.settings import Settings
 from app.core.tenancy import check_name_free, check_tenant_limit, get_owned
 from app.datasets.models import Dataset, DatasetItem
 from app.datasets.schemas import DatasetCreate
-from app.galleries.models import GalleryVector
+from app.galleries.models import Gallery
 from app.galleries.service import IN_CHUNK, get_gallery
 from app.upgrades.models import QUEUED, RUNNING, UpgradeJob
+from app.vectors.engine import storage_for
 
 
 def get_dataset(session: Session, tenant_id: str, dataset_id: str) -> Dataset:
@@ -37,18 +38,10 @@ def lock_dataset(session: Session, dataset_id: str) -> Dataset:
 
 def gallery_ids_present(session: Session, gallery_id: str, ids: Sequence[str]) -> set[str]:
     """Which of ``ids`` the gallery holds."""
-    unique = sorted(set(ids))
-    found: set[str] = set()
-    for start in range(0, len(unique), IN_CHUNK):
-        found.update(
-            session.scalars(
-                select(GalleryVector.item_id).where(
-                    GalleryVector.gallery_id == gallery_id,
-                    GalleryVector.item_id.in_(unique[start : start + IN_CHUNK]),
-                )
-            )
-        )
-    return found
+    gallery = session.get(Gallery, gallery_id)
+    if gallery is None:
+        return set()
+    return set(storage_for(session, gallery).lookup(session, gallery, sorted(set(ids))))
 
 
 def query_counts(dataset: Dataset) -> dict[str, int]:

@@ -27,7 +27,7 @@ from app.core.arrays import as_matrix, check_batch_size, check_count, check_ids
 from app.core.db import utcnow
 from app.core.errors import FieldError, conflict, invalid, invalid_fields
 from app.core.settings import Settings
-from app.galleries.models import Gallery, GalleryVector
+from app.galleries.models import Gallery
 from app.galleries.reembed_models import BackfillFit, ReembeddedVector
 from app.galleries.service import IN_CHUNK, _lock_gallery, index_for, lift_of
 from app.ml.backfill import (
@@ -48,6 +48,7 @@ from app.ml.lorentz import uncertainty as norm_uncertainty
 from app.models.models import TrainedModel
 from app.models.service import BACKBONE, ModelCache, get_model, resolve_modality, same_space
 from app.search.store import IndexStore
+from app.vectors.engine import storage_for
 
 # (gallery, model) feature copies kept in memory (LRU).
 FEATURE_CACHE_SIZE = 8
@@ -63,21 +64,6 @@ def backbone_for(session: Session, tenant_id: str, gallery: Gallery, model_id: s
             "model trained against that space"
         )
     return row
-
-
-def _vector_rows(session: Session, gallery_id: str, ids: Sequence[str]) -> dict[str, int]:
-    found: dict[str, int] = {}
-    for start in range(0, len(ids), IN_CHUNK):
-        found.update(
-            (item_id, row_id)
-            for row_id, item_id in session.execute(
-                select(GalleryVector.id, GalleryVector.item_id).where(
-                    GalleryVector.gallery_id == gallery_id,
-                    GalleryVector.item_id.in_(ids[start : start + IN_CHUNK]),
-                )
-            )
-        )
-    return found
 
 
 def store_reembedded(
@@ -103,7 +89,12 @@ def store_reembedded(
     blobs = [np.ascontiguousarray(r, dtype="<f4").tobytes() for r in matrix]
     with store.lock(gallery.id):
         gallery = _lock_gallery(session, gallery)
-        existing = _vector_rows(session, gallery.id, ids)
+        existing = {
+            item_id: vector_id
+            for item_id, (vector_id, _) in storage_for(session, gallery)
+            .lookup(session, gallery, ids)
+            .items()
+        }
         missing = [n for n, item_id in enumerate(ids) if item_id not in existing]
         if missing:
             raise invalid_fields(
@@ -373,15 +364,12 @@ def plan(
         )
     order = plan_order(plan_priority(fit, points, uncertainty), done)[:count]
     chosen = all_ids[order].tolist()
-    names: dict[int, str] = {}
-    for start in range(0, len(chosen), IN_CHUNK):
-        names.update(
-            session.execute(
-                select(GalleryVector.id, GalleryVector.item_id).where(
-                    GalleryVector.id.in_(chosen[start : start + IN_CHUNK])
-                )
-            ).all()
-        )
+    names = {
+        vector_id: item_id
+        for vector_id, (item_id, _) in storage_for(session, gallery)
+        .names(session, gallery, chosen)
+        .items()
+    }
     ids = [names[i] for i in chosen if i in names]
     after = (int(done.sum()) + len(ids)) / total if total else 0.0
     return {

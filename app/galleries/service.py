@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from sqlalchemy import delete, insert, select, update
+from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
 from app.core.arrays import as_matrix, check_batch_size, check_count, check_ids, check_labels
@@ -22,7 +22,7 @@ from app.core.db import new_id, utcnow
 from app.core.errors import FieldError, conflict, invalid, invalid_fields, not_found
 from app.core.settings import Settings
 from app.core.tenancy import check_name_free, check_tenant_limit, get_owned
-from app.galleries.models import Gallery, GalleryVector
+from app.galleries.models import Gallery
 from app.galleries.reembed_models import ReembeddedVector
 from app.galleries.schemas import GalleryCreate
 from app.ml.space import DEFAULT_CURVATURE, DEFAULT_LIFT_SCALE, EuclideanLift
@@ -30,6 +30,7 @@ from app.models.models import TrainedModel
 from app.models.service import ModelCache, embed_features, get_model, resolve_modality
 from app.search.index import validate_index_params
 from app.search.store import IndexSpec, IndexStore
+from app.vectors.engine import storage_for
 
 log = logging.getLogger(__name__)
 # Bound on the number of SQL parameters in one IN (…) list (SQLite's limit is far above this).
@@ -165,19 +166,12 @@ def point_loader(session: Session, gallery: Gallery):
     """Reads every stored vector of ``gallery`` (ids, space components) for an index rebuild."""
 
     def load() -> tuple[np.ndarray, np.ndarray]:
-        ids: list[int] = []
-        chunks: list[bytes] = []
-        rows = session.execute(
-            select(GalleryVector.id, GalleryVector.vector)
-            .where(GalleryVector.gallery_id == gallery.id)
-            .order_by(GalleryVector.id)
-            .execution_options(yield_per=5000)
-        )
-        for row_id, vector in rows:
-            ids.append(row_id)
-            chunks.append(vector)
-        stored = np.frombuffer(b"".join(chunks), dtype="<f4").reshape(len(ids), gallery.dim)
-        return np.asarray(ids, dtype=np.int64), lifted_points(gallery, stored)
+        ids: list[np.ndarray] = [np.zeros(0, dtype=np.int64)]
+        vectors: list[np.ndarray] = [np.zeros((0, gallery.dim), dtype=np.float32)]
+        for part in storage_for(session, gallery).scan(session, gallery):
+            ids.append(part.ids)
+            vectors.append(part.vectors)
+        return np.concatenate(ids), lifted_points(gallery, np.concatenate(vectors))
 
     return load
 
@@ -225,19 +219,16 @@ def _validate_batch(
     return ids, stored, points
 
 
-def _existing_rows(session: Session, gallery_id: str, ids: Sequence[str]) -> dict[str, int]:
-    found: dict[str, int] = {}
-    for start in range(0, len(ids), IN_CHUNK):
-        chunk = ids[start : start + IN_CHUNK]
-        found.update(
-            (item_id, row_id)
-            for row_id, item_id in session.execute(
-                select(GalleryVector.id, GalleryVector.item_id).where(
-                    GalleryVector.gallery_id == gallery_id, GalleryVector.item_id.in_(chunk)
-                )
+def _forget_reembedded(session: Session, gallery: Gallery, vector_ids: np.ndarray) -> None:
+    """Features re-embedded from items that were replaced or deleted are stale: drop them."""
+    replaced = vector_ids.tolist()
+    for start in range(0, len(replaced), IN_CHUNK):
+        session.execute(
+            delete(ReembeddedVector).where(
+                ReembeddedVector.gallery_id == gallery.id,
+                ReembeddedVector.vector_id.in_(replaced[start : start + IN_CHUNK]),
             )
         )
-    return found
 
 
 def _lock_gallery(session: Session, gallery: Gallery) -> Gallery:
@@ -277,52 +268,20 @@ def upsert_vectors(
     ids, stored, points = _validate_batch(session, settings, cache, gallery, batch)
     labels = list(batch.labels) if batch.labels is not None else [None] * len(ids)
     metadata = list(batch.metadata) if batch.metadata is not None else [None] * len(ids)
-    blobs = [np.ascontiguousarray(row, dtype="<f4").tobytes() for row in stored]
     with store.lock(gallery.id):
         gallery = _lock_gallery(session, gallery)
         previous_version = gallery.index_version
-        existing = _existing_rows(session, gallery.id, ids)
-        now = utcnow()
-        updates = [
-            {"id": existing[i], "vector": b, "label": lab, "item_metadata": m, "updated_at": now}
-            for i, b, lab, m in zip(ids, blobs, labels, metadata, strict=True)
-            if i in existing
-        ]
-        inserts = [
-            {
-                "gallery_id": gallery.id,
-                "item_id": i,
-                "vector": b,
-                "label": lab,
-                "item_metadata": m,
-                "updated_at": now,
-            }
-            for i, b, lab, m in zip(ids, blobs, labels, metadata, strict=True)
-            if i not in existing
-        ]
-        if updates:
-            session.execute(update(GalleryVector), updates)
-            # A replaced item is new content: features re-embedded from the old one are stale.
-            replaced = [u["id"] for u in updates]
-            for start in range(0, len(replaced), IN_CHUNK):
-                session.execute(
-                    delete(ReembeddedVector).where(
-                        ReembeddedVector.vector_id.in_(replaced[start : start + IN_CHUNK])
-                    )
-                )
-        row_ids = dict(existing)
-        if inserts:
-            returned = session.execute(
-                insert(GalleryVector).returning(GalleryVector.id, GalleryVector.item_id), inserts
-            )
-            row_ids.update((item_id, row_id) for row_id, item_id in returned)
-        gallery.count += len(inserts)
+        written = storage_for(session, gallery).upsert(
+            session, gallery, ids, stored, labels, metadata
+        )
+        # A replaced item is new content: features re-embedded from the old one are stale.
+        _forget_reembedded(session, gallery, written.replaced)
+        gallery.count += written.inserted
         gallery.index_version += 1
-        gallery.updated_at = now
+        gallery.updated_at = utcnow()
         session.commit()
-        faiss_ids = np.array([row_ids[i] for i in ids], dtype=np.int64)
         _refresh_index(
-            session, store, gallery, previous_version, upsert_ids=faiss_ids, upsert_points=points
+            session, store, gallery, previous_version, upsert_ids=written.ids, upsert_points=points
         )
     return len(ids), gallery.count
 
@@ -339,7 +298,8 @@ def delete_vectors(
     ids = check_ids(ids, "ids", max_length=settings.max_id_length)
     with store.lock(gallery.id):
         gallery = _lock_gallery(session, gallery)
-        existing = _existing_rows(session, gallery.id, ids)
+        storage = storage_for(session, gallery)
+        existing = storage.lookup(session, gallery, ids)
         missing = [n for n, i in enumerate(ids) if i not in existing]
         if missing and not missing_ok:
             raise invalid_fields(
@@ -348,19 +308,14 @@ def delete_vectors(
         if not existing:
             return 0, gallery.count
         previous_version = gallery.index_version
-        row_ids = list(existing.values())
-        for start in range(0, len(row_ids), IN_CHUNK):
-            session.execute(
-                delete(GalleryVector).where(GalleryVector.id.in_(row_ids[start : start + IN_CHUNK]))
-            )
-        gallery.count -= len(row_ids)
+        removed = storage.delete(session, gallery, ids)
+        _forget_reembedded(session, gallery, removed)
+        gallery.count -= len(removed)
         gallery.index_version += 1
         gallery.updated_at = utcnow()
         session.commit()
-        _refresh_index(
-            session, store, gallery, previous_version, remove_ids=np.array(row_ids, dtype=np.int64)
-        )
-    return len(row_ids), gallery.count
+        _refresh_index(session, store, gallery, previous_version, remove_ids=removed)
+    return len(removed), gallery.count
 
 
 def delete_gallery(session: Session, store: IndexStore, gallery: Gallery) -> None:
@@ -380,8 +335,10 @@ def delete_gallery(session: Session, store: IndexStore, gallery: Gallery) -> Non
     if active:
         raise conflict(f"upgrades {active} are training against this gallery; cancel them first")
     with store.lock(gallery.id):
+        storage = storage_for(session, gallery)
         session.delete(gallery)
         session.commit()
+        storage.drop(gallery.id)
         store.drop(gallery.id)
 
 
@@ -395,10 +352,7 @@ def verify_all_indexes(session: Session, store: IndexStore) -> dict[str, str]:
     galleries = list(session.scalars(select(Gallery)))
     store.remove_orphans({g.id for g in galleries})
     for gallery in galleries:
-        stored_ids = np.fromiter(
-            session.scalars(select(GalleryVector.id).where(GalleryVector.gallery_id == gallery.id)),
-            dtype=np.int64,
-        )
+        stored_ids = storage_for(session, gallery).all_ids(session, gallery)
         if len(stored_ids) != gallery.count:
             log.warning(
                 "startup check: gallery %s counted %d vectors, stores %d; count repaired",
@@ -421,27 +375,12 @@ def read_vectors(
     metadata). Ids the gallery does not hold are a 404 naming each."""
     check_batch_size(len(ids), "ids", settings.max_vectors_per_request)
     ids = check_ids(ids, "ids", max_length=settings.max_id_length)
-    found: dict[str, tuple[bytes, str | None, dict[str, Any] | None]] = {}
-    for start in range(0, len(ids), IN_CHUNK):
-        rows = session.execute(
-            select(
-                GalleryVector.item_id,
-                GalleryVector.vector,
-                GalleryVector.label,
-                GalleryVector.item_metadata,
-            ).where(
-                GalleryVector.gallery_id == gallery.id,
-                GalleryVector.item_id.in_(ids[start : start + IN_CHUNK]),
-            )
-        )
-        found.update((item_id, (vector, label, meta)) for item_id, vector, label, meta in rows)
-    missing = [n for n, item_id in enumerate(ids) if item_id not in found]
-    if missing:
+    found = storage_for(session, gallery).fetch(session, gallery, ids)
+    if len(found) < len(ids):
+        present = set(found.item_ids)
+        missing = [n for n, item_id in enumerate(ids) if item_id not in present]
         raise invalid_fields(
             [FieldError(f"ids[{n}]", f"{ids[n]!r} is not in this gallery") for n in missing[:20]],
             status=404,
         )
-    matrix = np.frombuffer(b"".join(found[i][0] for i in ids), dtype="<f4").reshape(
-        len(ids), gallery.dim
-    )
-    return ids, matrix.astype(np.float32), [found[i][1] for i in ids], [found[i][2] for i in ids]
+    return ids, found.vectors, found.labels, found.metadata

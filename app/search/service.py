@@ -7,14 +7,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app.core.arrays import as_matrix, check_batch_size
 from app.core.errors import FieldError, invalid, invalid_fields
 from app.core.settings import Settings
-from app.galleries.models import Gallery, GalleryVector
-from app.galleries.service import IN_CHUNK, index_for, lifted_points
+from app.galleries.models import Gallery
+from app.galleries.service import index_for, lifted_points
 from app.models.service import (
     BACKBONE,
     ModelCache,
@@ -26,6 +25,7 @@ from app.models.service import (
 )
 from app.search.schemas import SearchRequest
 from app.search.store import IndexStore
+from app.vectors.engine import storage_for
 
 
 @dataclass(frozen=True)
@@ -99,16 +99,10 @@ def hit_scores(
     return -np.cosh(np.sqrt(curv) * distances) / curv
 
 
-def _item_names(session: Session, wanted: list[int]) -> dict[int, tuple[str, str | None]]:
-    items: dict[int, tuple[str, str | None]] = {}
-    for start in range(0, len(wanted), IN_CHUNK):
-        rows = session.execute(
-            select(GalleryVector.id, GalleryVector.item_id, GalleryVector.label).where(
-                GalleryVector.id.in_(wanted[start : start + IN_CHUNK])
-            )
-        )
-        items.update((row_id, (item_id, label)) for row_id, item_id, label in rows)
-    return items
+def _item_names(
+    session: Session, gallery: Gallery, wanted: list[int]
+) -> dict[int, tuple[str, str | None]]:
+    return storage_for(session, gallery).names(session, gallery, wanted)
 
 
 def _mixed_search(
@@ -147,7 +141,7 @@ def _mixed_search(
     if found is None:
         return None
     ids, scores, distances, from_native = found
-    items = _item_names(session, sorted({int(i) for i in ids[ids >= 0]}))
+    items = _item_names(session, gallery, sorted({int(i) for i in ids[ids >= 0]}))
     results = []
     for q in range(len(ids)):
         hits = []
@@ -201,7 +195,7 @@ def search_gallery(
         min_candidates=settings.search_min_candidates,
     )
     scores = hit_scores(gallery, queries, points, distances)
-    items = _item_names(session, sorted({int(i) for i in ids[ids >= 0]}))
+    items = _item_names(session, gallery, sorted({int(i) for i in ids[ids >= 0]}))
     results = []
     for row_ids, row_dist, row_scores in zip(
         ids.tolist(), distances.tolist(), scores.tolist(), strict=True

@@ -7,14 +7,14 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from sqlalchemy import func, select
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app.core.errors import FieldError, invalid_fields
 from app.datasets.models import Dataset, DatasetItem
 from app.datasets.queries import load_queries
 from app.datasets.service import load_items
-from app.galleries.models import Gallery, GalleryVector
+from app.galleries.models import Gallery
 from app.galleries.service import lift_of
 from app.ml.training import TrainingHooks
 from app.ml.upgrade import (
@@ -25,6 +25,7 @@ from app.ml.upgrade import (
     run_backbone_upgrade,
 )
 from app.upgrades.trained import TrainedOutput
+from app.vectors.engine import storage_for
 
 METHODS: tuple[str, ...] = tuple(BACKBONE_METHODS)
 # The job's objective travels in its params (beside the trainer's knobs, shown by GET
@@ -38,17 +39,19 @@ QUERY_SUMMARY = (
 )
 
 
-def _paired(dataset: Dataset, gallery: Gallery):
-    return (
-        select(func.count())
-        .select_from(DatasetItem)
-        .join(
-            GalleryVector,
-            (GalleryVector.item_id == DatasetItem.item_id)
-            & (GalleryVector.gallery_id == gallery.id),
-        )
-        .where(DatasetItem.dataset_id == dataset.id)
+def _paired_labels(
+    session: Session, dataset: Dataset, gallery: Gallery
+) -> list[tuple[str | None, str | None]]:
+    """(dataset label, gallery label) of every dataset item the gallery holds."""
+    items = dict(
+        session.execute(
+            select(DatasetItem.item_id, DatasetItem.label).where(
+                DatasetItem.dataset_id == dataset.id
+            )
+        ).all()
     )
+    found = storage_for(session, gallery).lookup(session, gallery, sorted(items))
+    return [(items[item_id], label) for item_id, (_, label) in found.items()]
 
 
 def check_request(
@@ -63,16 +66,11 @@ def check_request(
     objective: str | None,
 ) -> None:
     """What the trainer would refuse, refused before a job exists (422 naming the field)."""
-    paired = session.scalar(_paired(dataset, gallery)) or 0
-    labelled = True
-    if paired:
-        unlabelled_items = session.scalar(
-            _paired(dataset, gallery).where(DatasetItem.label.is_(None))
-        )
-        unlabelled_vectors = session.scalar(
-            _paired(dataset, gallery).where(GalleryVector.label.is_(None))
-        )
-        labelled = not (unlabelled_items and unlabelled_vectors)
+    pairs = _paired_labels(session, dataset, gallery)
+    paired = len(pairs)
+    unlabelled_items = any(item is None for item, _ in pairs)
+    unlabelled_vectors = any(vector is None for _, vector in pairs)
+    labelled = not (unlabelled_items and unlabelled_vectors)
     problems = check_backbone_request(
         method,
         params,
@@ -142,24 +140,15 @@ def load_inputs(
     ``queries``, ``queries_with_old_vectors``, ``queries_with_relevance``,
     ``queries_relevant_dropped``)."""
     ids, arrays, item_labels = load_items(session, dataset)
-    stored: dict[str, tuple[bytes, str | None]] = {}
-    for start in range(0, len(ids), 500):
-        rows = session.execute(
-            select(GalleryVector.item_id, GalleryVector.vector, GalleryVector.label).where(
-                GalleryVector.gallery_id == gallery.id,
-                GalleryVector.item_id.in_(ids[start : start + 500]),
-            )
-        )
-        stored.update((item_id, (vector, label)) for item_id, vector, label in rows)
-    keep = [n for n, item_id in enumerate(ids) if item_id in stored]
-    paired_ids = [ids[n] for n in keep]
+    stored = storage_for(session, gallery).fetch(session, gallery, ids)
+    row_of = {item_id: n for n, item_id in enumerate(ids)}
+    keep = [row_of[item_id] for item_id in stored.item_ids]
+    paired_ids = stored.item_ids
     features = arrays[dataset.modalities[0]][keep]
-    old = np.frombuffer(b"".join(stored[i][0] for i in paired_ids), dtype="<f4").reshape(
-        len(paired_ids), gallery.dim
-    )
+    old = stored.vectors
     labels = label_codes([item_labels[n] for n in keep])
     if labels is None:
-        labels = label_codes([stored[i][1] for i in paired_ids])
+        labels = label_codes(stored.labels)
     queries, summary = _query_log(session, dataset, paired_ids)
     data = UpgradeData(
         new_features=np.array(features),

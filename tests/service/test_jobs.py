@@ -9,17 +9,18 @@ from datetime import timedelta
 
 import pytest
 from fastapi.testclient import TestClient
-from sqlalchemy import delete, func, select, update
+from sqlalchemy import func, select, update
 
 from app.core.db import utcnow
 from app.core.files import sha256_hex
-from app.galleries.models import GalleryVector
+from app.galleries.models import Gallery
 from app.jobs.runner import JobRunner
 from app.ml.training import TrainingHooks
 from app.models.models import TrainedModel
 from app.upgrades import backbone
 from app.upgrades.executor import Claim, execute
 from app.upgrades.models import UpgradeJob
+from app.vectors.engine import storage_for
 from tests.service.test_upgrades_api import RecordingRunner, paired_setup, quick_upgrade
 
 
@@ -109,7 +110,10 @@ def test_sweep_resubmits_stale_and_lost_jobs(client: TestClient, queued_job: str
 
 def test_trainer_errors_fail_the_job_with_their_text(client: TestClient, queued_job: str) -> None:
     with client.app.state.service.db.session() as session:
-        session.execute(delete(GalleryVector))
+        for gallery in session.scalars(select(Gallery)):
+            storage = storage_for(session, gallery)
+            stored = [i for part in storage.scan(session, gallery) for i in part.item_ids]
+            storage.delete(session, gallery, stored)
     run(client, queued_job)
     job = client.get(f"/v1/upgrades/{queued_job}").json()
     assert job["status"] == "failed" and "too few" in job["error"]

@@ -1,0 +1,1 @@
+"""Where a gallery's vectors live: one interface (``engine``), one implementation per storage."""
