@@ -3,6 +3,7 @@ search on the real WordNet fixture rows."""
 
 from __future__ import annotations
 
+import inspect
 import os
 import signal
 import subprocess
@@ -15,11 +16,14 @@ import pytest
 import torch
 from pymilvus import DataType, MilvusClient
 
+from app.galleries.models import Gallery
 from app.ml.space import EuclideanLift
 from app.search.index import LorentzIndex, exact_distances
 from app.search.milvus_attach import AttachedCollection, AttachError
 from app.search.milvus_engine import GalleryLayout, MilvusEngine, SearchHits
 from app.search.milvus_math import choose_layout, exact_top_k, recall_within
+from app.search.milvus_storage import MilvusVectorStorage, collection_name, layout_of
+from app.vectors.engine import VectorStorage
 from bench.engines import spread_points
 
 OLD = "all-MiniLM-L6-v2"
@@ -330,3 +334,67 @@ def test_attach_refuses_what_it_cannot_read_as_described(
         AttachedCollection(uri, "docs", "doc_id", "embedding", "COSINE", client=client)
     # Refusing did not load it either.
     assert str(client.get_load_state("docs")["state"]).endswith("NotLoad")
+
+
+# -- behind the vector-storage interface -----------------------------------------------------
+def test_vector_storage_adapter_keeps_the_interface_contract(
+    engine: MilvusEngine, rows: dict
+) -> None:
+    storage = MilvusVectorStorage(engine)
+    # The same methods, with the same parameters, as the interface.
+    for name, member in inspect.getmembers(VectorStorage, inspect.isfunction):
+        if not name.startswith("_"):
+            expected = list(inspect.signature(member).parameters)
+            assert list(inspect.signature(getattr(storage, name)).parameters) == expected[1:]
+    external = Gallery(
+        id="gal_external",
+        dim=384,
+        metric="cosine",
+        lift_curv=1.0,
+        lift_scale=2.0,
+        bound_model_id=None,
+        index_kind="hnsw",
+    )
+    bound = Gallery(
+        id="gal_bound",
+        dim=384,
+        metric=None,
+        lift_curv=1.0,
+        lift_scale=None,
+        bound_model_id="mdl_x",
+        index_kind="flat",
+    )
+    assert (layout_of(external).layout, layout_of(external).index_type) == ("cosine", "HNSW")
+    assert (layout_of(bound).layout, layout_of(bound).index_type) == ("lifted", "FLAT")
+
+    vectors = rows["gallery"][:20]
+    ids = item_ids(20)
+    first = storage.upsert(None, external, ids, vectors, ids, [None] * 20)
+    np.testing.assert_array_equal(first.ids, np.arange(20))
+    assert first.inserted == 20 and len(first.replaced) == 0
+    second = storage.upsert(None, external, [ids[3], "x"], vectors[:2], ["a", "b"], [None, None])
+    np.testing.assert_array_equal(second.ids, [3, 20])
+    np.testing.assert_array_equal(second.replaced, [3])
+    assert second.inserted == 1
+    assert storage.count(None, external) == 21
+    assert storage.lookup(None, external, [ids[3], "zz"]) == {ids[3]: (3, "a")}
+    assert storage.names(None, external, [20, 99]) == {20: ("x", "b")}
+    fetched = storage.fetch(None, external, [ids[3]])
+    np.testing.assert_array_equal(fetched.vectors, vectors[:1])
+    np.testing.assert_array_equal(fetched.ids, [3])
+    np.testing.assert_array_equal(storage.delete(None, external, [ids[5], ids[1], "zz"]), [1, 5])
+    np.testing.assert_array_equal(storage.all_ids(None, external), sorted(set(range(21)) - {1, 5}))
+    batches = list(storage.scan(None, external, batch=8))
+    assert [len(b) for b in batches] == [8, 8, 3]
+    # Searches see the lifted points: the stored vector, lifted, is its own nearest item.
+    hits = storage.gallery(external).search(lifted(vectors[:1], 2.0), 1)
+    assert hits.item_ids == [[ids[0]]]
+
+    # A model-bound gallery stores space components at many radii, searched exactly.
+    points = spread_points(rows["gallery"][:20], 5.0, rows["gallery"])
+    storage.upsert(None, bound, ids, points, [None] * 20, [None] * 20)
+    hits = storage.gallery(bound).search(points[7:8].astype(np.float64), 1)
+    assert hits.item_ids == [[ids[7]]] and hits.distances[0, 0] < 1e-3
+
+    storage.drop("gal_external")
+    assert not engine.has_gallery(collection_name("gal_external"))
