@@ -18,9 +18,10 @@ from pymilvus import DataType, MilvusClient
 
 from app.galleries.models import Gallery
 from app.ml.space import EuclideanLift
+from app.search import milvus_engine
 from app.search.index import LorentzIndex, exact_distances
 from app.search.milvus_attach import AttachedCollection, AttachError
-from app.search.milvus_engine import GalleryLayout, MilvusEngine, SearchHits
+from app.search.milvus_engine import DEFAULT_OVERFETCH, GalleryLayout, MilvusEngine, SearchHits
 from app.search.milvus_math import choose_layout, exact_top_k, recall_within
 from app.search.milvus_storage import MilvusVectorStorage, collection_name, layout_of
 from app.vectors.engine import VectorStorage
@@ -115,12 +116,21 @@ def test_tangent_ann_recall_at_radii(engine: MilvusEngine, rows: dict, radius: f
         assert without < 0.7, without
 
 
-def test_lifted_flat_layout_is_exact_at_several_radii(engine: MilvusEngine, rows: dict) -> None:
+def test_lifted_flat_layout_is_exact_at_several_radii(
+    engine: MilvusEngine, rows: dict, monkeypatch: pytest.MonkeyPatch
+) -> None:
     gallery = engine.create_gallery(GalleryLayout("lifted_exact", 384, 384, 1.0, "lifted", "FLAT"))
     points = spread_points(rows["gallery"], 6.0, rows["gallery"])
     gallery.upsert(item_ids(len(points)), rows["gallery"], points)
     queries = spread_points(rows["queries"], 6.0, rows["gallery"]).astype(np.float64)
-    assert recall(gallery.search(queries, 10), points, queries) == 1.0
+    whole = gallery.search(queries, 10)
+    assert recall(whole, points, queries) == 1.0
+    # A batch larger than the re-rank's memory bound is searched in parts, with the same answer.
+    monkeypatch.setattr(milvus_engine, "RERANK_BUDGET", 7 * DEFAULT_OVERFETCH * 385)
+    parts = gallery.search(queries, 10)
+    assert parts.item_ids == whole.item_ids
+    np.testing.assert_array_equal(parts.distances, whole.distances)
+    np.testing.assert_array_equal(parts.row_ids, whole.row_ids)
 
 
 def test_upsert_replaces_and_delete_removes(engine: MilvusEngine, rows: dict) -> None:

@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 from pymilvus import DataType, MilvusClient
 
+from app.search.index import RERANK_BUDGET
 from app.search.milvus_math import (
     LAYOUT_METRIC,
     LAYOUTS,
@@ -436,24 +437,31 @@ class MilvusGallery:
         queries = np.asarray(queries, dtype=np.float64).reshape(-1, layout.point_dim)
         if k < 1:
             raise ValueError("k must be ≥ 1")
-        nq = len(queries)
-        if nq == 0:
-            return SearchHits([], np.empty((0, k)), np.empty((0, k), dtype=np.int64))
         fetch_k = max(k, overfetch or self.engine.overfetch)
         limit = min(fetch_k, k + COSINE_MARGIN) if layout.layout == "cosine" else fetch_k
         params: dict[str, Any] = {"metric_type": layout.metric}
         if layout.index_type == "HNSW":
             # ef bounds the candidate list the graph walk keeps; below the limit it would cap it.
             params["params"] = {"ef": max(fetch_k, limit)}
-        results = self.client.search(
-            self.name,
-            data=query_search_vectors(layout.layout, queries, layout.curv),
-            limit=limit,
-            anns_field="search",
-            search_params=params,
-            output_fields=["search", "row_id"],
+        # The re-rank holds queries × candidates × dim float64 values: bound that working set.
+        chunk = max(1, RERANK_BUDGET // (limit * search_dim(layout.layout, layout.point_dim)))
+        parts = [SearchHits([], np.empty((0, k)), np.empty((0, k), dtype=np.int64))]
+        for start in range(0, len(queries), chunk):
+            part = queries[start : start + chunk]
+            results = self.client.search(
+                self.name,
+                data=query_search_vectors(layout.layout, part, layout.curv),
+                limit=limit,
+                anns_field="search",
+                search_params=params,
+                output_fields=["search", "row_id"],
+            )
+            parts.append(self._reranked(part, results, k, limit))
+        return SearchHits(
+            [ids for hits in parts for ids in hits.item_ids],
+            np.concatenate([hits.distances for hits in parts]),
+            np.concatenate([hits.row_ids for hits in parts]),
         )
-        return self._reranked(queries, results, k, limit)
 
     def _reranked(self, queries: np.ndarray, results: Any, k: int, limit: int) -> SearchHits:
         layout = self.layout
