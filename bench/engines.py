@@ -157,14 +157,24 @@ class Data:
 
 
 # -- Milvus ---------------------------------------------------------------------------------------
-def milvus_gallery(engine: MilvusEngine, name: str, layout: str, dim: int) -> MilvusGallery:
-    return engine.create_gallery(GalleryLayout(name, dim, dim, 1.0, layout, "HNSW"))
+def milvus_gallery(
+    engine: MilvusEngine, name: str, layout: str, dim: int, radius: float
+) -> MilvusGallery:
+    """A cosine gallery as the service makes it for an external cosine gallery (the stored
+    vectors searched, lifted at ``radius``); a tangent one over the given points."""
+    lift_scale = radius if layout == "cosine" else None
+    return engine.create_gallery(
+        GalleryLayout(name, dim, dim, 1.0, layout, "HNSW", lift_scale=lift_scale)
+    )
 
 
 def ingest(gallery: MilvusGallery, data: Data, points: np.ndarray) -> dict[str, float]:
     """Upserts of the whole gallery, then the wait until the index covers it (``seal``)."""
+    lifted = gallery.layout.lift_scale is not None
     seconds = timed_writes(
-        lambda part: gallery.upsert(data.ids[part], data.vectors[part], points[part]),
+        lambda part: gallery.upsert(
+            data.ids[part], data.vectors[part], None if lifted else points[part]
+        ),
         len(points),
     )
     tic = time.perf_counter()
@@ -229,7 +239,7 @@ def milvus_run(data: Data, radii: Sequence[float], store: Path) -> dict[str, Any
         for layout, make in (("cosine", data.cosine), ("tangent", data.spread)):
             points, queries = make(radius)
             name = f"{layout}_r{int(radius)}"
-            gallery = milvus_gallery(engine, name, layout, dim)
+            gallery = milvus_gallery(engine, name, layout, dim, radius)
             written = ingest(gallery, data, points)
             peak = max(peak, resident_mib())
             entry: dict[str, Any] = {

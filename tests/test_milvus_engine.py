@@ -22,7 +22,7 @@ from app.search import milvus_engine
 from app.search.index import LorentzIndex, exact_distances
 from app.search.milvus_attach import AttachedCollection, AttachError
 from app.search.milvus_engine import DEFAULT_OVERFETCH, GalleryLayout, MilvusEngine, SearchHits
-from app.search.milvus_math import choose_layout, exact_top_k, recall_within
+from app.search.milvus_math import choose_layout, cosine_lift, exact_top_k, recall_within
 from app.search.milvus_storage import MilvusVectorStorage, collection_name, layout_of
 from app.vectors.engine import VectorStorage
 from bench.engines import spread_points
@@ -73,28 +73,44 @@ def lifted(vectors: np.ndarray, scale: float, metric: str = "cosine") -> np.ndar
     return lift(torch.from_numpy(vectors.astype(np.float64))).numpy().astype(np.float32)
 
 
-@pytest.mark.parametrize("index_type", ["HNSW", "FLAT"])
+@pytest.mark.parametrize(
+    ("index_type", "lift_scale"), [("HNSW", 3.0), ("FLAT", 3.0), ("HNSW", None)]
+)
 def test_cosine_gallery_ranks_like_the_exact_lorentz_search(
-    engine: MilvusEngine, rows: dict, index_type: str
+    engine: MilvusEngine, rows: dict, index_type: str, lift_scale: float | None
 ) -> None:
+    """With ``lift_scale`` the collection searches the stored vectors and lifts them itself;
+    without, it indexes the points it is given."""
     layout, _ = choose_layout(one_radius=True, exact=index_type == "FLAT")
+    name = f"cosine_{index_type.lower()}_{'lift' if lift_scale else 'points'}"
     gallery = engine.create_gallery(
-        GalleryLayout(f"cosine_{index_type.lower()}", 384, 384, 1.0, layout, index_type)
+        GalleryLayout(name, 384, 384, 1.0, layout, index_type, lift_scale=lift_scale)
     )
     points = lifted(rows["gallery"], 3.0)
-    gallery.upsert(item_ids(len(points)), rows["gallery"], points)
+    gallery.upsert(item_ids(len(points)), rows["gallery"], None if lift_scale else points)
     # Sealed: the index then answers (unsealed rows are scanned exactly).
     gallery.seal()
     queries = lifted(rows["queries"], 3.0).astype(np.float64)
     hits = gallery.search(queries, 10)
     measured = recall(hits, points, queries)
     assert measured >= (1.0 if index_type == "FLAT" else 0.99), measured
-    # Distances are the float64 Lorentz distances of the stored points, as the FAISS path's.
+    # Distances are the float64 Lorentz distances of the stored points, as the FAISS path's
+    # (which stores float32 points; the lift computed here from the vectors stays in float64).
     index = LorentzIndex.build(384, 1.0, "flat", {}, np.arange(len(points)), points)
     ids, exact_dist = index.search(queries, 10)
     same = np.array(hits.item_ids) == np.array([[f"item-{i}" for i in row] for row in ids])
     assert same.mean() > 0.95
-    np.testing.assert_allclose(hits.distances[same], exact_dist[same], rtol=1e-9, atol=1e-9)
+    tolerance = 1e-6 if lift_scale else 1e-9
+    np.testing.assert_allclose(hits.distances[same], exact_dist[same], rtol=tolerance, atol=1e-9)
+
+
+def test_cosine_lift_is_the_gallery_lift(rows: dict) -> None:
+    for scale in (0.5, 3.0, 6.0):
+        expected = EuclideanLift(curv=0.7, scale=scale)(
+            torch.from_numpy(rows["gallery"].astype(np.float64))
+        )
+        computed = cosine_lift(rows["gallery"], scale, 0.7)
+        np.testing.assert_allclose(computed, expected.numpy(), rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.parametrize("radius", [1.0, 3.0, 6.0])
@@ -375,6 +391,7 @@ def test_vector_storage_adapter_keeps_the_interface_contract(
         index_kind="flat",
     )
     assert (layout_of(external).layout, layout_of(external).index_type) == ("cosine", "HNSW")
+    assert layout_of(external).lift_scale == 2.0 and layout_of(bound).lift_scale is None
     assert (layout_of(bound).layout, layout_of(bound).index_type) == ("lifted", "FLAT")
 
     vectors = rows["gallery"][:20]

@@ -42,6 +42,7 @@ from app.search.milvus_math import (
     LAYOUT_METRIC,
     LAYOUTS,
     at_one_radius,
+    cosine_lift,
     gallery_search_vectors,
     points_from_search_vectors,
     query_search_vectors,
@@ -77,7 +78,11 @@ class GalleryLayout:
     """How one gallery is stored: its vectors' sizes, curvature and search layout.
 
     ``dim`` is the stored vector's size, ``point_dim`` that of its space components (equal for
-    model-bound galleries and for lifts, which keep the dimension)."""
+    model-bound galleries and for lifts, which keep the dimension). ``lift_scale`` (cosine layout
+    only) says the points are the cosine lift exp₀(scale·v/‖v‖) of the stored vectors v, as in an
+    external cosine gallery: v's direction is then the point's, so the collection indexes the
+    stored vector itself (COSINE) and computes the points from it — one vector per row, not two
+    (measured: a second vector field halves milvus-lite's ingest rate)."""
 
     collection: str
     dim: int
@@ -86,6 +91,7 @@ class GalleryLayout:
     layout: str
     index_type: str = "HNSW"
     hnsw: dict[str, int] = field(default_factory=lambda: dict(DEFAULT_HNSW))
+    lift_scale: float | None = None
 
     def __post_init__(self) -> None:
         if not COLLECTION_NAME.match(self.collection):
@@ -99,6 +105,19 @@ class GalleryLayout:
             raise ValueError("the lifted layout is only searched by a FLAT scan")
         if self.dim < 1 or self.point_dim < 1 or not self.curv > 0:
             raise ValueError("dim and point_dim must be ≥ 1 and curv > 0")
+        if self.lift_scale is not None and not (
+            self.layout == "cosine" and self.lift_scale > 0 and self.dim == self.point_dim
+        ):
+            raise ValueError("lift_scale: a positive scale of a cosine layout (dim = point_dim)")
+
+    @property
+    def search_field(self) -> str:
+        """The vector field searched: the stored vector itself under a cosine lift."""
+        return "search" if self.lift_scale is None else "vector"
+
+    @property
+    def search_width(self) -> int:
+        return self.dim if self.lift_scale is not None else search_dim(self.layout, self.point_dim)
 
     @property
     def metric(self) -> str:
@@ -213,20 +232,22 @@ class MilvusEngine:
         schema.add_field("label", DataType.VARCHAR, max_length=MAX_LABEL, nullable=True)
         schema.add_field("metadata", DataType.JSON, nullable=True)
         schema.add_field("vector", DataType.FLOAT_VECTOR, dim=layout.dim)
-        schema.add_field(
-            "search", DataType.FLOAT_VECTOR, dim=search_dim(layout.layout, layout.point_dim)
-        )
         index = self.client.prepare_index_params()
-        # Milvus loads only collections whose every vector field is indexed; the stored vector
-        # is never searched, so it gets the index without a build (FLAT).
-        index.add_index("vector", index_type="FLAT", metric_type="L2")
+        if layout.search_field == "search":
+            schema.add_field("search", DataType.FLOAT_VECTOR, dim=layout.search_width)
+            # Milvus loads only collections whose every vector field is indexed; this stored
+            # vector is never searched, so it gets the index without a build (FLAT).
+            index.add_index("vector", index_type="FLAT", metric_type="L2")
         params = (
             {"M": layout.hnsw["m"], "efConstruction": layout.hnsw["ef_construction"]}
             if layout.index_type == "HNSW"
             else {}
         )
         index.add_index(
-            "search", index_type=layout.index_type, metric_type=layout.metric, params=params
+            layout.search_field,
+            index_type=layout.index_type,
+            metric_type=layout.metric,
+            params=params,
         )
         self.client.create_collection(
             layout.collection,
@@ -282,7 +303,7 @@ class MilvusGallery:
         self,
         item_ids: Sequence[str],
         vectors: np.ndarray,
-        points: np.ndarray,
+        points: np.ndarray | None,
         labels: Sequence[str | None] | None = None,
         metadata: Sequence[dict[str, Any] | None] | None = None,
     ) -> np.ndarray:
@@ -290,24 +311,35 @@ class MilvusGallery:
         and keeps its internal id; a new one gets the next free id.
 
         ``vectors`` (n × dim) are stored as given; ``points`` (n × point_dim) are their space
-        components, from which the search rows are computed. Returns the internal ids (int64)
+        components, from which the search rows are computed (None under a ``lift_scale``
+        layout, which computes them from the vectors). Returns the internal ids (int64)
         in the order given. Writers of one gallery must be serialised by the caller (the
         service holds the gallery row's lock): the id reservation reads, then writes, a
         collection property."""
         ids = _check_ids(item_ids)
         n = len(ids)
         vectors = np.ascontiguousarray(vectors, dtype=np.float32).reshape(n, self.layout.dim)
-        points = np.asarray(points).reshape(n, self.layout.point_dim)
+        lifted = self.layout.lift_scale is not None
+        if points is None:
+            if not lifted:
+                raise ValueError("points are required unless the layout has a lift_scale")
+            points = np.zeros((n, 0))
+        points = np.asarray(points).reshape(n, -1)
+        if not lifted and points.shape[1] != self.layout.point_dim:
+            raise ValueError(f"points must have {self.layout.point_dim} components")
         labels = list(labels) if labels is not None else [None] * n
         metadata = list(metadata) if metadata is not None else [None] * n
         if len(labels) != n or len(metadata) != n:
             raise ValueError("labels and metadata must have one entry per item")
         if not (np.isfinite(vectors).all() and np.isfinite(points).all()):
             raise ValueError("vectors must be finite")
-        if self.layout.layout == "cosine" and not at_one_radius(points, self.layout.curv):
+        one_radius = lifted or at_one_radius(points, self.layout.curv)
+        if self.layout.layout == "cosine" and not one_radius:
             # The cosine ranking equals the Lorentz ranking only at one radius.
             raise ValueError("a cosine-layout gallery takes points at one radius only")
-        search = gallery_search_vectors(self.layout.layout, points, self.layout.curv)
+        search = (
+            None if lifted else gallery_search_vectors(self.layout.layout, points, self.layout.curv)
+        )
         known = self.lookup(ids)
         fresh = iter(self._reserve(n - len(known)))
         row_ids = np.array([known[i][0] if i in known else next(fresh) for i in ids], np.int64)
@@ -320,10 +352,12 @@ class MilvusGallery:
                     "label": labels[i],
                     "metadata": metadata[i],
                     "vector": vectors[i],
-                    "search": search[i],
                 }
                 for i in range(start, stop)
             ]
+            if search is not None:
+                for i, row in enumerate(rows, start):
+                    row["search"] = search[i]
             self.client.upsert(self.name, rows)
         return row_ids
 
@@ -345,7 +379,7 @@ class MilvusGallery:
 
     def seal(self, timeout_s: float = 3600.0) -> None:
         """Seal the rows written so far and wait until the search index covers them all."""
-        seal_collection(self.client, self.name, "search", timeout_s)
+        seal_collection(self.client, self.name, self.layout.search_field, timeout_s)
 
     # -- reads ----------------------------------------------------------------------------------
     def count(self) -> int:
@@ -444,7 +478,7 @@ class MilvusGallery:
             # ef bounds the candidate list the graph walk keeps; below the limit it would cap it.
             params["params"] = {"ef": max(fetch_k, limit)}
         # The re-rank holds queries × candidates × dim float64 values: bound that working set.
-        chunk = max(1, RERANK_BUDGET // (limit * search_dim(layout.layout, layout.point_dim)))
+        chunk = max(1, RERANK_BUDGET // (limit * layout.search_width))
         parts = [SearchHits([], np.empty((0, k)), np.empty((0, k), dtype=np.int64))]
         for start in range(0, len(queries), chunk):
             part = queries[start : start + chunk]
@@ -452,9 +486,9 @@ class MilvusGallery:
                 self.name,
                 data=query_search_vectors(layout.layout, part, layout.curv),
                 limit=limit,
-                anns_field="search",
+                anns_field=layout.search_field,
                 search_params=params,
-                output_fields=["search", "row_id"],
+                output_fields=[layout.search_field, "row_id"],
             )
             parts.append(self._reranked(part, results, k, limit))
         return SearchHits(
@@ -467,9 +501,12 @@ class MilvusGallery:
         layout = self.layout
         nq = len(queries)
         rows, valid, candidate_ids, candidate_rows_ids = candidate_rows(
-            results, nq, limit, search_dim(layout.layout, layout.point_dim)
+            results, nq, limit, layout.search_width, layout.search_field
         )
-        points = points_from_search_vectors(layout.layout, rows, layout.curv)
+        if layout.lift_scale is None:
+            points = points_from_search_vectors(layout.layout, rows, layout.curv)
+        else:
+            points = cosine_lift(rows, layout.lift_scale, layout.curv)
         positions, distances = rerank(queries, points, valid, k, layout.curv)
         item_ids = [
             [candidate_ids[q][p] if p >= 0 else "" for p in positions[q]] for q in range(nq)

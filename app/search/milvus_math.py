@@ -100,6 +100,15 @@ def points_from_search_vectors(layout: str, vectors: np.ndarray, curv: float) ->
     raise ValueError(f"unknown layout {layout!r}, expected one of {LAYOUTS}")
 
 
+def cosine_lift(vectors: np.ndarray, scale: float, curv: float) -> np.ndarray:
+    """exp₀(scale·v/‖v‖) in float64: space part sinh(√c·scale)/√c · v/‖v‖ (the cosine lift of
+    ``app.ml.space.EuclideanLift``, written out so that it runs on numpy rows)."""
+    v = np.asarray(vectors, dtype=np.float64)
+    # A zero vector has no direction; the floor keeps it at the origin instead of NaN.
+    unit = v / np.maximum(np.linalg.norm(v, axis=-1, keepdims=True), 1e-12)
+    return np.sinh(np.sqrt(curv) * scale) / np.sqrt(curv) * unit
+
+
 def rerank(
     queries: np.ndarray, candidates: np.ndarray, valid: np.ndarray, k: int, curv: float
 ) -> tuple[np.ndarray, np.ndarray]:

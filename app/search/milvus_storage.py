@@ -34,12 +34,20 @@ def collection_name(gallery_id: str) -> str:
 
 
 def layout_of(gallery: Gallery) -> GalleryLayout:
-    """External cosine galleries lie at one radius (the cosine layout); model-bound and dot
-    galleries do not (tangent). A flat gallery asks for exact search (FLAT)."""
+    """External cosine galleries lie at one radius (the cosine layout, searching the stored
+    vectors); model-bound and dot galleries do not (tangent). A flat gallery asks for exact
+    search (FLAT)."""
     one_radius = gallery.bound_model_id is None and gallery.metric == "cosine"
     layout, index_type = choose_layout(one_radius, exact=gallery.index_kind == "flat")
     return GalleryLayout(
-        collection_name(gallery.id), gallery.dim, gallery.dim, gallery.lift_curv, layout, index_type
+        collection_name(gallery.id),
+        gallery.dim,
+        gallery.dim,
+        gallery.lift_curv,
+        layout,
+        index_type,
+        # The points of a cosine gallery follow from its stored vectors: one vector per row.
+        lift_scale=gallery.lift_scale if one_radius else None,
     )
 
 
@@ -73,7 +81,8 @@ class MilvusVectorStorage:
         store = self.gallery(gallery)
         before = store.lookup(item_ids)
         vectors = np.asarray(vectors, dtype=np.float32)
-        ids = store.upsert(item_ids, vectors, lifted_points(gallery, vectors), labels, metadata)
+        points = None if store.layout.lift_scale is not None else lifted_points(gallery, vectors)
+        ids = store.upsert(item_ids, vectors, points, labels, metadata)
         replaced = np.array([row_id for row_id, _ in before.values()], dtype=np.int64)
         return Upserted(ids=ids, replaced=np.sort(replaced), inserted=len(ids) - len(before))
 
