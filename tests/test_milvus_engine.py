@@ -144,9 +144,13 @@ def test_lifted_flat_layout_is_exact_at_several_radii(
     # A batch larger than the re-rank's memory bound is searched in parts, with the same answer.
     monkeypatch.setattr(milvus_engine, "RERANK_BUDGET", 7 * DEFAULT_OVERFETCH * 385)
     parts = gallery.search(queries, 10)
-    assert parts.item_ids == whole.item_ids
-    np.testing.assert_array_equal(parts.distances, whole.distances)
-    np.testing.assert_array_equal(parts.row_ids, whole.row_ids)
+    # Equal up to rounding (a block's float64 sums may run in another order) and to the order
+    # of exact ties (the fixture holds rows whose gloss and lemma embeddings coincide).
+    np.testing.assert_allclose(parts.distances, whole.distances, rtol=1e-12, atol=1e-12)
+    assert recall(parts, points, queries) == 1.0
+    same = np.array(parts.item_ids) == np.array(whole.item_ids)
+    assert same.mean() > 0.99
+    np.testing.assert_array_equal(parts.row_ids[same], whole.row_ids[same])
 
 
 def test_upsert_replaces_and_delete_removes(engine: MilvusEngine, rows: dict) -> None:

@@ -3,13 +3,15 @@
 One ``MilvusClient`` per engine; the URI decides where the data lives: a file path (``….db``) is
 an embedded milvus-lite store (tests, laptops), ``http(s)://host:port`` a Milvus server or cluster
 (with a token). Each gallery's collection holds, per item: ``item_id`` (VARCHAR primary key),
-``label``, ``metadata`` (JSON), ``vector`` (the stored vector exactly as given: the Euclidean
-vector of an external gallery, the space components of a model-bound one) and ``search``, the row
-its layout indexes (``app.search.milvus_math``: COSINE over the space components when every point
-lies at one radius, an L2 HNSW over the tangent vectors log₀(x) otherwise, an exact FLAT scan over
-the lifted vectors when exactness is asked for). A search fetches candidates with their search
-rows and orders them by the float64 Lorentz distance, so the engine's float32 scores never decide
-the final order.
+``row_id`` (the internal int64 id), ``label``, ``metadata`` (JSON), ``vector`` (the stored vector
+exactly as given: the Euclidean vector of an external gallery, the space components of a
+model-bound one) and ``search``, the row its layout indexes (``app.search.milvus_math``: COSINE
+over the space components when every point lies at one radius, an L2 HNSW over the tangent
+vectors log₀(x) otherwise, an exact FLAT scan over the lifted vectors when exactness is asked
+for). A cosine-lifted gallery (``GalleryLayout.lift_scale``) has no ``search`` row: its stored
+vector points the same way as its point, so the COSINE index is built on ``vector`` itself. A
+search fetches candidates with their indexed rows and orders them by the float64 Lorentz
+distance, so the engine's float32 scores never decide the final order.
 
 Durability — Milvus's own guarantees, no SQL-side record of each write. An acknowledged insert,
 upsert or delete is already in Milvus's write-ahead log: a Milvus server acknowledges after the
