@@ -139,7 +139,7 @@ class Data:
     """The tiled gallery (Euclidean rows), its item ids and the noisy queries."""
 
     def __init__(self, rows: int, seed: int) -> None:
-        base = wordnet_rows().old
+        base = wordnet_rows().old  # the old model's rows only (the new model's are not used)
         self.vectors = tiled(base, rows, seed=seed)
         rng = np.random.default_rng(seed + 1)
         picks = rng.integers(0, rows, QUERIES)
@@ -244,6 +244,7 @@ def milvus_run(data: Data, radii: Sequence[float], store: Path) -> dict[str, Any
             peak = max(peak, resident_mib())
             entry: dict[str, Any] = {
                 "radius": radius,
+                "rss_mib_after_ingest": resident_mib(),
                 "ingest_per_s": len(points) / written["seconds"],
                 "ready_s": written["ready_s"],
                 "recall_at_10": hits_recall(gallery.search(queries, K), points, queries),
