@@ -1,0 +1,132 @@
+"""An existing Milvus collection attached read-only: vectors by id and searches, nothing written.
+
+A team's gallery already lives in Milvus under its own schema. Attaching names the collection, its
+id field, its vector field and its metric; training pairs read the old vectors by id, and a search
+maps the query into the collection's space first (a trained model's transform) and asks Milvus.
+The reader exposes no write and never changes the collection's state: it neither creates indexes
+nor loads a released collection (loading claims the owner's memory), it refuses instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+from pymilvus import DataType, MilvusClient
+
+from app.search.milvus_engine import connect, id_literal
+
+METRICS = ("L2", "IP", "COSINE")
+ID_TYPES = (DataType.INT64, DataType.VARCHAR)
+# Ids per query request (the filter expression grows with the list).
+ID_BATCH = 1024
+QueryTransform = Callable[[np.ndarray], np.ndarray]
+
+
+class AttachError(ValueError):
+    """The collection cannot be attached as described (missing field, wrong type or metric)."""
+
+
+class AttachedCollection:
+    """Read-only access to one collection of a Milvus deployment."""
+
+    def __init__(
+        self,
+        uri: str,
+        collection: str,
+        id_field: str,
+        vector_field: str,
+        metric: str,
+        *,
+        token: str = "",
+        client: MilvusClient | None = None,
+    ) -> None:
+        if metric not in METRICS:
+            raise AttachError(f"metric must be one of {METRICS}")
+        self._client = client if client is not None else connect(uri, token)
+        if not self._client.has_collection(collection):
+            raise AttachError(f"collection {collection!r} does not exist")
+        self.collection = collection
+        self.id_field = id_field
+        self.vector_field = vector_field
+        self.metric = metric
+        fields = {f["name"]: f for f in self._client.describe_collection(collection)["fields"]}
+        if id_field not in fields or fields[id_field]["type"] not in ID_TYPES:
+            raise AttachError(f"id field {id_field!r}: an INT64 or VARCHAR field of the collection")
+        vector = fields.get(vector_field)
+        if vector is None or vector["type"] != DataType.FLOAT_VECTOR:
+            raise AttachError(f"vector field {vector_field!r}: a FLOAT_VECTOR field")
+        self.dim = int(vector["params"]["dim"])
+        self._string_ids = fields[id_field]["type"] == DataType.VARCHAR
+        indexed = self._index_metric()
+        if indexed is not None and indexed != metric:
+            raise AttachError(f"the vector field is indexed for {indexed}, not {metric}")
+        state = str(self._client.get_load_state(collection).get("state"))
+        if not state.endswith("Loaded"):
+            raise AttachError(f"collection {collection!r} is not loaded; its owner must load it")
+
+    def _index_metric(self) -> str | None:
+        for name in self._client.list_indexes(self.collection, field_name=self.vector_field):
+            info = self._client.describe_index(self.collection, name)
+            if info.get("field_name", self.vector_field) == self.vector_field:
+                return str(info.get("metric_type")) or None
+        return None
+
+    def _literal(self, item_id: Any) -> str:
+        return id_literal(str(item_id)) if self._string_ids else str(int(item_id))
+
+    def count(self) -> int:
+        rows = self._client.query(self.collection, filter="", output_fields=["count(*)"])
+        return int(rows[0]["count(*)"])
+
+    def fetch_vectors(self, item_ids: Sequence[Any]) -> tuple[list[Any], np.ndarray]:
+        """(ids found, in the order asked for; their vectors n × dim float32)."""
+        wanted = list(dict.fromkeys(item_ids))
+        found: dict[Any, list[float]] = {}
+        for start in range(0, len(wanted), ID_BATCH):
+            part = wanted[start : start + ID_BATCH]
+            expr = f"{self.id_field} in [{', '.join(self._literal(i) for i in part)}]"
+            rows = self._client.query(
+                self.collection, filter=expr, output_fields=[self.id_field, self.vector_field]
+            )
+            found.update((row[self.id_field], row[self.vector_field]) for row in rows)
+        key = str if self._string_ids else int
+        ids = [key(i) for i in wanted if key(i) in found]
+        vectors = np.array([found[i] for i in ids], dtype=np.float32).reshape(len(ids), self.dim)
+        return ids, vectors
+
+    def search(
+        self, queries: np.ndarray, k: int, transform: QueryTransform | None = None
+    ) -> tuple[list[list[Any]], np.ndarray]:
+        """Per query the k best ids and Milvus's scores (nq × k, NaN padded; similarities for IP
+        and COSINE, larger first, distances for L2), after mapping the queries into the
+        collection's space with ``transform``."""
+        if k < 1:
+            raise ValueError("k must be ≥ 1")
+        vectors = np.asarray(transform(queries) if transform else queries, dtype=np.float32)
+        vectors = vectors.reshape(-1, self.dim)
+        results = self._client.search(
+            self.collection,
+            data=vectors,
+            limit=k,
+            anns_field=self.vector_field,
+            search_params={"metric_type": self.metric},
+            output_fields=[self.id_field],
+        )
+        ids: list[list[Any]] = []
+        scores = np.full((len(vectors), k), np.nan)
+        for q, hits in enumerate(results):
+            ids.append([hit["entity"].get(self.id_field, hit.get("id")) for hit in hits])
+            scores[q, : len(hits)] = [hit["distance"] for hit in hits]
+        return ids, scores
+
+    def describe(self) -> dict[str, Any]:
+        """What was attached (for a gallery's metadata row)."""
+        return {
+            "collection": self.collection,
+            "id_field": self.id_field,
+            "vector_field": self.vector_field,
+            "metric": self.metric,
+            "dim": self.dim,
+        }

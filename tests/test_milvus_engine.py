@@ -1,0 +1,431 @@
+"""Galleries in Milvus (milvus-lite files under tmp_path), checked against the exact FAISS/float64
+search on the real WordNet fixture rows."""
+
+from __future__ import annotations
+
+import inspect
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from pymilvus import DataType, MilvusClient
+
+from app.galleries.models import Gallery
+from app.ml.space import EuclideanLift
+from app.search import milvus_engine
+from app.search.index import LorentzIndex, exact_distances
+from app.search.milvus_attach import AttachedCollection, AttachError
+from app.search.milvus_engine import DEFAULT_OVERFETCH, GalleryLayout, MilvusEngine, SearchHits
+from app.search.milvus_math import choose_layout, cosine_lift, exact_top_k, recall_within
+from app.search.milvus_storage import MilvusVectorStorage, collection_name, layout_of
+from app.vectors.engine import VectorStorage
+from bench.engines import spread_points
+
+OLD = "all-MiniLM-L6-v2"
+NEW = "all-mpnet-base-v2"
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory: pytest.TempPathFactory) -> MilvusEngine:
+    engine = MilvusEngine(str(tmp_path_factory.mktemp("milvus") / "galleries.db"))
+    yield engine
+    engine.close()
+
+
+@pytest.fixture(scope="module")
+def rows(wordnet_small: dict) -> dict[str, np.ndarray]:
+    """Gallery: the 1,600 gloss and lemma MiniLM rows; queries: the 32 class-name rows and 100
+    gallery rows with fresh noise (real rows, never the gallery's own points)."""
+    gallery = np.concatenate([wordnet_small[f"gloss.{OLD}"], wordnet_small[f"lemma.{OLD}"]])
+    rng = np.random.default_rng(0)
+    picks = rng.integers(0, len(gallery), 100)
+    noisy = gallery[picks] + 0.05 * rng.standard_normal((100, gallery.shape[1]))
+    queries = np.concatenate(
+        [wordnet_small[f"class_gloss.{OLD}"], wordnet_small[f"class_lemma.{OLD}"], noisy]
+    )
+    return {"gallery": gallery.astype(np.float32), "queries": queries.astype(np.float32)}
+
+
+def item_ids(n: int) -> list[str]:
+    return [f"item-{i}" for i in range(n)]
+
+
+def recall(hits: SearchHits, points: np.ndarray, queries: np.ndarray) -> float:
+    """Recall@10 of the hits against the brute-force float64 top-10, ties counted as right; the
+    hits' distances are recomputed from the stored points, not taken from the search."""
+    _, true_dist = exact_top_k(queries, points, 10, 1.0)
+    positions = np.array(
+        [[int(i.rsplit("-", 1)[1]) if i else -1 for i in row] for row in hits.item_ids]
+    )
+    found = exact_distances(queries[:, None, :], points[np.maximum(positions, 0)], 1.0)
+    return recall_within(np.where(positions >= 0, found, np.inf), true_dist)
+
+
+def lifted(vectors: np.ndarray, scale: float, metric: str = "cosine") -> np.ndarray:
+    lift = EuclideanLift(curv=1.0, scale=scale, metric=metric)
+    return lift(torch.from_numpy(vectors.astype(np.float64))).numpy().astype(np.float32)
+
+
+@pytest.mark.parametrize(
+    ("index_type", "lift_scale"), [("HNSW", 3.0), ("FLAT", 3.0), ("HNSW", None)]
+)
+def test_cosine_gallery_ranks_like_the_exact_lorentz_search(
+    engine: MilvusEngine, rows: dict, index_type: str, lift_scale: float | None
+) -> None:
+    """With ``lift_scale`` the collection searches the stored vectors and lifts them itself;
+    without, it indexes the points it is given."""
+    layout, _ = choose_layout(one_radius=True, exact=index_type == "FLAT")
+    name = f"cosine_{index_type.lower()}_{'lift' if lift_scale else 'points'}"
+    gallery = engine.create_gallery(
+        GalleryLayout(name, 384, 384, 1.0, layout, index_type, lift_scale=lift_scale)
+    )
+    points = lifted(rows["gallery"], 3.0)
+    gallery.upsert(item_ids(len(points)), rows["gallery"], None if lift_scale else points)
+    # Sealed: the index then answers (unsealed rows are scanned exactly).
+    gallery.seal()
+    queries = lifted(rows["queries"], 3.0).astype(np.float64)
+    hits = gallery.search(queries, 10)
+    measured = recall(hits, points, queries)
+    assert measured >= (1.0 if index_type == "FLAT" else 0.99), measured
+    # Distances are the float64 Lorentz distances of the stored points, as the FAISS path's
+    # (which stores float32 points; the lift computed here from the vectors stays in float64).
+    index = LorentzIndex.build(384, 1.0, "flat", {}, np.arange(len(points)), points)
+    ids, exact_dist = index.search(queries, 10)
+    same = np.array(hits.item_ids) == np.array([[f"item-{i}" for i in row] for row in ids])
+    assert same.mean() > 0.95
+    tolerance = 1e-6 if lift_scale else 1e-9
+    np.testing.assert_allclose(hits.distances[same], exact_dist[same], rtol=tolerance, atol=1e-9)
+
+
+def test_cosine_lift_is_the_gallery_lift(rows: dict) -> None:
+    for scale in (0.5, 3.0, 6.0):
+        expected = EuclideanLift(curv=0.7, scale=scale)(
+            torch.from_numpy(rows["gallery"].astype(np.float64))
+        )
+        computed = cosine_lift(rows["gallery"], scale, 0.7)
+        np.testing.assert_allclose(computed, expected.numpy(), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("radius", [1.0, 3.0, 6.0])
+def test_tangent_ann_recall_at_radii(engine: MilvusEngine, rows: dict, radius: float) -> None:
+    """The L2 HNSW over log₀(x) with k′ = 100 candidates and the float64 re-rank finds the exact
+    top-10 (measured 0.990 / 0.999 / 0.999 at radii 1 / 3 / 6, sealed so that the HNSW answers);
+    without the over-fetch it does not (0.36 at radius 6): the test sees a bad candidate list."""
+    gallery = engine.create_gallery(
+        GalleryLayout(f"tangent_r{int(radius)}", 384, 384, 1.0, "tangent", "HNSW")
+    )
+    points = spread_points(rows["gallery"], radius, rows["gallery"])
+    gallery.upsert(item_ids(len(points)), rows["gallery"], points)
+    gallery.seal()
+    queries = spread_points(rows["queries"], radius, rows["gallery"]).astype(np.float64)
+    measured = recall(gallery.search(queries, 10, overfetch=100), points, queries)
+    assert measured >= 0.97, measured
+    if radius == 6.0:
+        without = recall(gallery.search(queries, 10, overfetch=10), points, queries)
+        assert without < 0.7, without
+
+
+def test_lifted_flat_layout_is_exact_at_several_radii(
+    engine: MilvusEngine, rows: dict, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    gallery = engine.create_gallery(GalleryLayout("lifted_exact", 384, 384, 1.0, "lifted", "FLAT"))
+    points = spread_points(rows["gallery"], 6.0, rows["gallery"])
+    gallery.upsert(item_ids(len(points)), rows["gallery"], points)
+    queries = spread_points(rows["queries"], 6.0, rows["gallery"]).astype(np.float64)
+    whole = gallery.search(queries, 10)
+    assert recall(whole, points, queries) == 1.0
+    # A batch larger than the re-rank's memory bound is searched in parts, with the same answer.
+    monkeypatch.setattr(milvus_engine, "RERANK_BUDGET", 7 * DEFAULT_OVERFETCH * 385)
+    parts = gallery.search(queries, 10)
+    # Equal up to rounding (a block's float64 sums may run in another order) and to the order
+    # of exact ties (the fixture holds rows whose gloss and lemma embeddings coincide).
+    np.testing.assert_allclose(parts.distances, whole.distances, rtol=1e-12, atol=1e-12)
+    assert recall(parts, points, queries) == 1.0
+    same = np.array(parts.item_ids) == np.array(whole.item_ids)
+    assert same.mean() > 0.99
+    np.testing.assert_array_equal(parts.row_ids[same], whole.row_ids[same])
+
+
+def test_upsert_replaces_and_delete_removes(engine: MilvusEngine, rows: dict) -> None:
+    gallery = engine.create_gallery(GalleryLayout("writes", 384, 384, 1.0, "cosine", "HNSW"))
+    vectors = rows["gallery"][:50]
+    # Ids a filter expression must escape.
+    ids = [*item_ids(47), 'quote"d', "back\\slash", "é ünïcode"]
+    first = gallery.upsert(
+        ids, vectors, lifted(vectors, 1.0), labels=ids, metadata=[{"n": i} for i in range(50)]
+    )
+    assert gallery.count() == 50
+    np.testing.assert_array_equal(first, np.arange(50))
+
+    replaced = rows["gallery"][100:103]
+    # Two replaced items and one new: the replaced keep their internal ids.
+    again = gallery.upsert(
+        [ids[2], ids[0], "new"], replaced, lifted(replaced, 1.0), labels=["new"] * 3
+    )
+    np.testing.assert_array_equal(again, [2, 0, 50])
+    assert gallery.count() == 51
+    stored = gallery.fetch([ids[2], "missing", ids[0], ids[48]])
+    assert stored.item_ids == [ids[2], ids[0], ids[48]]
+    np.testing.assert_array_equal(stored.row_ids, [2, 0, 48])
+    np.testing.assert_array_equal(stored.vectors[:2], replaced[:2])
+    np.testing.assert_array_equal(stored.vectors[2], vectors[48])
+    assert stored.labels == ["new", "new", ids[48]]
+    # A replaced item's metadata is what the replacing write gave (none), not the old one.
+    assert stored.metadata == [None, None, {"n": 48}]
+    assert gallery.lookup([ids[0], "missing", 'quote"d']) == {
+        ids[0]: (0, "new"),
+        'quote"d': (47, 'quote"d'),
+    }
+    assert gallery.names([48, 0, 999]) == {48: (ids[48], ids[48]), 0: (ids[0], "new")}
+    hits = gallery.search(lifted(replaced[1:2], 1.0), 1)
+    assert hits.item_ids == [[ids[0]]] and hits.distances[0, 0] < 1e-3
+    assert hits.row_ids.tolist() == [[0]]
+
+    assert gallery.delete([ids[0], 'quote"d', "never-stored"]) == 2
+    assert gallery.count() == 49
+    assert gallery.existing_ids([*ids[:2], 'quote"d']) == {ids[1]}
+    found = gallery.search(lifted(replaced, 1.0), 10)
+    found_items = {i for row in found.item_ids for i in row}
+    assert ids[0] not in found_items
+    names = gallery.names(found.row_ids.ravel())
+    assert {names[int(r)][0] for r in found.row_ids.ravel()} == found_items
+    batches = list(gallery.scan(batch_size=7))
+    scanned = np.concatenate([b.row_ids for b in batches])
+    np.testing.assert_array_equal(scanned, sorted(set(range(51)) - {0, 47}))
+    every = gallery.names(scanned)
+    assert [i for b in batches for i in b.item_ids] == [every[int(r)][0] for r in scanned]
+    # A deleted item that comes back gets a fresh internal id (ids are never reused).
+    back = gallery.upsert([ids[0]], replaced[:1], lifted(replaced[:1], 1.0))
+    np.testing.assert_array_equal(back, [51])
+    assert gallery.delete([ids[0]]) == 1
+    assert gallery.delete([ids[0]]) == 0
+
+
+def test_bad_writes_change_nothing(engine: MilvusEngine, rows: dict) -> None:
+    gallery = engine.create_gallery(GalleryLayout("refusals", 384, 384, 1.0, "cosine", "FLAT"))
+    vectors = rows["gallery"][:4]
+    gallery.upsert(item_ids(4), vectors, lifted(vectors, 1.0))
+    # Points at several radii would make the cosine ranking differ from the Lorentz one.
+    with pytest.raises(ValueError, match="one radius"):
+        gallery.upsert(item_ids(4), vectors, spread_points(vectors, 3.0, rows["gallery"]))
+    with pytest.raises(ValueError, match="unique"):
+        gallery.upsert(["a", "a"], vectors[:2], lifted(vectors[:2], 1.0))
+    bad = vectors.copy()
+    bad[1, 0] = np.nan
+    with pytest.raises(ValueError, match="finite"):
+        gallery.upsert(item_ids(4), bad, lifted(vectors, 1.0))
+    np.testing.assert_array_equal(gallery.fetch(item_ids(4)).vectors, vectors)
+    with pytest.raises(ValueError, match="FLAT"):
+        GalleryLayout("x", 4, 4, 1.0, "lifted", "HNSW")
+
+
+def test_reopened_engine_reads_the_layout_back(engine: MilvusEngine, rows: dict) -> None:
+    layout = GalleryLayout(
+        "reopen", 384, 384, 2.0, "tangent", "HNSW", {"m": 8, "ef_construction": 40}
+    )
+    engine.create_gallery(layout)
+    again = MilvusEngine(engine.uri)
+    assert again.open_gallery("reopen").layout == layout
+    assert again.create_gallery(layout).layout == layout
+    with pytest.raises(ValueError, match="another layout"):
+        again.create_gallery(GalleryLayout("reopen", 384, 384, 1.0, "tangent", "HNSW"))
+    assert again.drop_gallery("reopen") and not engine.has_gallery("reopen")
+    assert not again.drop_gallery("reopen")
+
+
+def test_acknowledged_writes_survive_kill_9(tmp_path: Path, rows: dict) -> None:
+    """The durability the engine relies on: an upsert acknowledged by milvus-lite is in its WAL
+    before the call returns, so killing the process right after loses nothing."""
+    uri = str(tmp_path / "crash.db")
+    np.save(tmp_path / "vectors.npy", rows["gallery"][:300])
+    script = textwrap.dedent(
+        f"""
+        import os, signal, sys
+        import numpy as np
+        from app.search.milvus_engine import GalleryLayout, MilvusEngine
+        vectors = np.load({str(tmp_path / "vectors.npy")!r})
+        engine = MilvusEngine({uri!r})
+        gallery = engine.create_gallery(GalleryLayout("crash", 384, 384, 1.0, "tangent", "HNSW"))
+        points = vectors / np.linalg.norm(vectors, axis=1, keepdims=True) * np.linspace(0.5, 9, 300)[:, None]
+        gallery.upsert([f"item-{{i}}" for i in range(300)], vectors, points)
+        gallery.delete(["item-7"])
+        print("acknowledged", flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert done.returncode == -signal.SIGKILL, done.stderr[-2000:]
+    assert "acknowledged" in done.stdout
+    gallery = MilvusEngine(uri).open_gallery("crash")
+    assert gallery.count() == 299
+    assert "item-7" not in gallery.existing_ids(["item-7", "item-8"])
+    np.testing.assert_array_equal(gallery.fetch(["item-299"]).vectors[0], rows["gallery"][299])
+
+
+# -- read-only attach -------------------------------------------------------------------------
+@pytest.fixture
+def team_collection(tmp_path: Path, wordnet_small: dict) -> tuple[MilvusClient, str]:
+    """A collection as a team would have it: INT64 ids, its own field names, a COSINE index."""
+    uri = str(tmp_path / "team.db")
+    client = MilvusClient(uri)
+    schema = client.create_schema(auto_id=False)
+    schema.add_field("doc_id", DataType.INT64, is_primary=True)
+    schema.add_field("title", DataType.VARCHAR, max_length=256)
+    schema.add_field("embedding", DataType.FLOAT_VECTOR, dim=384)
+    index = client.prepare_index_params()
+    index.add_index("embedding", index_type="HNSW", metric_type="COSINE", params={"M": 16})
+    client.create_collection("docs", schema=schema, index_params=index)
+    old = wordnet_small[f"gloss.{OLD}"]
+    client.insert(
+        "docs",
+        [
+            {"doc_id": 1000 + i, "title": str(wordnet_small["label"][i]), "embedding": old[i]}
+            for i in range(len(old))
+        ],
+    )
+    return client, uri
+
+
+def snapshot(client: MilvusClient) -> list[dict]:
+    rows = client.query(
+        "docs", filter="doc_id >= 0", output_fields=["doc_id", "title", "embedding"]
+    )
+    return sorted(
+        (
+            {"doc_id": r["doc_id"], "title": r["title"], "embedding": list(r["embedding"])}
+            for r in rows
+        ),
+        key=lambda r: r["doc_id"],
+    )
+
+
+def test_attached_collection_reads_and_searches_without_writing(
+    team_collection: tuple[MilvusClient, str], wordnet_small: dict
+) -> None:
+    client, uri = team_collection
+    before = snapshot(client)
+    reader = AttachedCollection(uri, "docs", "doc_id", "embedding", "COSINE", client=client)
+    assert reader.dim == 384 and reader.count() == 800
+
+    ids, vectors = reader.fetch_vectors([1005, 999_999, 1001])
+    assert ids == [1005, 1001]
+    np.testing.assert_array_equal(vectors, wordnet_small[f"gloss.{OLD}"][[5, 1]])
+
+    # A model transform: least squares from the new model's gloss rows to the old ones.
+    new, old = wordnet_small[f"gloss.{NEW}"], wordnet_small[f"gloss.{OLD}"]
+    weights = np.linalg.lstsq(new, old, rcond=None)[0]
+    hits, scores = reader.search(new[:20], 5, transform=lambda q: q @ weights)
+    direct = client.search(
+        "docs",
+        data=(new[:20] @ weights).astype(np.float32),
+        limit=5,
+        anns_field="embedding",
+        output_fields=["doc_id"],
+    )
+    assert hits == [[h["doc_id"] for h in row] for row in direct]
+    assert np.all(np.diff(scores, axis=1) <= 1e-6)  # COSINE: similarities, best first
+    own = np.mean([1000 + q in row for q, row in enumerate(hits)])
+    assert own >= 0.5, own  # the transformed query finds its own old item
+
+    for write in ("insert", "upsert", "delete", "create_index", "drop", "load", "flush"):
+        assert not hasattr(reader, write)
+    assert client.query("docs", filter="", output_fields=["count(*)"])[0]["count(*)"] == 800
+    assert snapshot(client) == before
+
+
+def test_attach_refuses_what_it_cannot_read_as_described(
+    team_collection: tuple[MilvusClient, str],
+) -> None:
+    client, uri = team_collection
+    with pytest.raises(AttachError, match="vector field"):
+        AttachedCollection(uri, "docs", "doc_id", "title", "COSINE", client=client)
+    with pytest.raises(AttachError, match="id field"):
+        AttachedCollection(uri, "docs", "embedding", "embedding", "COSINE", client=client)
+    with pytest.raises(AttachError, match="indexed for COSINE"):
+        AttachedCollection(uri, "docs", "doc_id", "embedding", "L2", client=client)
+    with pytest.raises(AttachError, match="does not exist"):
+        AttachedCollection(uri, "nope", "doc_id", "embedding", "COSINE", client=client)
+    client.release_collection("docs")
+    with pytest.raises(AttachError, match="not loaded"):
+        AttachedCollection(uri, "docs", "doc_id", "embedding", "COSINE", client=client)
+    # Refusing did not load it either.
+    assert str(client.get_load_state("docs")["state"]).endswith("NotLoad")
+
+
+# -- behind the vector-storage interface -----------------------------------------------------
+def test_vector_storage_adapter_keeps_the_interface_contract(
+    engine: MilvusEngine, rows: dict
+) -> None:
+    storage = MilvusVectorStorage(engine)
+    # The same methods, with the same parameters, as the interface.
+    for name, member in inspect.getmembers(VectorStorage, inspect.isfunction):
+        if not name.startswith("_"):
+            expected = list(inspect.signature(member).parameters)
+            assert list(inspect.signature(getattr(storage, name)).parameters) == expected[1:]
+    external = Gallery(
+        id="gal_external",
+        dim=384,
+        metric="cosine",
+        lift_curv=1.0,
+        lift_scale=2.0,
+        bound_model_id=None,
+        index_kind="hnsw",
+    )
+    bound = Gallery(
+        id="gal_bound",
+        dim=384,
+        metric=None,
+        lift_curv=1.0,
+        lift_scale=None,
+        bound_model_id="mdl_x",
+        index_kind="flat",
+    )
+    assert (layout_of(external).layout, layout_of(external).index_type) == ("cosine", "HNSW")
+    assert layout_of(external).lift_scale == 2.0 and layout_of(bound).lift_scale is None
+    assert (layout_of(bound).layout, layout_of(bound).index_type) == ("lifted", "FLAT")
+
+    vectors = rows["gallery"][:20]
+    ids = item_ids(20)
+    first = storage.upsert(None, external, ids, vectors, ids, [None] * 20)
+    np.testing.assert_array_equal(first.ids, np.arange(20))
+    assert first.inserted == 20 and len(first.replaced) == 0
+    second = storage.upsert(None, external, [ids[3], "x"], vectors[:2], ["a", "b"], [None, None])
+    np.testing.assert_array_equal(second.ids, [3, 20])
+    np.testing.assert_array_equal(second.replaced, [3])
+    assert second.inserted == 1
+    assert storage.count(None, external) == 21
+    assert storage.lookup(None, external, [ids[3], "zz"]) == {ids[3]: (3, "a")}
+    assert storage.names(None, external, [20, 99]) == {20: ("x", "b")}
+    fetched = storage.fetch(None, external, [ids[3]])
+    np.testing.assert_array_equal(fetched.vectors, vectors[:1])
+    np.testing.assert_array_equal(fetched.ids, [3])
+    np.testing.assert_array_equal(storage.delete(None, external, [ids[5], ids[1], "zz"]), [1, 5])
+    np.testing.assert_array_equal(storage.all_ids(None, external), sorted(set(range(21)) - {1, 5}))
+    batches = list(storage.scan(None, external, batch=8))
+    assert [len(b) for b in batches] == [8, 8, 3]
+    # Searches see the lifted points: the stored vector, lifted, is its own nearest item.
+    hits = storage.gallery(external).search(lifted(vectors[:1], 2.0), 1)
+    assert hits.item_ids == [[ids[0]]]
+
+    # A model-bound gallery stores space components at many radii, searched exactly.
+    points = spread_points(rows["gallery"][:20], 5.0, rows["gallery"])
+    storage.upsert(None, bound, ids, points, [None] * 20, [None] * 20)
+    hits = storage.gallery(bound).search(points[7:8].astype(np.float64), 1)
+    assert hits.item_ids == [[ids[7]]] and hits.distances[0, 0] < 1e-3
+
+    storage.drop("gal_external")
+    assert not engine.has_gallery(collection_name("gal_external"))
