@@ -101,7 +101,9 @@ def test_a_killed_workers_job_is_retried(make_client, make_settings, tmp_path: P
     assert client.get(f"/v1/upgrades/{job_id}").json()["status"] == "running"
 
     with celery_worker(settings, tmp_path / "worker-2.log") as worker:
-        job = wait_for_job(client, job_id, timeout=120, worker=worker)
+        # A liveness bound, not a speed check: the retried job trains from scratch and on a loaded
+        # 2-core machine took over 120 s (seen once in a full run beside a benchmark).
+        job = wait_for_job(client, job_id, timeout=360, worker=worker)
     assert job["status"] == "succeeded" and job["attempts"] == 2, job
     assert artifacts_complete_or_absent(client) == 1
     log = (tmp_path / "worker-2.log").read_text()
@@ -169,6 +171,7 @@ def test_a_redis_restart_loses_no_queued_job(
 
     with celery_worker(make_settings(**overrides), tmp_path / "worker.log") as worker:
         for job_id in queued:
-            job = wait_for_job(client, job_id, timeout=120, worker=worker)
+            # A liveness bound, as in the test above.
+            job = wait_for_job(client, job_id, timeout=360, worker=worker)
             assert job["status"] == "succeeded" and job["attempts"] == 1, job
     assert artifacts_complete_or_absent(client) == 2
