@@ -226,6 +226,21 @@ def test_bad_writes_change_nothing(engine: MilvusEngine, rows: dict) -> None:
         GalleryLayout("x", 4, 4, 1.0, "lifted", "HNSW")
 
 
+def test_search_width_below_the_candidates_is_refused(
+    engine: MilvusEngine, rows: dict, tmp_path: Path
+) -> None:
+    """ef < k′ would cap the candidate list the re-rank sees: refused, not silently replaced."""
+    with pytest.raises(ValueError, match="ef_factor"):
+        MilvusEngine(str(tmp_path / "never.db"), ef_factor=0)
+    assert not (tmp_path / "never.db").exists()
+    gallery = engine.create_gallery(GalleryLayout("ef_refusal", 384, 384, 1.0, "tangent", "FLAT"))
+    points = spread_points(rows["gallery"][:8], 1.0, rows["gallery"])
+    gallery.upsert(item_ids(8), rows["gallery"][:8], points)
+    with pytest.raises(ValueError, match="ef_factor"):
+        gallery.search(points[:2].astype(np.float64), 3, ef_factor=0)
+    assert gallery.search(points[:2].astype(np.float64), 3).item_ids[0][0] == "item-0"
+
+
 def test_reopened_engine_reads_the_layout_back(engine: MilvusEngine, rows: dict) -> None:
     layout = GalleryLayout(
         "reopen", 384, 384, 2.0, "tangent", "HNSW", {"m": 8, "ef_construction": 40}

@@ -52,9 +52,15 @@ from app.search.milvus_math import (
     search_dim,
 )
 
-# Candidates fetched per query before the exact re-rank (k′): issue 14 measured recall@10
-# 0.91–0.99 for the tangent HNSW at k′ = 100; bench.engines measures it again.
-DEFAULT_OVERFETCH = 100
+# Candidates fetched per query before the exact re-rank (k′), and the tangent layout's HNSW
+# search-time ef as a multiple of k′ (ef = factor × k′; ef < k′ would cap the candidate list).
+# Chosen on a validation gallery, not the benchmark's (another seed, 30k rows, radii 1 / 3 / 6):
+#   python -m bench.engines --validate --rows 30000 --seed 7   → bench/results/engines_validation.json
+# the smallest grid point with tangent recall@10 ≥ 0.95 at every radius. At k′ = 100 no ef reached
+# it at radius 6 (wider ef helped radius 1 only); k′ = 200 with ef = 400 did, at about half the
+# batch-256 speed of k′ = ef = 100. bench.engines measures the chosen pair on its own gallery.
+DEFAULT_OVERFETCH = 200
+DEFAULT_EF_FACTOR = 2
 # Extra candidates of a cosine layout, whose engine ranking is already the Lorentz one (0: the
 # engine's top k are the answer; the re-rank only gives them float64 distances). A margin would
 # only absorb float32 ties at the k-th place, at the price of fetching more vectors per query.
@@ -214,11 +220,21 @@ def _check_ids(item_ids: Sequence[str]) -> list[str]:
 class MilvusEngine:
     """Gallery collections on one Milvus deployment (a milvus-lite file or a server)."""
 
-    def __init__(self, uri: str, token: str = "", *, overfetch: int = DEFAULT_OVERFETCH) -> None:
+    def __init__(
+        self,
+        uri: str,
+        token: str = "",
+        *,
+        overfetch: int = DEFAULT_OVERFETCH,
+        ef_factor: int = DEFAULT_EF_FACTOR,
+    ) -> None:
         if overfetch < 1:
             raise ValueError("overfetch must be ≥ 1")
+        if ef_factor < 1:
+            raise ValueError("ef_factor must be ≥ 1")
         self.uri = uri
         self.overfetch = overfetch
+        self.ef_factor = ef_factor
         self.client = connect(uri, token)
         self._layouts: dict[str, GalleryLayout] = {}
 
@@ -471,19 +487,30 @@ class MilvusGallery:
             if rows:
                 yield self._stored_rows(rows)
 
-    def search(self, queries: np.ndarray, k: int, *, overfetch: int | None = None) -> SearchHits:
+    def search(
+        self,
+        queries: np.ndarray,
+        k: int,
+        *,
+        overfetch: int | None = None,
+        ef_factor: int | None = None,
+    ) -> SearchHits:
         """The k nearest items per query (space components in the gallery's frame), nearest
         first, by exact float64 Lorentz distance among the engine's candidates."""
         layout = self.layout
         queries = np.asarray(queries, dtype=np.float64).reshape(-1, layout.point_dim)
         if k < 1:
             raise ValueError("k must be ≥ 1")
+        if ef_factor is not None and ef_factor < 1:
+            raise ValueError("ef_factor must be ≥ 1")
         fetch_k = max(k, overfetch or self.engine.overfetch)
         limit = min(fetch_k, k + COSINE_MARGIN) if layout.layout == "cosine" else fetch_k
         params: dict[str, Any] = {"metric_type": layout.metric}
         if layout.index_type == "HNSW":
             # ef bounds the candidate list the graph walk keeps; below the limit it would cap it.
-            params["params"] = {"ef": max(fetch_k, limit)}
+            # A cosine layout is exact at ef = k′ already; the tangent one walks wider.
+            factor = 1 if layout.layout == "cosine" else (ef_factor or self.engine.ef_factor)
+            params["params"] = {"ef": factor * max(fetch_k, limit)}
         # The re-rank holds queries × candidates × dim float64 values: bound that working set.
         chunk = RERANK_BUDGET // (limit * layout.search_width)
         chunk = max(1, min(chunk, MAX_HITS_PER_REQUEST // limit))
