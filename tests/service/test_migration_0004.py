@@ -4,27 +4,20 @@ while a gallery keeps vectors in segment files."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
-
 import pytest
 from alembic import command
-from sqlalchemy import create_engine, inspect, text
+from sqlalchemy import inspect, text
 
-from app.core.db import alembic_config
-from tests.service.test_migrations import fresh_url  # noqa: F401  (the fixture)
+from tests.service.test_migrations import (  # noqa: F401  (fresh_url: the fixture)
+    fresh_url,
+    upgraded_with_a_tenant,
+)
 
 
 def test_existing_galleries_keep_their_rows_and_downgrade_guards(fresh_url: str) -> None:  # noqa: F811
-    config = alembic_config(fresh_url)
-    command.upgrade(config, "0003")
-    engine = create_engine(fresh_url)
-    now = datetime.now(UTC)
+    config, engine, now = upgraded_with_a_tenant(fresh_url, "0003")
     try:
         with engine.begin() as connection:
-            connection.execute(
-                text("INSERT INTO tenants (id, name, created_at) VALUES ('t', 't', :now)"),
-                {"now": now},
-            )
             connection.execute(
                 text(
                     "INSERT INTO galleries (id, tenant_id, name, dim, lift_curv, index_kind, "

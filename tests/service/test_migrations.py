@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 from alembic import command
 from alembic.autogenerate import compare_metadata
+from alembic.config import Config
 from alembic.migration import MigrationContext
-from sqlalchemy import create_engine, inspect, text
+from sqlalchemy import Engine, create_engine, inspect, text
 
 from app.core.all_models import Base
 from app.core.db import alembic_config
@@ -51,18 +52,26 @@ def test_upgrade_matches_models_then_downgrade_empties(fresh_url: str) -> None:
         engine.dispose()
 
 
+def upgraded_with_a_tenant(url: str, revision: str) -> tuple[Config, Engine, datetime]:
+    """The schema at ``revision`` holding one tenant ``t``, for rows an older revision's data
+    hangs from; the caller disposes of the engine."""
+    config = alembic_config(url)
+    command.upgrade(config, revision)
+    engine = create_engine(url)
+    now = datetime.now(UTC)
+    with engine.begin() as connection:
+        connection.execute(
+            text("INSERT INTO tenants (id, name, created_at) VALUES ('t', 't', :now)"),
+            {"now": now},
+        )
+    return config, engine, now
+
+
 def test_0002_keeps_existing_datasets_with_an_empty_query_log(fresh_url: str) -> None:
     """Datasets made before query logs existed get zero counts; downgrading keeps them."""
-    config = alembic_config(fresh_url)
-    command.upgrade(config, "0001")
-    engine = create_engine(fresh_url)
-    now = datetime.now(UTC)
+    config, engine, now = upgraded_with_a_tenant(fresh_url, "0001")
     try:
         with engine.begin() as connection:
-            connection.execute(
-                text("INSERT INTO tenants (id, name, created_at) VALUES ('t', 't', :now)"),
-                {"now": now},
-            )
             connection.execute(
                 text(
                     "INSERT INTO datasets (id, tenant_id, name, modalities, dims, count, "
