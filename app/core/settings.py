@@ -36,6 +36,17 @@ class Settings(BaseSettings):
         description="where new galleries keep their vectors: append-only segment files under "
         "<data_dir>/vectors (manifest in the database) or one SQL row per vector",
     )
+    vector_engine: Literal["faiss", "milvus"] = Field(
+        default="faiss",
+        description="what stores and searches new galleries: faiss (vectors as vector_storage "
+        "says, an in-process FAISS index per gallery) or milvus (a collection per gallery)",
+    )
+    milvus_uri: str | None = Field(
+        default=None,
+        description="Milvus to use with vector_engine=milvus: a milvus-lite file path, or "
+        "http(s)://host:19530 for a server; default <data_dir>/milvus.db (milvus-lite)",
+    )
+    milvus_token: str = Field(default="", description="Milvus token (user:password) for a server")
 
     # HTTP.
     host: str = "127.0.0.1"
@@ -111,6 +122,12 @@ class Settings(BaseSettings):
         if self.database_url:
             return self.database_url
         return f"sqlite:///{(self.data_dir / 'nobackfill.db').resolve()}"
+
+    @property
+    def resolved_milvus_uri(self) -> str:
+        if self.milvus_uri:
+            return self.milvus_uri
+        return str((self.data_dir / "milvus.db").resolve())
 
     @property
     def artifact_dir(self) -> Path:
