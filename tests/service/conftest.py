@@ -102,6 +102,14 @@ CASES = [("sqlite", "faiss"), ("postgres", "faiss"), ("sqlite", "milvus")]
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "backend" not in metafunc.fixturenames:
         return
+    own = metafunc._arg2fixturedefs["backend"][-1].params
+    if own is not None:
+        # A module that names its own backends (Celery workers on PostgreSQL) gets the engines
+        # the cases pair with them.
+        engines = sorted({e for b, e in CASES if b in own})
+        if "vector_engine" in metafunc.fixturenames:
+            metafunc.parametrize("vector_engine", engines, indirect=True)
+        return
     if "vector_engine" not in metafunc.fixturenames:
         metafunc.parametrize("backend", sorted({b for b, _ in CASES}), indirect=True)
         return

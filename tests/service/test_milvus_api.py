@@ -20,7 +20,7 @@ from app.galleries import service as gallery_service
 from app.galleries.models import Gallery, GalleryVector
 from app.search.milvus_storage import collection_name, engine_for
 from bench.service import create_gallery, start_service
-from tests.service.conftest import stop_client
+from tests.service.conftest import problem, stop_client
 from tests.service.test_crash import check_all_or_nothing, kill_mid_ingest, nearest
 from tests.service.test_galleries_api import make_gallery, seed_vectors
 
@@ -127,6 +127,18 @@ def test_a_write_whose_commit_failed_converges_when_retried(make_client, monkeyp
     assert retried.json() == {"upserted": 2, "count": 21}
     top = search(restarted, gallery_id, np.array([[9, 9, 9, 9], vectors[1]]), k=1)
     assert [row[0]["id"] for row in top] == ["item-0", "item-1"]
+
+
+def test_readyz_names_milvus_when_it_does_not_answer(client: TestClient, monkeypatch) -> None:
+    assert client.get("/readyz").json()["checks"] == {"database": "ok", "milvus": "ok"}
+    engine = engine_for(client.app.state.service.settings)
+
+    def down(*args, **kwargs) -> None:
+        raise ConnectionError("milvus is down")
+
+    monkeypatch.setattr(engine.client, "list_collections", down)
+    body = problem(client.get("/readyz"), 503)
+    assert body["detail"].startswith("milvus does not answer"), body
 
 
 def test_milvus_lite_is_refused_to_a_celery_worker() -> None:
