@@ -278,10 +278,14 @@ class MilvusEngine:
         self.client.create_collection(
             layout.collection,
             schema=schema,
-            index_params=index,
             consistency_level="Strong",
             properties={PROPERTY: layout.to_json(), NEXT_ROW_ID: "0"},
         )
+        # Indexes of an empty collection have nothing to build: sync=False skips pymilvus's
+        # wait, which polls every 0.5 s per index (measured: 1.0 of a new gallery's 1.05 s).
+        # Rows written later are indexed as Milvus seals them (``seal`` waits for that).
+        self.client.create_index(layout.collection, index, sync=False)
+        self.client.load_collection(layout.collection)
         self._layouts[layout.collection] = layout
         return MilvusGallery(self, layout)
 
