@@ -53,6 +53,11 @@ def build_state(settings: Settings) -> ServiceState:
         engine=settings.search_engine,
         flush_interval_s=settings.index_flush_interval_s,
     )
+    if settings.vector_engine == "milvus":
+        from app.search.milvus_storage import hold_engine
+
+        # Connect now: a Milvus that cannot be reached stops the start, not the first request.
+        hold_engine(settings)
     with db.sessions() as session:
         outcome = verify_all_indexes(session, store)
         repaired = [g for g, result in outcome.items() if result != "ok"]
@@ -81,6 +86,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             state.runner.stop()
             state.indexes.close()
             state.db.dispose()
+            if settings.vector_engine == "milvus":
+                from app.search.milvus_storage import release_engine
+
+                release_engine(settings)
 
     # fastapi-offline serves Swagger UI (/docs) and ReDoc (/redoc) from assets in its wheel, so
     # the docs work without Internet access; validatorUrl None stops Swagger UI from sending the

@@ -214,6 +214,12 @@ def _check_redis(state: ServiceState) -> None:
         client.close()
 
 
+def _check_milvus(state: ServiceState) -> None:
+    from app.search.milvus_storage import engine_for
+
+    engine_for(state.settings).client.list_collections(timeout=PROBE_TIMEOUT_S)
+
+
 @router.get("/healthz")
 def health(state: StateDep) -> dict[str, str]:
     """Liveness: the process serves requests and reaches its database."""
@@ -227,11 +233,14 @@ def health(state: StateDep) -> dict[str, str]:
     responses={503: {"description": "a dependency does not answer; `detail` names it"}},
 )
 def ready(state: StateDep) -> dict:
-    """Readiness: the database answers and, with the Celery runner, the Redis broker answers
-    PING. 503 names what failed; take the replica out of rotation until it passes."""
+    """Readiness: the database answers, with the Celery runner the Redis broker answers PING,
+    and with the Milvus engine Milvus lists its collections. 503 names what failed; take the
+    replica out of rotation until it passes."""
     checks: dict[str, Callable[[ServiceState], None]] = {"database": _check_database}
     if state.settings.job_runner == "celery":
         checks["redis"] = _check_redis
+    if state.settings.vector_engine == "milvus":
+        checks["milvus"] = _check_milvus
     failed: dict[str, str] = {}
     for name, check in checks.items():
         try:

@@ -117,6 +117,23 @@ class Settings(BaseSettings):
             raise ValueError("job_stale_after_s must exceed twice job_heartbeat_s")
         return self
 
+    @model_validator(mode="after")
+    def _milvus_lite_in_one_process(self) -> Settings:
+        # A milvus-lite file is opened by one process only: a Celery worker (another process)
+        # could not read the galleries the API wrote. A Milvus server is shared by both.
+        if self.vector_engine == "milvus" and self.job_runner == "celery" and self.milvus_lite:
+            raise ValueError(
+                "vector_engine=milvus with job_runner=celery needs a Milvus server "
+                "(milvus_uri=http(s)://host:19530): a milvus-lite file is opened by one process "
+                "only; use job_runner=thread with milvus-lite"
+            )
+        return self
+
+    @property
+    def milvus_lite(self) -> bool:
+        """Whether the Milvus URI is an embedded milvus-lite file rather than a server."""
+        return not self.resolved_milvus_uri.startswith(("http://", "https://", "tcp://", "grpc://"))
+
     @property
     def resolved_database_url(self) -> str:
         if self.database_url:

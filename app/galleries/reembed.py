@@ -29,7 +29,7 @@ from app.core.errors import FieldError, conflict, invalid, invalid_fields
 from app.core.settings import Settings
 from app.galleries.models import Gallery
 from app.galleries.reembed_models import BackfillFit, ReembeddedVector
-from app.galleries.service import IN_CHUNK, _lock_gallery, index_for, lift_of
+from app.galleries.service import IN_CHUNK, _lock_gallery, gallery_points, index_for, lift_of
 from app.ml.backfill import (
     Candidates,
     PlannerFit,
@@ -348,10 +348,8 @@ def plan(
 ) -> dict[str, Any]:
     """The next items to re-embed, most valuable first, and the expected quality curve."""
     fit, _, _ = backfill_fit(session, cache, row)
-    index = index_for(session, store, gallery)
     vector_ids, _ = reembedded_features(session, gallery.id, row.id)
-    all_ids = index.ids
-    points = index.lifted[:, 1:]
+    all_ids, points = gallery_points(session, store, gallery)
     done = np.isin(all_ids, vector_ids)
     total = len(all_ids)
     if count is None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -28,11 +28,14 @@ from app.galleries.schemas import GalleryCreate
 from app.ml.space import DEFAULT_CURVATURE, DEFAULT_LIFT_SCALE, EuclideanLift
 from app.models.models import TrainedModel
 from app.models.service import ModelCache, embed_features, get_model, resolve_modality
-from app.search.index import validate_index_params
+from app.search.index import LorentzIndex, validate_index_params
 from app.search.store import IndexSpec, IndexStore
-from app.vectors.engine import storage_for, vectors_dir
+from app.vectors.engine import MILVUS, VectorStorage, session_settings, storage_for, vectors_dir
 from app.vectors.segment_format import SegmentCorrupted
 from app.vectors.segments import empty_manifest, segment_storage
+
+if TYPE_CHECKING:
+    from app.search.milvus_storage import MilvusSearcher
 
 log = logging.getLogger(__name__)
 # Bound on the number of SQL parameters in one IN (…) list (SQLite's limit is far above this).
@@ -99,14 +102,16 @@ def create_gallery(
         params = validate_index_params(kind, request.index_params or {})
     except ValueError as exc:
         raise invalid("index_params", str(exc)) from exc
+    # The engine decides for new galleries only: an existing gallery keeps its storage.
+    storage = MILVUS if settings.vector_engine == "milvus" else settings.vector_storage
     gallery = Gallery(
         id=new_id("gal"),
         tenant_id=tenant_id,
         name=request.name,
         index_kind=kind,
         index_params=params,
-        vector_storage=settings.vector_storage,
-        vector_manifest=empty_manifest() if settings.vector_storage == "segments" else None,
+        vector_storage=storage,
+        vector_manifest=empty_manifest() if storage == "segments" else None,
     )
     if request.model_id is None:
         if request.dim > settings.max_dim:
@@ -269,7 +274,10 @@ def _refresh_index(
     **changes: np.ndarray,
 ) -> None:
     """Bring the index to the committed version; the data is already durable, so a failure here
-    only logs and leaves the index to be rebuilt on next use."""
+    only logs and leaves the index to be rebuilt on next use. A Milvus gallery has no index in
+    this process: Milvus indexes its own writes."""
+    if gallery.vector_storage == MILVUS:
+        return
     try:
         store.apply(
             index_spec(gallery), previous_version, point_loader(session, gallery), **changes
@@ -277,6 +285,13 @@ def _refresh_index(
     except Exception:
         log.exception("index update for gallery %s failed; it will be rebuilt", gallery.id)
         store.forget(gallery.id)
+
+
+def _counted(session: Session, storage: VectorStorage, gallery: Gallery, counted: int) -> int:
+    """The gallery's count after a write. Milvus has the write before the SQL commit, and a
+    failed commit would keep the old count beside the new rows: its count is read back from
+    Milvus (under the gallery's lock) instead of being carried forward."""
+    return storage.count(session, gallery) if storage.name == MILVUS else counted
 
 
 def upsert_vectors(
@@ -293,12 +308,11 @@ def upsert_vectors(
     with store.lock(gallery.id):
         gallery = _lock_gallery(session, gallery)
         previous_version = gallery.index_version
-        written = storage_for(session, gallery).upsert(
-            session, gallery, ids, stored, labels, metadata
-        )
+        storage = storage_for(session, gallery)
+        written = storage.upsert(session, gallery, ids, stored, labels, metadata)
         # A replaced item is new content: features re-embedded from the old one are stale.
         _forget_reembedded(session, gallery, written.replaced)
-        gallery.count += written.inserted
+        gallery.count = _counted(session, storage, gallery, gallery.count + written.inserted)
         gallery.index_version += 1
         gallery.updated_at = utcnow()
         session.commit()
@@ -332,7 +346,7 @@ def delete_vectors(
         previous_version = gallery.index_version
         removed = storage.delete(session, gallery, ids)
         _forget_reembedded(session, gallery, removed)
-        gallery.count -= len(removed)
+        gallery.count = _counted(session, storage, gallery, gallery.count - len(removed))
         gallery.index_version += 1
         gallery.updated_at = utcnow()
         session.commit()
@@ -364,8 +378,27 @@ def delete_gallery(session: Session, store: IndexStore, gallery: Gallery) -> Non
         store.drop(gallery.id)
 
 
-def index_for(session: Session, store: IndexStore, gallery: Gallery):
+def index_for(
+    session: Session, store: IndexStore, gallery: Gallery
+) -> LorentzIndex | MilvusSearcher:
+    """What searches the gallery: its in-memory FAISS index, or for a Milvus gallery a
+    ``MilvusSearcher`` (same ``ntotal`` and ``search_with_points``) that holds nothing."""
+    if gallery.vector_storage == MILVUS:
+        from app.search.milvus_storage import MilvusSearcher, milvus_storage
+
+        return MilvusSearcher(milvus_storage(session_settings(session)), gallery)
     return store.get(index_spec(gallery), point_loader(session, gallery))
+
+
+def gallery_points(
+    session: Session, store: IndexStore, gallery: Gallery
+) -> tuple[np.ndarray, np.ndarray]:
+    """(internal ids ascending, space components) of every stored item: from the in-memory
+    index, or read from Milvus for this call only."""
+    if gallery.vector_storage == MILVUS:
+        return point_loader(session, gallery)()
+    index = index_for(session, store, gallery)
+    return index.ids, index.lifted[:, 1:]
 
 
 def verify_all_indexes(session: Session, store: IndexStore) -> dict[str, str]:
@@ -377,6 +410,10 @@ def verify_all_indexes(session: Session, store: IndexStore) -> dict[str, str]:
         [g for g in galleries if g.vector_storage == "segments"]
     )
     for gallery in galleries:
+        if gallery.vector_storage == MILVUS:
+            # No index here; Milvus's count(*) repairs a count a failed commit left behind.
+            _repair_count(session, gallery, storage_for(session, gallery).count(session, gallery))
+            continue
         try:
             stored_ids = storage_for(session, gallery).all_ids(session, gallery)
         except SegmentCorrupted as exc:
@@ -384,19 +421,23 @@ def verify_all_indexes(session: Session, store: IndexStore) -> dict[str, str]:
             log.error("startup check: vectors of gallery %s are damaged: %s", gallery.id, exc)
             outcome[gallery.id] = f"corrupt: {exc}"
             continue
-        if len(stored_ids) != gallery.count:
-            log.warning(
-                "startup check: gallery %s counted %d vectors, stores %d; count repaired",
-                gallery.id,
-                gallery.count,
-                len(stored_ids),
-            )
-            gallery.count = len(stored_ids)
-            session.commit()
+        _repair_count(session, gallery, len(stored_ids))
         outcome[gallery.id] = store.verify(
             index_spec(gallery), stored_ids, point_loader(session, gallery)
         )
     return outcome
+
+
+def _repair_count(session: Session, gallery: Gallery, stored: int) -> None:
+    if stored != gallery.count:
+        log.warning(
+            "startup check: gallery %s counted %d vectors, stores %d; count repaired",
+            gallery.id,
+            gallery.count,
+            stored,
+        )
+        gallery.count = stored
+        session.commit()
 
 
 def read_vectors(

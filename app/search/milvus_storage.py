@@ -1,8 +1,15 @@
 """The Milvus engine behind the vector-storage interface (``app.vectors.engine.VectorStorage``).
 
-Not selected by ``storage_for`` yet: wiring ``NOBACKFILL_VECTOR_ENGINE=milvus`` end to end (the
-setting, ``storage_for``, and searches answered by Milvus instead of the in-process FAISS index)
-is a later step. This adapter is what that step plugs in.
+Galleries created with ``NOBACKFILL_VECTOR_ENGINE=milvus`` have ``vector_storage = "milvus"``:
+``storage_for`` answers this adapter over the process's one ``MilvusEngine`` for the settings'
+(uri, token) (``engine_for``: created on first use, closed when the last app holding it stops),
+and searches go to Milvus (``MilvusSearcher``) instead of the in-process FAISS index, so the API
+process holds nothing per gallery.
+
+Processes: a Milvus server (``http(s)://…``, production) is shared by the API and the Celery
+worker alike. A milvus-lite file is opened by one process only, so with a milvus-lite URI the jobs
+must run in the API process (the ``thread`` or ``inline`` runner); the settings refuse
+``job_runner=celery`` with a milvus-lite URI rather than let the worker fail on first use.
 
 One difference from the interface's contract, by construction: a write reaches Milvus when the
 call returns, not when the caller's SQL transaction commits; a rollback does not undo it. What
@@ -14,19 +21,62 @@ counts the service reports come from Milvus (``count``), not from a column a rol
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
 from sqlalchemy.orm import Session
 
+from app.core.settings import Settings
 from app.galleries.models import Gallery
-from app.galleries.service import lifted_points
 from app.search.milvus_engine import GalleryLayout, MilvusEngine, MilvusGallery, StoredRows
 from app.search.milvus_math import choose_layout
 from app.vectors.engine import SCAN_BATCH, Stored, Upserted
 
 COLLECTION_PREFIX = "nobackfill_"
+
+# One engine per (uri, token) in this process, with how many running apps hold it.
+_engines: dict[tuple[str, str], tuple[MilvusEngine, int]] = {}
+_engines_guard = threading.Lock()
+
+
+def _key(settings: Settings) -> tuple[str, str]:
+    return settings.resolved_milvus_uri, settings.milvus_token
+
+
+def engine_for(settings: Settings) -> MilvusEngine:
+    """The process's engine for the settings' Milvus, connected on first use (the worker and
+    the CLI use it without holding it: it then lives as long as the process)."""
+    with _engines_guard:
+        key = _key(settings)
+        if key not in _engines:
+            _engines[key] = (MilvusEngine(key[0], key[1]), 0)
+        return _engines[key][0]
+
+
+def hold_engine(settings: Settings) -> MilvusEngine:
+    """An app starting: the engine stays open until the matching ``release_engine``."""
+    engine = engine_for(settings)
+    with _engines_guard:
+        key = _key(settings)
+        _engines[key] = (engine, _engines[key][1] + 1)
+    return engine
+
+
+def release_engine(settings: Settings) -> None:
+    """An app stopping: the last holder closes the engine (several apps of one process, as in
+    the tests' restarts, share one client per Milvus)."""
+    with _engines_guard:
+        key = _key(settings)
+        if key not in _engines:
+            return
+        engine, holders = _engines[key]
+        if holders > 1:
+            _engines[key] = (engine, holders - 1)
+            return
+        del _engines[key]
+    engine.close()
 
 
 def collection_name(gallery_id: str) -> str:
@@ -51,23 +101,31 @@ def layout_of(gallery: Gallery) -> GalleryLayout:
     )
 
 
+def _points(gallery: Gallery, vectors: np.ndarray) -> np.ndarray:
+    from app.galleries.service import lifted_points
+
+    return lifted_points(gallery, vectors)
+
+
 def _stored(rows: StoredRows) -> Stored:
     return Stored(rows.item_ids, rows.row_ids, rows.vectors, rows.labels, rows.metadata)
 
 
 class MilvusVectorStorage:
-    """Gallery vectors in one Milvus collection per gallery (created on first use)."""
+    """Gallery vectors in one Milvus collection per gallery, created by the first write (reads
+    of a gallery never written answer empty and create nothing)."""
 
     name = "milvus"
 
     def __init__(self, engine: MilvusEngine) -> None:
         self.engine = engine
 
-    def gallery(self, gallery: Gallery) -> MilvusGallery:
+    def existing(self, gallery: Gallery) -> MilvusGallery | None:
         name = collection_name(gallery.id)
-        if self.engine.has_gallery(name):
-            return self.engine.open_gallery(name)
-        return self.engine.create_gallery(layout_of(gallery))
+        return self.engine.open_gallery(name) if self.engine.has_gallery(name) else None
+
+    def gallery(self, gallery: Gallery) -> MilvusGallery:
+        return self.existing(gallery) or self.engine.create_gallery(layout_of(gallery))
 
     def upsert(
         self,
@@ -81,13 +139,15 @@ class MilvusVectorStorage:
         store = self.gallery(gallery)
         before = store.lookup(item_ids)
         vectors = np.asarray(vectors, dtype=np.float32)
-        points = None if store.layout.lift_scale is not None else lifted_points(gallery, vectors)
+        points = None if store.layout.lift_scale is not None else _points(gallery, vectors)
         ids = store.upsert(item_ids, vectors, points, labels, metadata)
         replaced = np.array([row_id for row_id, _ in before.values()], dtype=np.int64)
         return Upserted(ids=ids, replaced=np.sort(replaced), inserted=len(ids) - len(before))
 
     def delete(self, session: Session, gallery: Gallery, item_ids: Sequence[str]) -> np.ndarray:
-        store = self.gallery(gallery)
+        store = self.existing(gallery)
+        if store is None:
+            return np.zeros(0, dtype=np.int64)
         present = store.lookup(item_ids)
         store.delete(list(present))
         return np.sort(np.array([row_id for row_id, _ in present.values()], dtype=np.int64))
@@ -95,25 +155,69 @@ class MilvusVectorStorage:
     def lookup(
         self, session: Session, gallery: Gallery, item_ids: Sequence[str]
     ) -> dict[str, tuple[int, str | None]]:
-        return self.gallery(gallery).lookup(item_ids)
+        store = self.existing(gallery)
+        return {} if store is None else store.lookup(item_ids)
 
     def fetch(self, session: Session, gallery: Gallery, item_ids: Sequence[str]) -> Stored:
-        return _stored(self.gallery(gallery).fetch(item_ids))
+        store = self.existing(gallery)
+        if store is None:
+            return Stored([], np.zeros(0, np.int64), np.zeros((0, gallery.dim), np.float32), [], [])
+        return _stored(store.fetch(item_ids))
 
     def names(
         self, session: Session, gallery: Gallery, ids: Sequence[int]
     ) -> dict[int, tuple[str, str | None]]:
-        return self.gallery(gallery).names(ids)
+        store = self.existing(gallery)
+        return {} if store is None else store.names(ids)
 
     def scan(self, session: Session, gallery: Gallery, batch: int = SCAN_BATCH) -> Iterator[Stored]:
-        for rows in self.gallery(gallery).scan(batch):
+        store = self.existing(gallery)
+        for rows in store.scan(batch) if store is not None else ():
             yield _stored(rows)
 
     def all_ids(self, session: Session, gallery: Gallery) -> np.ndarray:
-        return self.gallery(gallery).all_row_ids()
+        store = self.existing(gallery)
+        return np.zeros(0, dtype=np.int64) if store is None else store.all_row_ids()
 
     def count(self, session: Session, gallery: Gallery) -> int:
-        return self.gallery(gallery).count()
+        store = self.existing(gallery)
+        return 0 if store is None else store.count()
 
     def drop(self, gallery_id: str) -> None:
         self.engine.drop_gallery(collection_name(gallery_id))
+
+
+class MilvusSearcher:
+    """A Milvus gallery behind the two index calls the search services make (``ntotal``,
+    ``search_with_points``), answered by Milvus with its exact float64 re-rank; built per
+    request, it holds no rows, so the API process's memory does not grow with the gallery."""
+
+    def __init__(self, storage: MilvusVectorStorage, gallery: Gallery) -> None:
+        self.dim = gallery.dim
+        self._store = storage.existing(gallery)
+
+    @property
+    def ntotal(self) -> int:
+        return 0 if self._store is None else self._store.count()
+
+    def search_with_points(
+        self, queries: np.ndarray, k: int, *, overfetch: int = 4, min_candidates: int = 64
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(internal ids, float64 distances, points float32) per query, nearest first, −1 / inf /
+        NaN padded, as ``LorentzIndex.search_with_points``. ``overfetch`` and ``min_candidates``
+        size the FAISS path's candidate list; Milvus fetches its engine's k′ (``MilvusEngine``),
+        chosen for its HNSW layouts."""
+        queries = np.asarray(queries, dtype=np.float64).reshape(-1, self.dim)
+        nq = len(queries)
+        if self._store is None or nq == 0:
+            return (
+                np.full((nq, k), -1, dtype=np.int64),
+                np.full((nq, k), np.inf),
+                np.full((nq, k, self.dim), np.nan, dtype=np.float32),
+            )
+        hits = self._store.search(queries, k)
+        return hits.row_ids, hits.distances, hits.points.astype(np.float32)
+
+
+def milvus_storage(settings: Settings) -> MilvusVectorStorage:
+    return MilvusVectorStorage(engine_for(settings))

@@ -13,12 +13,16 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 from sqlalchemy.orm import Session
 
 from app.galleries.models import Gallery
+
+if TYPE_CHECKING:
+    from app.core.settings import Settings
 
 # Rows per batch of a scan (an index rebuild reads a gallery in batches of this size).
 SCAN_BATCH = 50_000
@@ -101,20 +105,31 @@ class VectorStorage(Protocol):
         ...
 
 
+# ``Gallery.vector_storage`` of a gallery kept in Milvus (vectors and search both there).
+MILVUS = "milvus"
+
+
 def storage_for(session: Session, gallery: Gallery) -> VectorStorage:
-    """The storage holding ``gallery``'s vectors (its ``vector_storage``); segment files live
-    under the data dir of the settings the session was opened with."""
+    """The storage holding ``gallery``'s vectors (its ``vector_storage``); segment files and the
+    Milvus connection follow the settings the session was opened with."""
     if gallery.vector_storage == "segments":
         from app.vectors.segments import segment_storage
 
         return segment_storage(vectors_dir(session))
+    if gallery.vector_storage == MILVUS:
+        from app.search.milvus_storage import milvus_storage
+
+        return milvus_storage(session_settings(session))
     from app.vectors.sql import SqlVectorStorage
 
     return SqlVectorStorage()
 
 
-def vectors_dir(session: Session):
+def session_settings(session: Session) -> Settings:
     from app.core.settings import get_settings
 
-    settings = session.info.get("settings") or get_settings()
-    return settings.data_dir / "vectors"
+    return session.info.get("settings") or get_settings()
+
+
+def vectors_dir(session: Session) -> Path:
+    return session_settings(session).data_dir / "vectors"

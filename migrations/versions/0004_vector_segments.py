@@ -52,8 +52,8 @@ def downgrade() -> None:
     )
     if segmented:
         raise RuntimeError(
-            f"{segmented} galleries keep their vectors in segment files; export and delete them "
-            "before downgrading below 0004"
+            f"{segmented} galleries keep their vectors in segment files or in Milvus, not in SQL "
+            "rows; export and delete them before downgrading below 0004"
         )
     with op.batch_alter_table("gallery_reembedded") as batch:
         batch.drop_constraint(

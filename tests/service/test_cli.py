@@ -27,9 +27,13 @@ OLD, NEW = "gloss.all-MiniLM-L6-v2", "gloss.all-mpnet-base-v2"
 QUICK = '{"epochs": 2, "hidden_dim": 32}'
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningService]:
+@pytest.fixture(scope="module", params=["faiss", "milvus"])
+def server(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[RunningService]:
+    """One server per vector engine (SQLite: the CLI's commands do not depend on the backend)."""
     env = {
+        "NOBACKFILL_VECTOR_ENGINE": request.param,
         "NOBACKFILL_JOB_RUNNER": "thread",
         "NOBACKFILL_MAX_VECTORS_PER_REQUEST": "300",
         "NOBACKFILL_MAX_REQUEST_BYTES": str(512 * 1024),

@@ -80,6 +80,37 @@ def nearest(client: httpx.Client, gallery_id: str, vectors: dict[str, np.ndarray
     return found
 
 
+def kill_mid_ingest(
+    service: RunningService, gallery_id: str, round_no: int, delay_s: float
+) -> Ingest:
+    """Ingest in a thread and ``kill -9`` the server after ``delay_s``; the client's record."""
+    with ThreadPoolExecutor(1) as pool:
+        running = pool.submit(ingest_until_killed, service, gallery_id, round_no)
+        time.sleep(delay_s)
+        os.kill(service.process.pid, signal.SIGKILL)
+        service.process.wait()
+        ingest = running.result(timeout=60)
+    assert ingest.failures == []
+    return ingest
+
+
+def check_all_or_nothing(
+    client: httpx.Client,
+    gallery_id: str,
+    acked: dict[str, np.ndarray],
+    cut_off: list[dict[str, np.ndarray]],
+) -> None:
+    """Each batch a kill cut off is stored entirely or not at all, and the gallery counts the
+    acknowledged items plus the cut-off batches that were stored."""
+    stored_cut_off = 0
+    for batch in cut_off:
+        hits = nearest(client, gallery_id, batch)
+        assert hits == list(batch) or not set(hits) & set(batch), hits
+        stored_cut_off += len(batch) if hits == list(batch) else 0
+    count = client.get(f"/v1/galleries/{gallery_id}").json()["count"]
+    assert count == len(acked) + stored_cut_off
+
+
 def segment_files_match_manifest(data_dir: Path, gallery_id: str) -> None:
     with sqlite3.connect(data_dir / "nobackfill.db") as connection:
         storage, manifest = connection.execute(
@@ -109,13 +140,7 @@ def test_acknowledged_ingests_survive_kill_9(tmp_path: Path) -> None:
     cut_off: list[dict[str, np.ndarray]] = []
     rebuilt_after_long_interval = []
     for round_no, interval in enumerate(FLUSH_INTERVALS):
-        with ThreadPoolExecutor(1) as pool:
-            running = pool.submit(ingest_until_killed, service, gallery_id, round_no)
-            time.sleep(float(rng.uniform(0.3, 1.5)))
-            os.kill(service.process.pid, signal.SIGKILL)
-            service.process.wait()
-            ingest = running.result(timeout=60)
-        assert ingest.failures == []
+        ingest = kill_mid_ingest(service, gallery_id, round_no, float(rng.uniform(0.3, 1.5)))
         acked.update(ingest.acked)
         if ingest.in_flight:
             cut_off.append(ingest.in_flight)
@@ -134,13 +159,7 @@ def test_acknowledged_ingests_survive_kill_9(tmp_path: Path) -> None:
 
         with service.client(timeout=120) as client:
             assert nearest(client, gallery_id, acked) == list(acked), f"round {round_no}"
-            stored_cut_off = 0
-            for batch in cut_off:
-                hits = nearest(client, gallery_id, batch)
-                assert hits == list(batch) or not set(hits) & set(batch), hits
-                stored_cut_off += len(batch) if hits == list(batch) else 0
-            count = client.get(f"/v1/galleries/{gallery_id}").json()["count"]
-            assert count == len(acked) + stored_cut_off
+            check_all_or_nothing(client, gallery_id, acked, cut_off)
 
     service.stop()
     assert len(acked) >= 4 * BATCH, "too few acknowledged batches to test anything"

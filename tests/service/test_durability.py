@@ -45,6 +45,10 @@ def test_restart_brings_everything_back(make_client) -> None:
     assert restarted.get(f"/v1/galleries/{gallery_id}").json()["count"] == 20
 
 
+INDEX_FILES = "about the FAISS index files of the API process (a Milvus gallery has none)"
+
+
+@pytest.mark.faiss_only(INDEX_FILES)
 @pytest.mark.parametrize("damage", ["missing", "torn", "stale", "orphan"])
 def test_startup_check_repairs_the_index(make_client, caplog, damage: str) -> None:
     client = make_client()
@@ -91,6 +95,7 @@ def index_files(client: TestClient, gallery_id: str) -> list[str]:
     return sorted(p.name for p in index_dir.glob(f"{gallery_id}.*"))
 
 
+@pytest.mark.faiss_only(INDEX_FILES)
 def test_index_files_follow_committed_versions(client: TestClient) -> None:
     """A flush writes the file of the committed version and removes older ones."""
     store = client.app.state.service.indexes
@@ -107,6 +112,7 @@ def test_index_files_follow_committed_versions(client: TestClient) -> None:
     assert index_files(client, gallery_id) == []
 
 
+@pytest.mark.faiss_only(INDEX_FILES)
 def test_writes_are_flushed_in_the_background(make_client) -> None:
     client = make_client(index_flush_interval_s=0.2)
     gallery_id = make_gallery(client)
@@ -118,6 +124,7 @@ def test_writes_are_flushed_in_the_background(make_client) -> None:
         time.sleep(0.05)
 
 
+@pytest.mark.faiss_only(INDEX_FILES)
 def test_a_file_left_stale_by_a_crash_is_rebuilt(make_client, caplog) -> None:
     """An acknowledged write whose file was never flushed (the process died first) is restored
     from the database at the next start."""

@@ -27,14 +27,18 @@ MAX_EXAMPLES = 60
 AUTH = {"Authorization": f"Bearer {BENCH_KEY}"}
 
 
-@pytest.fixture(scope="module", params=["sqlite", "postgres"])
+@pytest.fixture(scope="module", params=["sqlite", "postgres", "sqlite-milvus"])
 def fuzzed_service(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[RunningService]:
     """The server on the embedded SQLite and on PostgreSQL (which refuses some text SQLite
-    stores, e.g. NUL bytes, so each backend can fail differently)."""
+    stores, e.g. NUL bytes, so each backend can fail differently), and on SQLite with the Milvus
+    engine (whose filter expressions and fields take the item ids and labels generated here;
+    the service tests' conftest says why not on PostgreSQL too)."""
     data_dir: Path = tmp_path_factory.mktemp("schemathesis") / "data"
     env = {"NOBACKFILL_MAX_VECTORS_PER_REQUEST": "50", "NOBACKFILL_MAX_REQUEST_BYTES": "65536"}
+    if request.param == "sqlite-milvus":
+        env["NOBACKFILL_VECTOR_ENGINE"] = "milvus"
     database_url = None
     if request.param == "postgres":
         require_postgres()

@@ -21,6 +21,10 @@ from tests.service.conftest import problem, snapshot, stop_client
 from tests.service.test_durability import top_ids
 from tests.service.test_galleries_api import make_gallery, seed_vectors
 
+pytestmark = pytest.mark.faiss_only(
+    "segment and SQL-row storage, which Milvus galleries do not use"
+)
+
 
 def segment_files(client: TestClient, gallery_id: str) -> list[Path]:
     directory = client.app.state.service.settings.data_dir / "vectors" / gallery_id
