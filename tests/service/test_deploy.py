@@ -296,3 +296,14 @@ def test_cpu_and_milvus_files_combine_in_either_order() -> None:
     assert "deploy" not in worker
     assert worker["environment"] == project(BASE, MILVUS)["services"]["worker"]["environment"]
     assert one["services"].keys() == project(BASE, MILVUS)["services"].keys()
+
+
+def test_documented_compose_commands_name_existing_files() -> None:
+    readme = (REPO / "README.md").read_text()
+    documented = set(re.findall(r"-f (docker-compose[\w.]*\.yml)", readme))
+    assert {BASE, CPU, MILVUS} <= documented
+    for name in [BASE, CPU, MILVUS]:
+        header = (REPO / name).read_text()
+        documented |= set(re.findall(r"-f (docker-compose[\w.]*\.yml)", header))
+    for name in documented:
+        assert (REPO / name).exists(), name
