@@ -2,7 +2,8 @@
 #   --target api     the API and the one-shot migration: CPU-only torch, no CUDA libraries
 #   --target worker  the Celery worker: CUDA torch and FAISS's GPU build (sm_90 code, for H100/H200)
 # Each installs the project non-editable (`pip install .`), as tests/service/test_installed_stack.py
-# does, so the migrations run from the installed package, not from a source tree.
+# does, so the migrations run from the installed package, not from a source tree; with the `milvus`
+# extra (pymilvus, milvus-lite), so one image serves NOBACKFILL_VECTOR_ENGINE=faiss and =milvus.
 FROM python:3.11-slim AS base
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
@@ -27,7 +28,7 @@ COPY bench ./bench
 COPY migrations ./migrations
 # Versions come from pyproject.toml's ranges, which torch==2.13.0 above satisfies.
 # hadolint ignore=DL3013
-RUN pip install . && rm -rf /srv/nobackfill/*
+RUN pip install ".[milvus]" && rm -rf /srv/nobackfill/*
 USER 10001
 VOLUME ["/data"]
 EXPOSE 8000
@@ -45,7 +46,7 @@ COPY worker ./worker
 COPY bench ./bench
 COPY migrations ./migrations
 # hadolint ignore=DL3013
-RUN pip install . \
+RUN pip install ".[milvus]" \
     && pip uninstall -y faiss-cpu \
     && pip install "faiss-gpu==1.15.1" \
     && rm -rf /srv/nobackfill/*

@@ -1,14 +1,18 @@
-"""No Docker engine runs here: the compose file is checked against the Compose specification,
-the Dockerfile is linted, and every command they run must exist in the project."""
+"""No Docker engine runs here: the compose files are checked against the Compose specification,
+the Dockerfile is linted, every command they run must exist in the project, and the project
+`docker compose` builds from the base file and its overrides (CPU, Milvus) is checked by merging
+them as Compose does."""
 
 from __future__ import annotations
 
+import copy
 import re
 import shutil
 import subprocess
 import sys
 import tomllib
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 import yaml
@@ -18,6 +22,9 @@ from app.core.settings import Settings
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
+BASE = "docker-compose.yml"
+CPU = "docker-compose.cpu.yml"
+MILVUS = "docker-compose.milvus.yml"
 
 
 def tool(name: str) -> str:
@@ -26,21 +33,68 @@ def tool(name: str) -> str:
     return str(path)
 
 
+class Reset:
+    """Compose's `!reset`: the key is removed from what the earlier files set (distinct from a
+    YAML null, which a declared volume such as `data:` is)."""
+
+    def __repr__(self) -> str:
+        return "!reset"
+
+
+RESET = Reset()
+
+
 class ComposeLoader(yaml.SafeLoader):
-    """Reads Compose's `!reset` / `!override` merge tags as plain values."""
+    """Reads Compose's `!reset` / `!override` merge tags."""
 
 
-ComposeLoader.add_constructor("!reset", lambda loader, node: None)
+ComposeLoader.add_constructor("!reset", lambda loader, node: RESET)
 ComposeLoader.add_constructor("!override", lambda loader, node: loader.construct_object(node))
 
 
-def compose(name: str = "docker-compose.yml") -> dict:
+def compose(name: str = BASE) -> dict:
     return yaml.load((REPO / name).read_text(), Loader=ComposeLoader)
 
 
-def test_compose_file_follows_the_compose_spec() -> None:
+def merge(base: object, override: object) -> object:
+    """Compose's merge of a later file into an earlier one, for what these files use: mappings
+    merge key by key, `!reset` removes a key, anything else replaces. Sequences (ports, volumes)
+    have their own rules in Compose, so the overrides extend existing services only through
+    mappings (test_milvus_file_leaves_the_plain_stack_alone holds that)."""
+    if not (isinstance(base, dict) and isinstance(override, dict)):
+        return copy.deepcopy(override)
+    out = copy.deepcopy(base)
+    for key, value in override.items():
+        if value is RESET:
+            out.pop(key, None)
+        else:
+            out[key] = merge(out[key], value) if key in out else copy.deepcopy(value)
+    return out
+
+
+def project(*names: str) -> dict:
+    """What `docker compose -f NAME -f NAME … config` holds (before interpolation)."""
+    merged: dict = {}
+    for name in names:
+        merged = merge(merged, compose(name))
+    return merged
+
+
+def interpolate(value: str) -> str:
+    """Compose's `${VAR:-default}` with the variable unset."""
+    return re.sub(r"\$\{\w+:-([^}]*)\}", r"\1", value)
+
+
+def milvus_extra() -> list[str]:
+    """The requirements of pyproject.toml's `milvus` extra."""
+    project_table = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    return project_table["optional-dependencies"]["milvus"]
+
+
+@pytest.mark.parametrize("name", [BASE, MILVUS])
+def test_compose_file_follows_the_compose_spec(name: str) -> None:
     done = subprocess.run(
-        [tool("check-jsonschema"), "--builtin-schema", "vendor.compose-spec", "docker-compose.yml"],
+        [tool("check-jsonschema"), "--builtin-schema", "vendor.compose-spec", name],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -63,8 +117,8 @@ def test_services_and_gpu_request() -> None:
     for name in ("api", "worker", "redis", "postgres"):
         assert "healthcheck" in services[name], name
     assert services["api"]["depends_on"]["migrate"]["condition"] == "service_completed_successfully"
-    cpu = compose("docker-compose.cpu.yml")
-    assert cpu == {"services": {"worker": {"deploy": None}}}
+    cpu = compose(CPU)
+    assert cpu == {"services": {"worker": {"deploy": RESET}}}
 
 
 def project_commands() -> list[tuple[str, list[str]]]:
@@ -106,8 +160,10 @@ def test_api_and_worker_images_are_separate_build_targets() -> None:
     # The worker image's own command is compose's worker command.
     worker_cmd = re.search(r"^CMD (\[.*\])$", stages["worker"], flags=re.M)
     assert yaml.safe_load(worker_cmd.group(1)) == services["worker"]["command"]
+    # Both images carry the `milvus` extra: NOBACKFILL_VECTOR_ENGINE alone picks the engine.
+    assert any(spec.startswith("pymilvus") for spec in milvus_extra())
     for stage in ("api", "worker"):
-        assert "RUN pip install ." in stages[stage], stage
+        assert 'RUN pip install ".[milvus]"' in stages[stage], stage
 
 
 @pytest.mark.parametrize(("where", "command"), project_commands())
@@ -126,9 +182,10 @@ def test_commands_exist_in_the_project(where: str, command: list[str]) -> None:
         assert queue == Settings.model_fields["celery_queue"].default
 
 
-def test_compose_environment_names_real_settings() -> None:
+@pytest.mark.parametrize("files", [(BASE,), (BASE, MILVUS)])
+def test_compose_environment_names_real_settings(files: tuple[str, ...]) -> None:
     fields = set(Settings.model_fields)
-    for name, service in compose()["services"].items():
+    for name, service in project(*files)["services"].items():
         for variable in service.get("environment", {}):
             if variable.startswith("NOBACKFILL_"):
                 assert variable.removeprefix("NOBACKFILL_").lower() in fields, (name, variable)
@@ -143,3 +200,110 @@ def test_dockerfile_copies_existing_paths_and_healthz_exists() -> None:
     from app.main import create_app
 
     assert "/healthz" in create_app(Settings(_env_file=None)).openapi()["paths"]
+
+
+def added_by_milvus() -> dict[str, dict]:
+    """The services docker-compose.milvus.yml adds (Milvus and what it stores into)."""
+    base = compose()["services"]
+    return {n: s for n, s in compose(MILVUS)["services"].items() if n not in base}
+
+
+def test_milvus_services_are_pinned_healthchecked_and_keep_data_in_named_volumes() -> None:
+    override = compose(MILVUS)
+    added = added_by_milvus()
+    kinds = {s["image"].rpartition(":")[0].rsplit("/", 1)[-1]: n for n, s in added.items()}
+    assert set(kinds) == {"etcd", "minio", "milvus"}
+    for name, service in added.items():
+        repository, _, tag = service["image"].rpartition(":")
+        assert repository and tag and tag != "latest", name
+        assert service["healthcheck"]["test"][0] == "CMD", name
+        for volume in service["volumes"]:
+            source, target = volume.split(":")[:2]
+            # A named volume declared by the file, not a host path.
+            assert source in override["volumes"], (name, volume)
+            assert target.startswith("/"), (name, volume)
+    milvus = added[kinds["milvus"]]
+    assert milvus["depends_on"] == {
+        kinds["etcd"]: {"condition": "service_healthy"},
+        kinds["minio"]: {"condition": "service_healthy"},
+    }
+    env = {k: interpolate(str(v)) for k, v in milvus["environment"].items()}
+    assert env["ETCD_ENDPOINTS"].split(":")[0] == kinds["etcd"]
+    assert env["MINIO_ADDRESS"].split(":")[0] == kinds["minio"]
+    minio_env = {k: interpolate(str(v)) for k, v in added[kinds["minio"]]["environment"].items()}
+    assert env["MINIO_ACCESS_KEY_ID"] == minio_env["MINIO_ACCESS_KEY"]
+    assert env["MINIO_SECRET_ACCESS_KEY"] == minio_env["MINIO_SECRET_KEY"]
+    # The server is of the line whose client the `milvus` extra pins (pymilvus N.x ↔ Milvus N.x).
+    [client] = [spec for spec in milvus_extra() if spec.startswith("pymilvus")]
+    major = re.search(r">=(\d+)\.", client).group(1)
+    assert milvus["image"].rpartition(":")[2].startswith(f"v{major}."), (milvus["image"], client)
+
+
+def test_api_and_worker_use_the_milvus_service_when_the_file_is_on() -> None:
+    services = project(BASE, MILVUS)["services"]
+    for name in ("api", "worker"):
+        env = {k: interpolate(str(v)) for k, v in services[name]["environment"].items()}
+        settings = Settings(
+            _env_file=None,
+            vector_engine=env["NOBACKFILL_VECTOR_ENGINE"],
+            milvus_uri=env["NOBACKFILL_MILVUS_URI"],
+            milvus_token=env["NOBACKFILL_MILVUS_TOKEN"],
+        )
+        assert settings.vector_engine == "milvus", name
+        uri = urlsplit(settings.resolved_milvus_uri)
+        target = services[uri.hostname]
+        assert target["image"].startswith("milvusdb/milvus:"), name
+        container_ports = {int(str(port).rsplit(":", 1)[-1]) for port in target["ports"]}
+        assert uri.port in container_ports, (name, uri.port, container_ports)
+        assert services[name]["depends_on"][uri.hostname] == {"condition": "service_healthy"}
+    # Every volume a service mounts by name is declared.
+    merged = project(BASE, MILVUS)
+    for name, service in merged["services"].items():
+        for volume in service.get("volumes", []):
+            source = volume.split(":")[0]
+            if not source.startswith((".", "/", "~")):
+                assert source in merged["volumes"], (name, volume)
+
+
+def test_milvus_file_leaves_the_plain_stack_alone() -> None:
+    base = compose()
+    override = compose(MILVUS)["services"]
+    # Without the file: no Milvus service, no engine setting, so the default engine (faiss).
+    assert Settings.model_fields["vector_engine"].default == "faiss"
+    for name, service in base["services"].items():
+        assert "milvus" not in service["image"], name
+        for variable in service.get("environment", {}):
+            assert "MILVUS" not in variable and "VECTOR_ENGINE" not in variable, (name, variable)
+    # With it: the existing services are extended only through mappings (which Compose merges
+    # key by key), only api and worker, only by keys they did not have.
+    assert set(override) & set(base["services"]) == {"api", "worker"}
+    with_milvus = project(BASE, MILVUS)["services"]
+    for name, service in base["services"].items():
+        got = copy.deepcopy(with_milvus[name])
+        for key, added in override.get(name, {}).items():
+            assert isinstance(added, dict), (name, key)
+            assert not set(added) & set(service.get(key, {})), (name, key)
+            for item in added:
+                del got[key][item]
+        assert got == service, name
+
+
+def test_cpu_and_milvus_files_combine_in_either_order() -> None:
+    one = project(BASE, CPU, MILVUS)
+    other = project(BASE, MILVUS, CPU)
+    assert one == other
+    worker = one["services"]["worker"]
+    assert "deploy" not in worker
+    assert worker["environment"] == project(BASE, MILVUS)["services"]["worker"]["environment"]
+    assert one["services"].keys() == project(BASE, MILVUS)["services"].keys()
+
+
+def test_documented_compose_commands_name_existing_files() -> None:
+    readme = (REPO / "README.md").read_text()
+    documented = set(re.findall(r"-f (docker-compose[\w.]*\.yml)", readme))
+    assert {BASE, CPU, MILVUS} <= documented
+    for name in [BASE, CPU, MILVUS]:
+        header = (REPO / name).read_text()
+        documented |= set(re.findall(r"-f (docker-compose[\w.]*\.yml)", header))
+    for name in documented:
+        assert (REPO / name).exists(), name
