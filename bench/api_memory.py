@@ -23,6 +23,7 @@ Data: the WordNet-noun MiniLM rows tiled with small noise (``bench.tiled``; real
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import socket
@@ -46,6 +47,7 @@ from bench.wordnet import REPO_ROOT
 
 RESULTS = REPO_ROOT / "bench/results"
 SECTION = "bench.api_memory"
+TITLE = "API process memory against gallery size (bench.api_memory)"
 SIZES = (10_000, 50_000, 100_000, 150_000, 200_000, 250_000)
 QUICK_SIZES = (1_000, 2_000, 4_000)
 ENGINES = ("faiss", "milvus")
@@ -173,6 +175,31 @@ def slope_per_100k(rows: Sequence[int], mib: Sequence[float]) -> float | None:
     return float(np.polyfit(x, y, 1)[0] * 100_000)
 
 
+def slope_error_per_100k(rows: Sequence[int], mib: Sequence[float]) -> float | None:
+    """The slope's standard error (MiB per 100k rows): RSS moves between steps by more than the
+    rows added (allocator caches, transient request buffers), and the error says how much of a
+    small slope that noise could account for. Needs three points after the warm-up."""
+    if len(rows) < 4:
+        return None
+    x, y = np.asarray(rows[1:], float), np.asarray(mib[1:], float)
+    slope, intercept = np.polyfit(x, y, 1)
+    residual = y - (slope * x + intercept)
+    variance = float(residual @ residual) / (len(x) - 2)
+    return float(np.sqrt(variance / float(((x - x.mean()) ** 2).sum())) * 100_000)
+
+
+def growth_of(steps: Sequence[dict[str, Any]]) -> dict[str, float | None]:
+    """Per measured process (``api``, ``milvus``): slope and its standard error per 100k rows."""
+    rows = [s["rows"] for s in steps]
+    growth: dict[str, float | None] = {}
+    for process in ("api", "milvus"):
+        if steps and f"{process}_mib" in steps[0]:
+            mib = [s[f"{process}_mib"] for s in steps]
+            growth[f"{process}_mib_per_100k"] = slope_per_100k(rows, mib)
+            growth[f"{process}_error_per_100k"] = slope_error_per_100k(rows, mib)
+    return growth
+
+
 def engine_run(
     engine: str, vectors: np.ndarray, queries: np.ndarray, sizes: Sequence[int], batch: int
 ) -> dict[str, Any]:
@@ -240,11 +267,7 @@ def fill_and_measure(
             steps.append(step)
             print(f"  {size} rows: {step}", flush=True)
             tic = time.perf_counter()
-    rows = [s["rows"] for s in steps]
-    growth = {"api_mib_per_100k": slope_per_100k(rows, [s["api_mib"] for s in steps])}
-    if milvus is not None:
-        growth["milvus_mib_per_100k"] = slope_per_100k(rows, [s["milvus_mib"] for s in steps])
-    return {"started": started, "steps": steps, "growth": growth}
+    return {"started": started, "steps": steps, "growth": growth_of(steps)}
 
 
 def verdict(result: dict[str, Any]) -> dict[str, Any]:
@@ -292,9 +315,9 @@ def render_markdown(result: dict[str, Any]) -> str:
     lines += ["", "Growth per 100k rows (MiB):", ""]
     for engine, run in result["engines"].items():
         growth = run["growth"]
-        text = f"- {engine}: API process {_signed(growth['api_mib_per_100k'])}"
+        text = f"- {engine}: API process {_plus_minus(growth, 'api')}"
         if "milvus_mib_per_100k" in growth:
-            text += f"; Milvus server {_signed(growth['milvus_mib_per_100k'])}"
+            text += f"; Milvus server {_plus_minus(growth, 'milvus')}"
         lines.append(text)
     lines += ["", reading(result)]
     return "\n".join(lines) + "\n"
@@ -314,18 +337,33 @@ def reading(result: dict[str, Any]) -> str:
         f"no longer grows with gallery size under Milvus, read as ≤ {100 * TARGET_FRACTION:.0f} % "
         f"of FAISS's growth, {check['limit_mib_per_100k']:.1f} MiB per 100k): "
     )
+    error = result["engines"]["milvus"]["growth"].get("api_error_per_100k")
+    if error is not None:
+        head = head.replace(
+            f"{milvus:.1f} MiB under Milvus", f"{milvus:.1f} ± {error:.1f} MiB under Milvus"
+        )
     if check["met"]:
-        return head + "met. The Milvus server's memory carries the gallery instead."
-    over = milvus - check["limit_mib_per_100k"]
-    return head + f"missed by {over:.1f} MiB per 100k rows."
+        text = head + "met. The Milvus server's memory carries the gallery instead."
+    else:
+        over = milvus - check["limit_mib_per_100k"]
+        text = head + f"missed by {over:.1f} MiB per 100k rows."
+    if error is not None and abs(milvus) <= 2 * error:
+        text += (
+            " The Milvus slope is within two standard errors of zero: the API's RSS moves between"
+            " steps (allocator caches, the last requests' buffers) by more than the gallery adds."
+        )
+    return text
 
 
 def _mib(value: float | None) -> str:
     return "" if value is None else f"{value:.0f}"
 
 
-def _signed(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:+.1f}"
+def _plus_minus(growth: dict[str, float | None], process: str) -> str:
+    slope, error = growth[f"{process}_mib_per_100k"], growth.get(f"{process}_error_per_100k")
+    if slope is None:
+        return "n/a"
+    return f"{slope:+.1f}" + ("" if error is None else f" ± {error:.1f} (standard error)")
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
@@ -337,7 +375,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=None)
     parser.add_argument("--no-markdown", action="store_true")
+    parser.add_argument(
+        "--render", metavar="JSON", help="recompute growth and republish a saved run's results"
+    )
     args = parser.parse_args(argv)
+    if args.render:
+        return republish(Path(args.render), args.no_markdown)
     sizes = sorted(QUICK_SIZES if args.quick else args.sizes)
     if len(sizes) < 3:
         parser.error("--sizes: at least three (the first is the warm-up)")
@@ -366,8 +409,17 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     result["verdict"] = verdict(result)
     out = args.out or RESULTS / ("api_memory_quick.json" if args.quick else "api_memory.json")
     section = None if (args.no_markdown or args.quick) else SECTION
-    title = "API process memory against gallery size (bench.api_memory)"
-    publish(result, Path(out), render_markdown(result), section, title)
+    publish(result, Path(out), render_markdown(result), section, TITLE)
+    return result
+
+
+def republish(path: Path, no_markdown: bool) -> dict[str, Any]:
+    """Growth, verdict and section again from a saved run's steps (its command line kept)."""
+    result = json.loads(path.read_text())
+    for run in result["engines"].values():
+        run["growth"] = growth_of(run["steps"])
+    result["verdict"] = verdict(result)
+    publish(result, path, render_markdown(result), None if no_markdown else SECTION, TITLE)
     return result
 
 

@@ -116,7 +116,13 @@ def test_api_memory_benchmark_runs(fixture_rows: WordNetRows, tmp_path: Path) ->
         assert all(("milvus_mib" in step) == (engine == "milvus") for step in run["steps"])
         assert run["growth"]["api_mib_per_100k"] is not None
     assert result["verdict"]["met"] in (True, False)
-    assert json.loads(out.read_text())["sizes"] == sizes
+    saved = json.loads(out.read_text())
+    assert saved["sizes"] == sizes
+    # A saved run republished: the same growth from its steps, the command line kept.
+    again = bench.api_memory.republish(out, no_markdown=True)
+    assert again["command"] == saved["command"]
+    for engine, run in again["engines"].items():
+        assert run["growth"] == result["engines"][engine]["growth"]
 
 
 def test_api_memory_growth_is_the_slope_and_the_verdict_compares_it() -> None:
@@ -132,6 +138,12 @@ def test_api_memory_growth_is_the_slope_and_the_verdict_compares_it() -> None:
     ]
     np.testing.assert_allclose(slopes, per_row)
     assert bench.api_memory.slope_per_100k(rows[:2], [base, base]) is None
+    # The slope's standard error: none on a straight line, some once the points scatter.
+    line = [base + r / 100_000 for r in rows]
+    assert bench.api_memory.slope_error_per_100k(rows, line) < 1e-9
+    scattered = [m + (20.0 if i % 2 else -20.0) for i, m in enumerate(line)]
+    assert bench.api_memory.slope_error_per_100k(rows, scattered) > 1.0
+    assert bench.api_memory.slope_error_per_100k(rows[:3], line[:3]) is None
     engines = {
         "faiss": {"growth": {"api_mib_per_100k": slopes[0]}},
         "milvus": {"growth": {"api_mib_per_100k": slopes[1]}},
