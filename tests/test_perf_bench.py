@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import bench.api_memory
 import bench.indexes
 import bench.ingest
 import bench.search
@@ -26,7 +27,7 @@ def fixture_rows(wordnet_small: dict, monkeypatch) -> WordNetRows:
         old=np.concatenate([wordnet_small[f"{f}.{MINILM}"] for f in ("gloss", "lemma")]),
         new=np.concatenate([wordnet_small[f"{f}.{MPNET}"] for f in ("gloss", "lemma")]),
     )
-    for module in (bench.search, bench.indexes, bench.ingest):
+    for module in (bench.search, bench.indexes, bench.ingest, bench.api_memory):
         monkeypatch.setattr(module, "wordnet_rows", lambda: rows)
     return rows
 
@@ -101,3 +102,54 @@ def test_sections_are_replaced_in_place(tmp_path: Path) -> None:
     text = path.read_text()
     assert "second" in text and "first" not in text and "other" in text
     assert text.index("bench.a:start") < text.index("bench.b:start")
+
+
+def test_api_memory_benchmark_runs(fixture_rows: WordNetRows, tmp_path: Path) -> None:
+    out = tmp_path / "api_memory.json"
+    result = bench.api_memory.main(["--quick", "--no-markdown", "--out", str(out)])
+    sizes = sorted(bench.api_memory.QUICK_SIZES)
+    assert set(result["engines"]) == set(bench.api_memory.ENGINES)
+    for engine, run in result["engines"].items():
+        assert [step["rows"] for step in run["steps"]] == sizes
+        assert all(step["api_mib"] > 0 for step in run["steps"])
+        # The Milvus server is a process of its own, measured apart from the API's.
+        assert all(("milvus_mib" in step) == (engine == "milvus") for step in run["steps"])
+        assert run["growth"]["api_mib_per_100k"] is not None
+    assert result["verdict"]["met"] in (True, False)
+    saved = json.loads(out.read_text())
+    assert saved["sizes"] == sizes
+    # A saved run republished: the same growth from its steps, the command line kept.
+    again = bench.api_memory.republish(out, no_markdown=True)
+    assert again["command"] == saved["command"]
+    for engine, run in again["engines"].items():
+        assert run["growth"] == result["engines"][engine]["growth"]
+
+
+def test_api_memory_growth_is_the_slope_and_the_verdict_compares_it() -> None:
+    rows = [10_000, 50_000, 90_000, 130_000]
+    per_row = np.array([2.0, 0.05])  # MiB per 100k rows: FAISS, Milvus
+    base = 300.0
+    # The first size is the warm-up: a one-off jump there does not count as growth.
+    slopes = [
+        bench.api_memory.slope_per_100k(
+            rows, [base - 50.0 * (r == rows[0]) + g * r / 100_000 for r in rows]
+        )
+        for g in per_row
+    ]
+    np.testing.assert_allclose(slopes, per_row)
+    assert bench.api_memory.slope_per_100k(rows[:2], [base, base]) is None
+    # The slope's standard error: none on a straight line, some once the points scatter.
+    line = [base + r / 100_000 for r in rows]
+    assert bench.api_memory.slope_error_per_100k(rows, line) < 1e-9
+    scattered = [m + (20.0 if i % 2 else -20.0) for i, m in enumerate(line)]
+    assert bench.api_memory.slope_error_per_100k(rows, scattered) > 1.0
+    assert bench.api_memory.slope_error_per_100k(rows[:3], line[:3]) is None
+    engines = {
+        "faiss": {"growth": {"api_mib_per_100k": slopes[0]}},
+        "milvus": {"growth": {"api_mib_per_100k": slopes[1]}},
+    }
+    check = bench.api_memory.verdict({"engines": engines})
+    assert check["met"] == (per_row[1] <= bench.api_memory.TARGET_FRACTION * per_row[0])
+    np.testing.assert_allclose(check["milvus_over_faiss"], per_row[1] / per_row[0])
+    engines["milvus"]["growth"]["api_mib_per_100k"] = per_row[0]
+    assert bench.api_memory.verdict({"engines": engines})["met"] is False

@@ -50,6 +50,10 @@ def worker_env(settings: Settings) -> dict[str, str]:
             "NOBACKFILL_JOB_HEARTBEAT_S": str(settings.job_heartbeat_s),
             "NOBACKFILL_JOB_STALE_AFTER_S": str(settings.job_stale_after_s),
             "NOBACKFILL_JOB_MAX_ATTEMPTS": str(settings.job_max_attempts),
+            # The worker reads and writes the galleries' vectors where the API does.
+            "NOBACKFILL_VECTOR_ENGINE": settings.vector_engine,
+            "NOBACKFILL_MILVUS_URI": settings.resolved_milvus_uri,
+            "NOBACKFILL_MILVUS_TOKEN": settings.milvus_token,
             "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")])),
         }
     )

@@ -89,6 +89,15 @@ def postgres_url() -> Iterator[str]:
     drop_postgres_database(url)
 
 
+@pytest.fixture
+def fresh_postgres() -> Iterator[str]:
+    """A database of the test's own, not migrated (a server process migrates it on start)."""
+    require_postgres()
+    url = create_postgres_database()
+    yield url
+    drop_postgres_database(url)
+
+
 def empty_database(url: str) -> None:
     engine = create_engine(url)
     with engine.begin() as conn:

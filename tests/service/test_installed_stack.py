@@ -20,7 +20,6 @@ import subprocess
 import sys
 import sysconfig
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -32,9 +31,6 @@ import redis
 from tests.service.celery_worker import REDIS_URL, require_redis
 from tests.service.conftest import (
     _admin_dsn,
-    create_postgres_database,
-    drop_postgres_database,
-    require_postgres,
 )
 from tests.service.test_deploy import compose
 
@@ -159,14 +155,6 @@ def test_installed_copy_holds_the_project_and_its_migrations(
     assert (Path(paths[2]) / "script.py.mako").is_file()
 
 
-@pytest.fixture
-def fresh_postgres() -> Iterator[str]:
-    require_postgres()
-    url = create_postgres_database()
-    yield url
-    drop_postgres_database(url)
-
-
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -243,7 +231,9 @@ def test_compose_commands_run_an_upgrade_through_redis(
         broker.flushdb()
 
 
-def upgrade_through_the_api(url: str, celery: subprocess.Popen, worker_log: Path) -> None:
+def upgrade_through_the_api(url: str, celery: subprocess.Popen, worker_log: Path) -> str:
+    """Upload a gallery and a dataset, train a model through the worker, search with it; returns
+    the gallery's id."""
     data = np.load(FIXTURE)
     n = 200
     ids = [str(s) for s in data["synset_id"][:n]]
@@ -297,3 +287,4 @@ def upgrade_through_the_api(url: str, celery: subprocess.Popen, worker_log: Path
             assert {hit["id"] for hit in row} <= set(ids)
             distances = [hit["distance"] for hit in row]
             assert distances == sorted(distances)
+        return gallery_id
