@@ -48,6 +48,14 @@ def _key(settings: Settings) -> tuple[str, str]:
 def engine_for(settings: Settings) -> MilvusEngine:
     """The process's engine for the settings' Milvus, connected on first use (the worker and
     the CLI use it without holding it: it then lives as long as the process)."""
+    if settings.job_runner == "celery" and settings.milvus_lite:
+        # A Celery process (a worker, or the API handing jobs to one) shares galleries with
+        # other processes: a milvus-lite file of its own would be empty, not theirs.
+        raise RuntimeError(
+            "this gallery is stored in Milvus, but this process has no Milvus server: set "
+            "NOBACKFILL_VECTOR_ENGINE=milvus and NOBACKFILL_MILVUS_URI=http(s)://host:19530 "
+            "(and NOBACKFILL_MILVUS_TOKEN) for the API and every worker alike"
+        )
     with _engines_guard:
         key = _key(settings)
         if key not in _engines:

@@ -153,6 +153,18 @@ def test_milvus_lite_is_refused_to_a_celery_worker() -> None:
     assert not server.milvus_lite
 
 
+def test_a_celery_process_without_a_milvus_server_refuses_milvus_galleries(tmp_path: Path) -> None:
+    """A worker started without NOBACKFILL_VECTOR_ENGINE / NOBACKFILL_MILVUS_URI (engine left at
+    faiss) meets a gallery the API stored in Milvus: it must say what is missing, not open an
+    empty milvus-lite file of its own and fail the job on missing vectors."""
+    from app.search.milvus_storage import engine_for
+
+    worker = Settings(_env_file=None, data_dir=tmp_path, job_runner="celery")
+    with pytest.raises(RuntimeError, match="NOBACKFILL_MILVUS_URI"):
+        engine_for(worker)
+    assert not (tmp_path / "milvus.db").exists()
+
+
 @pytest.mark.slow
 def test_acknowledged_writes_survive_kill_9(tmp_path: Path) -> None:
     """An upsert answered 200 is in Milvus's write-ahead log (milvus-lite flushes it to the OS
