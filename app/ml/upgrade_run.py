@@ -318,7 +318,7 @@ def run_auto(
 ) -> UpgradeOutcome:
     """Tune every candidate on validation (same number of trials each), serve the best."""
     split = split_for_validation(train_idx, ctx.seed)
-    names = auto.candidates if split is not None else ("procrustes",)
+    names = auto.applicable(ctx.labelled) if split is not None else ("procrustes",)
     if split is None:
         fit_idx, val_idx = train_idx, np.zeros(0, dtype=np.int64)
     else:
@@ -437,6 +437,7 @@ def run_auto(
             if sel_view is None
             else {"view": sel_view[0], "metric": sel_view[1]},
             "instance_floor": INSTANCE_FLOOR,
+            "skipped_candidates": {n: "needs labels" for n in auto.skipped(ctx.labelled)},
             "note": note,
         },
         recommendation=recommend(metrics, chosen, objective, view),
