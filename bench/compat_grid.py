@@ -68,7 +68,7 @@ GRIDS: dict[str, Grid] = {
     "affine": Grid("adapter_rank", (16, 32, 64, 128, 256)),
     "mlp-adapter": Grid("adapter_hidden", (64, 128, 256, 512, 1024)),
     "instance-map": Grid("instance_temperature", (0.01, 0.02, 0.05, 0.1, 0.2)),
-    "class-map": Grid("class_weight", (0.03, 0.1, 0.3, 1.0, 3.0)),
+    "class-map": Grid("class_weight", WEIGHTS),
 }
 METHODS = tuple(GRIDS)
 BRIDGES = tuple(m for m in METHODS if m != "independent")

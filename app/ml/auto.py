@@ -88,7 +88,7 @@ CANDIDATES: tuple[Candidate, ...] = (
     Candidate("mlp-adapter", "mlp-adapter", "adapter_hidden", (256, 64, 1024)),
     Candidate("instance-map", "instance-map", "instance_temperature", (0.05, 0.02, 0.1)),
     # Class terms on top of the instance term, weighted on validation under the instance floor.
-    Candidate("class-map", "class-map", "class_weight", (0.3, 0.1, 1.0), labelled_only=True),
+    Candidate("class-map", "class-map", "class_weight", (0.3, 1.0, 3.0), labelled_only=True),
 )
 AUTO_CANDIDATES: tuple[str, ...] = tuple(c.name for c in CANDIDATES)
 _BY_NAME = {c.name: c for c in CANDIDATES}
