@@ -55,19 +55,23 @@ class Grid:
 
 
 WEIGHTS = (0.1, 0.3, 1.0, 3.0, 10.0)
-PROTO_WEIGHTS = (0.0, 1.0, 3.0, 10.0, 30.0)
+# Widened where the previous full run (commit 915873d, external) chose an end: hbct 30, bct 10,
+# affine rank 16, mlp-adapter 1024 hidden, instance-map τ 0.2 — each grid now extends past it;
+# then instance-map τ 1.0 and class-map 10 (a first widened selection) — widened again.
+PROTO_WEIGHTS = (0.0, 3.0, 10.0, 30.0, 100.0)
 GRIDS: dict[str, Grid] = {
     # L_base's temperature, chosen on the independent head and then shared by every method that
     # trains L_base (hbct, l2, bct, contrastive).
     "independent": Grid("base_temperature", (0.02, 0.05, 0.1, 0.2, 0.5)),
     "hbct": Grid("old_proto_weight", PROTO_WEIGHTS, bound=0.0),
     "l2": Grid("compat_weight", WEIGHTS),
-    "bct": Grid("compat_weight", WEIGHTS),
+    "bct": Grid("compat_weight", (1.0, 3.0, 10.0, 30.0, 100.0)),
     "contrastive": Grid("compat_weight", WEIGHTS),
     "procrustes": Grid(None),
-    "affine": Grid("adapter_rank", (16, 32, 64, 128, 256)),
-    "mlp-adapter": Grid("adapter_hidden", (64, 128, 256, 512, 1024)),
-    "instance-map": Grid("instance_temperature", (0.01, 0.02, 0.05, 0.1, 0.2)),
+    "affine": Grid("adapter_rank", (4, 8, 16, 32, 64)),
+    "mlp-adapter": Grid("adapter_hidden", (256, 512, 1024, 2048, 4096)),
+    "instance-map": Grid("instance_temperature", (0.2, 0.5, 1.0, 2.0, 5.0)),
+    "class-map": Grid("class_weight", (1.0, 3.0, 10.0, 30.0, 100.0)),
 }
 METHODS = tuple(GRIDS)
 BRIDGES = tuple(m for m in METHODS if m != "independent")

@@ -3,6 +3,9 @@
     python -m bench.querydoc                 # all 24,000 WordNet nouns, seed 0
     python -m bench.querydoc --seeds 0,1,2   # several seeds, mean ± sd
     python -m bench.querydoc --quick         # the committed 800-synset fixture, test-sized params
+    python -m bench.querydoc --seeds 1 --out a.json; …; python -m bench.querydoc --merge a.json …
+                                             # seeds in parallel processes, then one results file
+                                             # and the BENCHMARKS.md section
 
 The scenario of the data README ("Query → document"): gallery = every synset's old gloss vector
 (all-MiniLM-L6-v2); the dataset = the new model's gloss features (all-mpnet-base-v2) paired with
@@ -35,9 +38,11 @@ import torch
 
 from app.ml.space import EuclideanLift
 from app.ml.upgrade import QueryLog, UpgradeData, run_backbone_upgrade
+from bench.report import replace_section
 from bench.wordnet import FIELDS, NEW_MODEL, OLD_MODEL, REPO_ROOT, load_wordnet
 
 RESULTS = REPO_ROOT / "bench/results/querydoc.json"
+SECTION, TITLE = "bench.querydoc", "Query → document search, every alternative (bench.querydoc)"
 FIXTURE = REPO_ROOT / "tests/fixtures/wordnet_small.npz"
 EVAL_FRACTION = 0.4
 QUICK_PARAMS = {"epochs": 5}
@@ -211,6 +216,37 @@ def render_markdown(payload: dict) -> str:
     return "\n".join(lines)
 
 
+def merge(paths: list[Path], out: Path, markdown: bool) -> dict[str, Any]:
+    """One payload from runs written by separate invocations (other seeds, same code and data):
+    their runs concatenated, summarised again, their minutes summed; optionally the
+    BENCHMARKS.md section."""
+    parts = [json.loads(p.read_text()) for p in paths]
+    first = parts[0]
+    for part in parts[1:]:
+        for key in ("quick", "params", "n_items", "eval_fraction"):
+            if part[key] != first[key]:
+                raise ValueError(f"{key} differs between the files to merge")
+    runs = [run for part in parts for run in part["runs"]]
+    seeds = sorted({run["seed"] for run in runs})
+    if len(runs) != len({(run["seed"], run["variant"]) for run in runs}):
+        raise ValueError("a (seed, variant) run appears in more than one file")
+    seed_list = ",".join(map(str, seeds))
+    payload = {
+        **first,
+        "command": f"python -m bench.querydoc{' --quick' if first['quick'] else ''} "
+        f"--seeds {seed_list} (one process per seed, then --merge)",
+        "seeds": seeds,
+        "elapsed_minutes": sum(part["elapsed_minutes"] for part in parts),
+        "runs": runs,
+        "summary": summarise(runs),
+    }
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(payload, indent=1))
+    if markdown:
+        replace_section(SECTION, TITLE, render_markdown(payload))
+    return payload
+
+
 def main(argv: list[str] | None = None) -> Path:
     parser = argparse.ArgumentParser(description="lemma → gloss search: stay, reindex, bridges")
     parser.add_argument("--quick", action="store_true", help="the 800-synset fixture, < 1 min")
@@ -218,7 +254,15 @@ def main(argv: list[str] | None = None) -> Path:
     parser.add_argument("--variants", default="both", choices=("both", "log", "nolog"))
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument(
+        "--merge", nargs="+", type=Path, default=None, help="results files of other runs to merge"
+    )
+    parser.add_argument("--no-markdown", action="store_true", help="do not touch BENCHMARKS.md")
     args = parser.parse_args(argv)
+    if args.merge:
+        out = args.out or RESULTS
+        print(render_markdown(merge(args.merge, out, markdown=not args.no_markdown)))
+        return out
     torch.set_num_threads(args.threads)
     seeds = [int(s) for s in args.seeds.split(",")]
     arrays = load_arrays(args.quick)

@@ -139,6 +139,41 @@ def test_instance_map_learns_from_query_pairs(wordnet_small: dict) -> None:
         )
 
 
+def test_class_map_needs_labels_and_moves_queries_toward_their_class(wordnet_small: dict) -> None:
+    lift = EuclideanLift()
+    old = lift(torch.from_numpy(wordnet_small[f"gloss.{OLD_MODEL}"])).numpy()
+    new = wordnet_small[f"gloss.{NEW_MODEL}"]
+    labels = np.unique(wordnet_small["label"], return_inverse=True)[1]
+    with pytest.raises(ValueError, match="needs labels"):
+        train_compatible_model("class-map", new, old, None, 1.0, {"epochs": 1})
+    params = {"epochs": 3}
+    instance = train_compatible_model("instance-map", new, old, labels, 1.0, params)
+    classed = train_compatible_model(
+        "class-map", new, old, labels, 1.0, {**params, "class_weight": 1.0}
+    )
+
+    def class_margin(model) -> float:
+        """Mean cosine to the item's own class mean in the old space minus to other classes'."""
+        # Spatial parts: at the origin they point where the tangent vectors do.
+        t = model.embed(new)[:, 1:]
+        t /= np.linalg.norm(t, axis=1, keepdims=True)
+        means = np.stack([old[labels == k, 1:].mean(0) for k in range(labels.max() + 1)])
+        means /= np.linalg.norm(means, axis=1, keepdims=True)
+        cos = t @ means.T
+        own = cos[np.arange(len(labels)), labels]
+        return float((own - (cos.sum(1) - own) / (cos.shape[1] - 1)).mean())
+
+    # The class terms are what differ: the same start and instance term, a larger class margin.
+    assert class_margin(classed) > class_margin(instance) + 0.01
+
+
+def test_auto_skips_label_only_candidates_without_labels() -> None:
+    auto = AutoParams.from_dict({})
+    assert "class-map" in auto.applicable(labelled=True)
+    assert "class-map" not in auto.applicable(labelled=False)
+    assert auto.skipped(labelled=False) == ["class-map"]
+
+
 @pytest.mark.slow
 def test_auto_on_the_fixture_with_a_query_log(wordnet_small: dict) -> None:
     data = _fixture_data(wordnet_small, labels=True, log=True)
@@ -238,9 +273,11 @@ def test_recommendation_rule() -> None:
     assert instance["action"] == "bridge" and not math.isnan(len(instance["rule"]))
 
 
-def test_query_objective_without_validation_queries_serves_procrustes(wordnet_small: dict) -> None:
+def test_query_objective_without_validation_queries_selects_by_own_item_recall(
+    wordnet_small: dict,
+) -> None:
     """Queries only about held-out items (no log of training queries): nothing validates query
-    search, so auto serves procrustes and says why."""
+    search, so auto chooses by what validation measures (own-item R@1) and says why."""
     n = len(wordnet_small["label"])
     held = np.sort(np.random.default_rng(0).permutation(n)[n - n // 5 :])
     data = UpgradeData(
@@ -251,8 +288,13 @@ def test_query_objective_without_validation_queries_serves_procrustes(wordnet_sm
             relevant=[np.array([i]) for i in held],
         ),
     )
-    params = {"epochs": 2, "candidates": ["affine"], "trials": 1}
+    params = {"epochs": 2, "candidates": ["affine", "instance-map"], "trials": 1}
     out = run_backbone_upgrade("auto", data, EuclideanLift(), params=params)
-    assert out.report["objective"] == "query" and out.report["n_train_queries"] == 0
-    assert out.method == "procrustes" and "no validation data" in out.report["auto"]["note"]
+    report = out.report
+    assert report["objective"] == "query" and report["n_train_queries"] == 0
+    assert "no validation data" in report["auto"]["note"]
+    assert "chosen by instance recall@1" in report["auto"]["note"]
+    assert report["auto"]["selection_metric"] == {"view": "instance", "metric": "recall@1"}
+    r1 = {c["name"]: c["validation"]["instance"]["recall@1"] for c in report["candidates"]}
+    assert r1[out.method] == max(r1.values())
     assert out.report["recommendation"]["metric"] == {"view": "query", "metric": "recall@10"}

@@ -52,7 +52,10 @@ def quick_payload(tmp_path_factory: pytest.TempPathFactory) -> dict:
     folder = tmp_path_factory.mktemp("compat")
     base = ["--quick", "--scenarios", "external"]
     # The methods in two halves, as the full run spreads them.
-    halves = ("independent,hbct,l2,bct,contrastive", "procrustes,affine,mlp-adapter,instance-map")
+    halves = (
+        "independent,hbct,l2,bct,contrastive",
+        "procrustes,affine,mlp-adapter,instance-map,class-map",
+    )
     selects = []
     for i, half in enumerate(halves):
         out = folder / f"select-{i}.json"

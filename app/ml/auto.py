@@ -55,6 +55,8 @@ class Candidate:
     # Without labels a different axis applies (the prototype term needs classes).
     unlabelled_axis: str | None = None
     unlabelled_grid: tuple[Any, ...] = ()
+    # Trained only when the upgrade has labels (its loss needs classes).
+    labelled_only: bool = False
 
     def trial_settings(self, trials: int, labelled: bool) -> list[dict[str, Any]]:
         axis, grid = (self.axis, self.grid)
@@ -85,6 +87,8 @@ CANDIDATES: tuple[Candidate, ...] = (
     Candidate("affine", "affine", "adapter_rank", (64, 16, 256)),
     Candidate("mlp-adapter", "mlp-adapter", "adapter_hidden", (256, 64, 1024)),
     Candidate("instance-map", "instance-map", "instance_temperature", (0.05, 0.02, 0.1)),
+    # Class terms on top of the instance term, weighted on validation under the instance floor.
+    Candidate("class-map", "class-map", "class_weight", (0.3, 1.0, 3.0), labelled_only=True),
 )
 AUTO_CANDIDATES: tuple[str, ...] = tuple(c.name for c in CANDIDATES)
 _BY_NAME = {c.name: c for c in CANDIDATES}
@@ -128,6 +132,13 @@ class AutoParams:
 
     def to_dict(self) -> dict[str, Any]:
         return {**self.shared, "candidates": list(self.candidates), "trials": self.trials}
+
+    def applicable(self, labelled: bool) -> tuple[str, ...]:
+        """The candidates this upgrade can train (label-only ones need labels)."""
+        return tuple(n for n in self.candidates if labelled or not _BY_NAME[n].labelled_only)
+
+    def skipped(self, labelled: bool) -> list[str]:
+        return [n for n in self.candidates if n not in self.applicable(labelled)]
 
     def settings(self, name: str, labelled: bool) -> list[dict[str, Any]]:
         """The full parameter dicts of candidate ``name``'s trials."""

@@ -318,7 +318,7 @@ def run_auto(
 ) -> UpgradeOutcome:
     """Tune every candidate on validation (same number of trials each), serve the best."""
     split = split_for_validation(train_idx, ctx.seed)
-    names = auto.candidates if split is not None else ("procrustes",)
+    names = auto.applicable(ctx.labelled) if split is not None else ("procrustes",)
     if split is None:
         fit_idx, val_idx = train_idx, np.zeros(0, dtype=np.int64)
     else:
@@ -377,12 +377,11 @@ def run_auto(
     )
     if sel_view is not None and sel_view[0] != PRIMARY_METRIC[objective][0]:
         # The objective's view has no validation data (e.g. no logged queries about training
-        # items): document-side figures do not predict query search — measured on lemma →
-        # gloss, every trained candidate beat procrustes on own-item R@1 and lost to it on
-        # query R@10 (bench.querydoc) — so serve the map with the fewest degrees of freedom.
-        chosen = "procrustes"
+        # items): the choice is made on what validation can measure, own-item R@1 (every
+        # candidate, procrustes included, ranked by it), and the report says so.
         note = (
-            f"no validation data for the {objective!r} objective's view: served procrustes "
+            f"no validation data for the {objective!r} objective's view: chosen by "
+            f"{sel_view[0]} {sel_view[1]} on validation, the view that has data "
             "(candidates' figures on the other views are shown for information)"
         )
     served = models[chosen][best[chosen]]
@@ -437,6 +436,7 @@ def run_auto(
             if sel_view is None
             else {"view": sel_view[0], "metric": sel_view[1]},
             "instance_floor": INSTANCE_FLOOR,
+            "skipped_candidates": {n: "needs labels" for n in auto.skipped(ctx.labelled)},
             "note": note,
         },
         recommendation=recommend(metrics, chosen, objective, view),

@@ -58,6 +58,15 @@ DESCRIPTIONS: dict[str, str] = {
     "mlp-adapter": (
         "The Procrustes map plus a trained residual MLP (adapter_hidden units) on the query side."
     ),
+    "instance-map": (
+        "The Procrustes map trained further with instance InfoNCE (each item's own old vector "
+        "first), on logged queries too: the map for query → document search."
+    ),
+    "class-map": (
+        "instance-map plus class terms (toward the old space's class means, and classes kept "
+        "apart in its own space), weighted by class_weight: class gains without losing the item "
+        "itself. Needs labels."
+    ),
     "hmcl-ca": (
         "Continual HMCL with a shared rotation: each update moves old embeddings by at most one "
         "rotation, recorded so new queries still reach every earlier version's gallery."

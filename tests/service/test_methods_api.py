@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from app.ml.compat import CompatParams
+from app.ml.compat import LABELLED_ONLY_METHODS, CompatParams
 from app.ml.hmcl import METHODS as CONTINUAL_METHODS
 from app.ml.hmcl import ContinualParams
 from app.ml.upgrade import BACKBONE_METHODS
@@ -51,7 +51,7 @@ def test_endpoint_lists_every_method_with_old_keys(client: TestClient) -> None:
         assert method["description"].endswith(".") and len(method["description"]) > 20
         assert isinstance(method["needs_labels"], bool) and method["params"]
     needs = {m["name"] for m in body["methods"] if m["needs_labels"]}
-    assert needs == {"bct"}
+    assert needs == set(LABELLED_ONLY_METHODS) == {"bct", "class-map"}
     problem(client.get("/v1/upgrades/methods", headers={"Authorization": ""}), 401)
 
 
