@@ -142,10 +142,14 @@ def test_label_hungry_methods_need_labels(client: TestClient, recorded: Recordin
     dataset = make_dataset(client, gallery_id=gallery_id)
     features = np.random.default_rng(1).normal(size=(60, 6)).tolist()
     client.post(f"/v1/datasets/{dataset['id']}/items", json={"ids": ids, "features": features})
-    errors = problem(
-        client.post("/v1/upgrades", json={"dataset_id": dataset["id"], "method": "bct"}), 422
-    )
-    assert field_names(errors) == ["method"]
+    for method in ("bct", "class-map"):
+        errors = problem(
+            client.post("/v1/upgrades", json={"dataset_id": dataset["id"], "method": method}), 422
+        )
+        assert (
+            field_names(errors) == ["method"] and "needs labels" in errors["errors"][0]["message"]
+        )
+    assert recorded.submitted == []  # rejected: no job created or queued
     unlabelled_ok = client.post("/v1/upgrades", json={"dataset_id": dataset["id"], "method": "l2"})
     assert unlabelled_ok.status_code == 202, unlabelled_ok.text
 
