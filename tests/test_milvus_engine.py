@@ -444,3 +444,54 @@ def test_vector_storage_adapter_keeps_the_interface_contract(
 
     storage.drop("gal_external")
     assert not engine.has_gallery(collection_name("gal_external"))
+
+
+@pytest.mark.parametrize(("layout", "lift_scale"), [("tangent", None), ("cosine", 3.0)])
+def test_a_top_k_above_the_engines_cap_is_answered_by_an_exact_scan(
+    engine: MilvusEngine,
+    rows: dict,
+    monkeypatch: pytest.MonkeyPatch,
+    layout: str,
+    lift_scale: float | None,
+) -> None:
+    """A Milvus server refuses a search limit above its top-k cap (16,384 by default; milvus-lite
+    has none), which partial backfill's mixed search can exceed on a gallery with many
+    re-embedded items: such a search scans the collection exactly instead, and no request asks
+    for more than the cap (here lowered to 64 so that the fixture crosses it)."""
+    name = f"topk_cap_{layout}"
+    gallery = engine.create_gallery(
+        GalleryLayout(name, 384, 384, 1.0, layout, "HNSW", lift_scale=lift_scale)
+    )
+    points = (
+        lifted(rows["gallery"], 3.0)
+        if lift_scale
+        else spread_points(rows["gallery"], 3.0, rows["gallery"])
+    )
+    gallery.upsert(item_ids(len(points)), rows["gallery"], None if lift_scale else points)
+    gallery.seal()
+    queries = points[[3, 400, 1500]].astype(np.float64)
+    limits: list[int] = []
+    search = gallery.client.search
+
+    def recording_search(*args: object, **kwargs: object) -> object:
+        limits.append(int(kwargs["limit"]))
+        return search(*args, **kwargs)
+
+    monkeypatch.setattr(gallery.client, "search", recording_search)
+    monkeypatch.setattr(milvus_engine, "MAX_TOPK", 64, raising=False)
+    hits = gallery.search(queries, 300)
+    assert all(limit <= 64 for limit in limits), limits
+    _, true_dist = exact_top_k(queries, points, 300, 1.0)
+    np.testing.assert_allclose(hits.distances, true_dist, rtol=1e-5, atol=1e-6)
+    # The ids name the points at those distances (recomputed from the stored points).
+    positions = np.array([[int(i.rsplit("-", 1)[1]) for i in row] for row in hits.item_ids])
+    recomputed = exact_distances(queries[:, None, :], points[positions], 1.0)
+    np.testing.assert_allclose(recomputed, true_dist, rtol=1e-5, atol=1e-6)
+    assert hits.item_ids[0][0] == "item-3"
+    assert hits.row_ids.shape == (3, 300) and (hits.row_ids >= 0).all()
+    np.testing.assert_allclose(hits.points[:, 0], points[[3, 400, 1500]], rtol=1e-5, atol=1e-6)
+    # Below the cap the index answers, its over-fetch clamped to the cap.
+    limits.clear()
+    small = gallery.search(queries, 10, overfetch=500)
+    assert limits and all(limit <= 64 for limit in limits), limits
+    assert small.item_ids[0][0] == "item-3"

@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 from pymilvus import DataType, MilvusClient
 
-from app.search.index import RERANK_BUDGET
+from app.search.index import RERANK_BUDGET, exact_distances
 from app.search.milvus_math import (
     LAYOUT_METRIC,
     LAYOUTS,
@@ -71,6 +71,10 @@ DEFAULT_HNSW = {"m": 32, "ef_construction": 200}
 # process past 6 GiB (and 256 × 100 on 100k rows was killed by the OOM killer at 17 GiB); so a
 # batch is sent in requests of at most this many hits.
 MAX_HITS_PER_REQUEST = 2048
+# The largest search limit a Milvus server accepts (its default ``topKLimit``; milvus-lite has no
+# cap). Partial backfill's mixed search can ask for more on a gallery with many re-embedded items;
+# such a search scans the collection exactly instead (``MilvusGallery.search``).
+MAX_TOPK = 16384
 # Rows per insert request (pymilvus sends one gRPC message per request; Milvus limits its size).
 WRITE_BATCH = 2048
 # Ids per query/delete request (filter expressions grow with the list).
@@ -482,17 +486,22 @@ class MilvusGallery:
         iterator does) could skip rows there; the iterator also does not escape quotes in ids."""
         if batch_size < 1:
             raise ValueError("batch_size must be ≥ 1")
+        for rows in self._row_batches(batch_size, list(FIELDS)):
+            yield self._stored_rows(rows)
+
+    def _row_batches(self, batch_size: int, fields: list[str]) -> Iterator[list[dict[str, Any]]]:
+        """The rows' ``fields`` in batches of ascending internal id (see ``scan``)."""
         row_ids = self.all_row_ids()
         for start in range(0, len(row_ids), batch_size):
             part = row_ids[start : start + batch_size]
             rows = self.client.query(
                 self.name,
                 filter=f"row_id >= {int(part[0])} and row_id <= {int(part[-1])}",
-                output_fields=list(FIELDS),
+                output_fields=fields,
             )
             rows.sort(key=lambda row: row["row_id"])
             if rows:
-                yield self._stored_rows(rows)
+                yield rows
 
     def search(
         self,
@@ -510,7 +519,9 @@ class MilvusGallery:
             raise ValueError("k must be ≥ 1")
         if ef_factor is not None and ef_factor < 1:
             raise ValueError("ef_factor must be ≥ 1")
-        fetch_k = max(k, overfetch or self.engine.overfetch)
+        if k > MAX_TOPK:
+            return self._scanned(queries, k)
+        fetch_k = min(max(k, overfetch or self.engine.overfetch), MAX_TOPK)
         limit = min(fetch_k, k + COSINE_MARGIN) if layout.layout == "cosine" else fetch_k
         params: dict[str, Any] = {"metric_type": layout.metric}
         if layout.index_type == "HNSW":
@@ -540,6 +551,62 @@ class MilvusGallery:
             np.concatenate([hits.row_ids for hits in parts]),
             np.concatenate([hits.points for hits in parts if hits.points is not None]),
         )
+
+    def _scanned(self, queries: np.ndarray, k: int, margin: int = 32) -> SearchHits:
+        """The exact top k by a scan of every row (for k above the engine's top-k cap).
+
+        The collection is read in batches; per query the k + ``margin`` best by the float64
+        Lorentz inner product (a matrix product) are kept with their points, then ordered by the
+        exact distance formula, as ``exact_top_k`` does. Memory holds nq × (k + margin + batch)
+        float32 points, the size of the hits the FAISS path returns for such a k."""
+        layout = self.layout
+        nq, keep_n = len(queries), k + margin
+        time_q = np.sqrt(1.0 / layout.curv + (queries**2).sum(1))
+        best_scores = np.empty((nq, 0))
+        best_rows = np.empty((nq, 0), dtype=np.int64)
+        best_points = np.empty((nq, 0, layout.point_dim), dtype=np.float32)
+        names: dict[int, str] = {}
+        for item_ids, row_ids, points in self._scan_points():
+            names.update(zip(row_ids.tolist(), item_ids, strict=True))
+            time_x = np.sqrt(1.0 / layout.curv + (points**2).sum(1))
+            # −⟨q, x⟩_L, larger for nearer points.
+            scores = np.concatenate([best_scores, queries @ points.T - np.outer(time_q, time_x)], 1)
+            rows = np.concatenate([best_rows, np.broadcast_to(row_ids, (nq, len(row_ids)))], 1)
+            block = np.broadcast_to(points.astype(np.float32), (nq, *points.shape))
+            candidates = np.concatenate([best_points, block], axis=1)
+            m = min(keep_n, scores.shape[1])
+            keep = np.argpartition(-scores, m - 1, axis=1)[:, :m]
+            best_scores = np.take_along_axis(scores, keep, 1)
+            best_rows = np.take_along_axis(rows, keep, 1)
+            best_points = np.take_along_axis(candidates, keep[:, :, None], 1)
+        dist = exact_distances(queries[:, None, :], best_points, layout.curv)
+        order = np.argsort(dist, axis=1, kind="stable")[:, :k]
+        found = order.shape[1]
+        distances = np.full((nq, k), np.inf)
+        distances[:, :found] = np.take_along_axis(dist, order, 1)
+        row_ids = np.full((nq, k), -1, dtype=np.int64)
+        row_ids[:, :found] = np.take_along_axis(best_rows, order, 1)
+        hit_points = np.full((nq, k, layout.point_dim), np.nan)
+        hit_points[:, :found] = np.take_along_axis(best_points, order[:, :, None], 1)
+        item_ids = [[names[int(r)] if r >= 0 else "" for r in row] for row in row_ids]
+        return SearchHits(item_ids, distances, row_ids, hit_points)
+
+    def _scan_points(self, batch_size: int = 4096) -> Iterator[tuple[list[str], np.ndarray, Any]]:
+        """(item ids, internal ids, float64 points) of every row, in batches."""
+        layout = self.layout
+        field_name = layout.search_field
+        for rows in self._row_batches(batch_size, ["item_id", "row_id", field_name]):
+            vectors = np.array([row[field_name] for row in rows], dtype=np.float32)
+            if layout.lift_scale is None:
+                points = points_from_search_vectors(layout.layout, vectors, layout.curv)
+            else:
+                # float32 like ``_reranked``'s, so both paths give one item one distance.
+                points = cosine_lift(vectors, layout.lift_scale, layout.curv).astype(np.float32)
+            yield (
+                [row["item_id"] for row in rows],
+                np.array([row["row_id"] for row in rows], dtype=np.int64),
+                np.asarray(points, dtype=np.float64),
+            )
 
     def _reranked(self, queries: np.ndarray, results: Any, k: int, limit: int) -> SearchHits:
         layout = self.layout

@@ -4,8 +4,10 @@ and the mixed search, on real WordNet vectors (old: MiniLM glosses; new: mpnet).
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from fastapi.testclient import TestClient
 
+from app.search import milvus_engine
 from tests.service.conftest import field_names, problem, snapshot
 from tests.service.test_queries_api import NEW, OLD, npy, wordnet_setup
 
@@ -158,3 +160,40 @@ def test_bad_reembeds_and_plans_change_nothing(client: TestClient, wordnet_small
         problem(client.post(f"{gallery_url}/backfill-plan", json=body), 422)
     assert snapshot(client) == before
     assert client.get(gallery_url).json()["reembedded"] == []
+
+
+@pytest.mark.milvus_only
+def test_mixed_search_above_the_milvus_top_k_cap(
+    client: TestClient, wordnet_small, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The mixed search asks the bridged list for k + (re-embedded items) hits; above a Milvus
+    server's top-k cap (lowered here to 12) the engine scans exactly and the answer is the same."""
+    setup = upgraded(client, wordnet_small)
+    gallery_url = f"/v1/galleries/{setup['gallery_id']}"
+    ids = wordnet_small["synset_id"][:N_GALLERY].tolist()[::4]
+    assert reembed(client, setup, wordnet_small, ids).status_code == 200
+    search = {
+        "model_id": setup["model_id"],
+        "features": wordnet_small[f"lemma.{NEW}"][:20].tolist(),
+        "k": 10,
+    }
+    indexed = client.post(f"{gallery_url}/search", json=search)
+    assert indexed.status_code == 200, indexed.text
+    monkeypatch.setattr(milvus_engine, "MAX_TOPK", 12)
+    scans: list[int] = []
+    scan = milvus_engine.MilvusGallery._scanned
+
+    def counted_scan(self: milvus_engine.MilvusGallery, queries: np.ndarray, k: int):
+        scans.append(k)
+        return scan(self, queries, k)
+
+    monkeypatch.setattr(milvus_engine.MilvusGallery, "_scanned", counted_scan)
+    scanned = client.post(f"{gallery_url}/search", json=search)
+    assert scanned.status_code == 200, scanned.text
+    assert scans and min(scans) > 12, scans
+    for got, expected in zip(scanned.json()["results"], indexed.json()["results"], strict=True):
+        assert [h["id"] for h in got] == [h["id"] for h in expected]
+        assert [h["space"] for h in got] == [h["space"] for h in expected]
+        np.testing.assert_allclose(
+            [h["score"] for h in got], [h["score"] for h in expected], rtol=1e-6
+        )
