@@ -40,6 +40,11 @@ class SegmentCorrupted(Exception):
     """A batch inside the committed part of a segment fails its checksum or does not parse."""
 
 
+class SegmentMissing(SegmentCorrupted):
+    """A segment file the manifest names is not there: damage, unless the manifest is stale (a
+    newer committed one no longer names the file, deleted after another process compacted)."""
+
+
 def _pad(n: int) -> int:
     return -n % 8
 

@@ -34,12 +34,13 @@ import os
 import re
 import shutil
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app.galleries.models import Gallery
@@ -50,6 +51,7 @@ from app.vectors.segment_format import (
     UPSERT,
     Batch,
     SegmentCorrupted,
+    SegmentMissing,
     decode,
     encode_delete,
     encode_upsert,
@@ -66,6 +68,7 @@ COMPACT_MIN_DEAD = 10_000
 
 # item id, label, metadata, segment name, file offset of the vector
 Entry = tuple[str, str | None, dict[str, Any] | None, str, int]
+T = TypeVar("T")
 
 
 def empty_manifest() -> dict[str, Any]:
@@ -141,7 +144,7 @@ class SegmentVectorStorage:
                 fh.seek(start)
                 data = fh.read(end - start)
         except FileNotFoundError as exc:
-            raise SegmentCorrupted(f"{path}: missing, the manifest commits {end} bytes") from exc
+            raise SegmentMissing(f"{path}: missing, the manifest commits {end} bytes") from exc
         if len(data) != end - start:
             raise SegmentCorrupted(f"{path}: shorter than the {end} bytes the manifest commits")
         return data
@@ -188,10 +191,11 @@ class SegmentVectorStorage:
         with self._guard:
             return self._states.setdefault(gallery_id, GalleryState())
 
-    def _caught_up(self, gallery: Gallery) -> GalleryState:
-        """The gallery's state, brought up to the caller's manifest when that one is newer (a
-        caller holding an older manifest gets the newer committed state)."""
-        manifest = gallery.vector_manifest or empty_manifest()
+    def _caught_up(self, gallery: Gallery, manifest: dict[str, Any] | None = None) -> GalleryState:
+        """The gallery's state, brought up to the caller's manifest (``manifest``, else the
+        gallery row's) when that one is newer (a caller holding an older manifest gets the newer
+        committed state)."""
+        manifest = manifest or gallery.vector_manifest or empty_manifest()
         state = self._state(gallery.id)
         with state.lock:
             if state.version >= manifest["version"]:
@@ -247,7 +251,10 @@ class SegmentVectorStorage:
         for segment, rows in by_segment.items():
             size = committed[segment]
             path = self.directory(gallery.id) / segment
-            floats = np.memmap(path, dtype="<f4", mode="r", shape=(size // 4,))
+            try:
+                floats = np.memmap(path, dtype="<f4", mode="r", shape=(size // 4,))
+            except FileNotFoundError as exc:
+                raise SegmentMissing(f"{path}: missing, the manifest commits {size} bytes") from exc
             windows = np.lib.stride_tricks.as_strided(
                 floats, shape=(size // 4 - dim + 1, dim), strides=(4, 4), writeable=False
             )
@@ -257,11 +264,45 @@ class SegmentVectorStorage:
         return out
 
     # -- the interface ---------------------------------------------------------------------------
+    def _reading(self, session: Session, gallery: Gallery, read: Callable[[GalleryState], T]) -> T:
+        """``read`` (called with the state's lock held) on the state caught up to the caller's
+        manifest. Another process's compaction, followed by a write that deleted the replaced
+        segments, leaves a manifest loaded before it naming files that are gone: the committed
+        manifest is then read afresh from the database and the read retried on it. A file the
+        newest manifest names, missing, is damage and raised."""
+        manifest = gallery.vector_manifest or empty_manifest()
+        seen = int(manifest["version"])
+        while True:
+            try:
+                state = self._caught_up(gallery, manifest)
+                with state.lock:
+                    seen = max(seen, state.version)
+                    return read(state)
+            except SegmentMissing:
+                newer = self._committed_manifest(session, gallery.id)
+                if newer is None or int(newer["version"]) <= seen:
+                    raise
+                log.info(
+                    "gallery %s: manifest %d was superseded (compacted elsewhere); reading %d",
+                    gallery.id,
+                    seen,
+                    newer["version"],
+                )
+                manifest, seen = newer, int(newer["version"])
+
+    @staticmethod
+    def _committed_manifest(session: Session, gallery_id: str) -> dict[str, Any] | None:
+        """The gallery's manifest as committed now, read on a connection of its own (the
+        caller's transaction may hold an older snapshot)."""
+        with session.get_bind().engine.connect() as conn:
+            return conn.execute(
+                select(Gallery.vector_manifest).where(Gallery.id == gallery_id)
+            ).scalar_one_or_none()
+
     def lookup(
         self, session: Session, gallery: Gallery, item_ids: Sequence[str]
     ) -> dict[str, tuple[int, str | None]]:
-        state = self._caught_up(gallery)
-        with state.lock:
+        def read(state: GalleryState) -> dict[str, tuple[int, str | None]]:
             found = {}
             for item_id in item_ids:
                 vector_id = state.by_item.get(item_id)
@@ -269,12 +310,14 @@ class SegmentVectorStorage:
                     found[item_id] = (vector_id, state.entries[vector_id][1])
             return found
 
+        return self._reading(session, gallery, read)
+
     def fetch(self, session: Session, gallery: Gallery, item_ids: Sequence[str]) -> Stored:
-        state = self._caught_up(gallery)
-        with state.lock:
+        def read(state: GalleryState) -> Stored:
             present = [i for i in item_ids if i in state.by_item]
-            ids = [state.by_item[i] for i in present]
-            return self._stored(gallery, state, ids)
+            return self._stored(gallery, state, [state.by_item[i] for i in present])
+
+        return self._reading(session, gallery, read)
 
     def _stored(self, gallery: Gallery, state: GalleryState, ids: list[int]) -> Stored:
         entries = [state.entries[i] for i in ids]
@@ -289,8 +332,7 @@ class SegmentVectorStorage:
     def names(
         self, session: Session, gallery: Gallery, ids: Sequence[int]
     ) -> dict[int, tuple[str, str | None]]:
-        state = self._caught_up(gallery)
-        with state.lock:
+        def read(state: GalleryState) -> dict[int, tuple[str, str | None]]:
             found = {}
             for vector_id in ids:
                 entry = state.entries.get(int(vector_id))
@@ -298,24 +340,24 @@ class SegmentVectorStorage:
                     found[int(vector_id)] = (entry[0], entry[1])
             return found
 
+        return self._reading(session, gallery, read)
+
     def scan(self, session: Session, gallery: Gallery, batch: int = SCAN_BATCH) -> Iterator[Stored]:
-        state = self._caught_up(gallery)
-        with state.lock:
+        def read(state: GalleryState) -> list[Stored]:
             ids = sorted(state.entries)
-            parts = [
+            return [
                 self._stored(gallery, state, ids[s : s + batch]) for s in range(0, len(ids), batch)
             ]
-        yield from parts
+
+        yield from self._reading(session, gallery, read)
 
     def all_ids(self, session: Session, gallery: Gallery) -> np.ndarray:
-        state = self._caught_up(gallery)
-        with state.lock:
-            return np.array(sorted(state.entries), dtype=np.int64)
+        return self._reading(
+            session, gallery, lambda state: np.array(sorted(state.entries), dtype=np.int64)
+        )
 
     def count(self, session: Session, gallery: Gallery) -> int:
-        state = self._caught_up(gallery)
-        with state.lock:
-            return len(state.entries)
+        return self._reading(session, gallery, lambda state: len(state.entries))
 
     def upsert(
         self,

@@ -289,3 +289,54 @@ def test_a_full_segment_rolls_over_to_the_next(make_client, monkeypatch) -> None
     restarted = make_client()
     np.testing.assert_allclose(read(restarted, gallery_id, ids[::-1])["vectors"], vectors[::-1])
     assert top_ids(restarted, gallery_id, vectors[::7], k=1) == [[i] for i in ids[::7]]
+
+
+def test_a_reader_holding_an_older_manifest_survives_another_process_compacting(
+    make_client, monkeypatch
+) -> None:
+    """A Celery worker reads a gallery with the manifest it loaded (and its own in-memory maps)
+    while the API compacts the gallery and a later write deletes the replaced segment. The
+    worker's next read finds the file gone: it re-reads the committed manifest and answers from
+    it, instead of failing the job."""
+    monkeypatch.setattr(segments, "COMPACT_MIN_DEAD", 30)
+    client = make_client()
+    gallery_id = make_gallery(client)
+    db = client.app.state.service.db
+    rng = np.random.default_rng(3)
+    ids = [f"item-{i}" for i in range(20)]
+
+    def write(round_no: int) -> np.ndarray:
+        vectors = rng.normal(size=(20, 4)).astype(np.float32)
+        response = client.post(
+            f"/v1/galleries/{gallery_id}/vectors",
+            json={"ids": ids, "vectors": vectors.tolist(), "labels": [str(round_no)] * 20},
+        )
+        assert response.status_code == 200, response.text
+        return vectors
+
+    write(0)
+    # The worker's process: its own storage object (own maps) on the shared data dir.
+    root = client.app.state.service.settings.data_dir / "vectors"
+    worker, fresh_worker = segments.SegmentVectorStorage(root), segments.SegmentVectorStorage(root)
+    with db.session() as session:
+        stale = session.get(Gallery, gallery_id)
+        session.expunge(stale)
+    with db.session() as session:
+        assert worker.fetch(session, stale, ids[:2]).item_ids == ids[:2]
+    for round_no in range(1, 4):
+        latest = write(round_no)
+    first_segment = stale.vector_manifest["segments"][0]["name"]
+    assert first_segment not in [f.name for f in segment_files(client, gallery_id)]
+    for storage in (worker, fresh_worker):
+        with db.session() as session:
+            got = storage.fetch(session, stale, ids)
+            np.testing.assert_allclose(got.vectors, latest)
+            assert got.labels == ["3"] * 20
+            scanned = list(storage.scan(session, stale))
+            assert sum(len(part.ids) for part in scanned) == 20
+            assert storage.count(session, stale) == 20
+    # Damage is still damage: a segment the newest manifest names, gone, is reported.
+    for path in segment_files(client, gallery_id):
+        path.unlink()
+    with db.session() as session, pytest.raises(segments.SegmentCorrupted, match="missing"):
+        segments.SegmentVectorStorage(root).fetch(session, stale, ids)
