@@ -423,7 +423,10 @@ def main(argv: list[str] | None = None) -> Path:
     if args.merge:
         out = args.out or RESULTS
         order = [s.name for s in SCENARIOS]
-        print(compat_report.merge_runs(args.merge, out, order, markdown=not args.no_markdown))
+        merged = compat_report.merge_runs(
+            args.merge, out, order, markdown=not args.no_markdown, note=args.note
+        )
+        print(merged)
         return out
     torch.set_num_threads(args.threads)
     started = time.time()

@@ -385,9 +385,12 @@ def write_outputs(payload: dict[str, Any], out: Path, markdown: bool) -> Path:
     return out
 
 
-def merge_runs(paths: list[Path], out: Path, order: list[str], markdown: bool) -> Path:
+def merge_runs(
+    paths: list[Path], out: Path, order: list[str], markdown: bool, note: str | None = None
+) -> Path:
     """One payload from several: scenarios in the benchmark's order, the first query→document
-    part found, elapsed times summed, every command named."""
+    part found, elapsed times summed, every command named; ``note`` replaces the runs' notes
+    (which describe what each run left out)."""
     payloads = [json.loads(p.read_text()) for p in paths]
     by_name = {sc["scenario"]["name"]: sc for p in payloads for sc in p["scenarios"]}
     merged = {
@@ -396,6 +399,8 @@ def merge_runs(paths: list[Path], out: Path, order: list[str], markdown: bool) -
         "elapsed_minutes": sum(p["elapsed_minutes"] for p in payloads),
         "scenarios": [by_name[n] for n in order if n in by_name],
         "querydoc": next((p["querydoc"] for p in payloads if p.get("querydoc")), None),
-        "note": next((p["note"] for p in payloads if p.get("note")), None),
+        "note": note
+        if note is not None
+        else next((p["note"] for p in payloads if p.get("note")), None),
     }
     return write_outputs(merged, out, markdown)

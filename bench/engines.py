@@ -271,7 +271,7 @@ def milvus_run(data: Data, radii: Sequence[float], store: Path) -> dict[str, Any
 
 
 # (k′, ef factor) pairs the validation run measures: ef = factor × k′.
-VALIDATION_GRID = ((100, 1), (100, 2), (100, 4), (100, 8), (200, 2), (100, 1))
+VALIDATION_GRID = ((100, 1), (100, 2), (100, 4), (100, 8), (200, 2), (200, 4), (200, 8), (100, 1))
 
 
 def validate_tangent(data: Data, radii: Sequence[float], store: Path) -> dict[str, Any]:

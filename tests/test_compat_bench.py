@@ -149,7 +149,12 @@ def test_merge_keeps_the_benchmark_order(tmp_path: Path) -> None:
     def payload(name: str, minutes: float) -> dict:
         sc = _scenario((0.75, 0.0, 0.96), 0.5)
         sc["scenario"]["name"] = name
-        return {"command": f"run {name}", "elapsed_minutes": minutes, "scenarios": [sc]}
+        return {
+            "command": f"run {name}",
+            "elapsed_minutes": minutes,
+            "scenarios": [sc],
+            "note": f"only {name} run",
+        }
 
     paths = []
     for name, minutes in (("external", 2.0), ("new-architecture", 3.0)):
@@ -162,6 +167,9 @@ def test_merge_keeps_the_benchmark_order(tmp_path: Path) -> None:
     assert [s["scenario"]["name"] for s in merged["scenarios"]] == ["new-architecture", "external"]
     assert merged["elapsed_minutes"] == 5.0
     assert merged["command"] == "run external and run new-architecture"
+    assert merged["note"] == "only external run"
+    compat_report.merge_runs(paths, out, order, markdown=False, note="every scenario run")
+    assert json.loads(out.read_text())["note"] == "every scenario run"
 
 
 def test_mean_sd_skips_missing_values() -> None:
