@@ -397,6 +397,8 @@ def merge_runs(
         **payloads[0],
         "command": " and ".join(p["command"] for p in payloads),
         "elapsed_minutes": sum(p["elapsed_minutes"] for p in payloads),
+        # A run without units was one process.
+        "units": sum(p.get("units") or 1 for p in payloads),
         "scenarios": [by_name[n] for n in order if n in by_name],
         "querydoc": next((p["querydoc"] for p in payloads if p.get("querydoc")), None),
         "note": note

@@ -4,7 +4,8 @@
     python -m bench.engines                 # 100k rows: bench/results/engines.json + BENCHMARKS.md
     python -m bench.engines --rows 1000000  # the size (hours on 2 cores under milvus-lite)
     python -m bench.engines --quick         # 5k rows, no BENCHMARKS section
-    python -m bench.engines --validate --rows 100000 --seed 7   # tangent ef/k′ grid (validation)
+    python -m bench.engines --validate --rows 100000 --seed 7   # tangent ef/k′ grid (validation;
+                                                                # also --seed 8)
 
 Data: the WordNet-noun MiniLM rows tiled with small noise to N rows (``bench.tiled``; real-data-
 derived), 256 queries = random gallery rows with fresh noise. Galleries at radius R: the cosine lift
@@ -271,7 +272,18 @@ def milvus_run(data: Data, radii: Sequence[float], store: Path) -> dict[str, Any
 
 
 # (k′, ef factor) pairs the validation run measures: ef = factor × k′.
-VALIDATION_GRID = ((100, 1), (100, 2), (100, 4), (100, 8), (200, 2), (200, 4), (200, 8), (100, 1))
+VALIDATION_GRID = (
+    (100, 1),
+    (100, 2),
+    (100, 4),
+    (100, 8),
+    (200, 2),
+    (200, 4),
+    (200, 8),
+    (300, 4),
+    (300, 8),
+    (100, 1),
+)
 
 
 def validate_tangent(data: Data, radii: Sequence[float], store: Path) -> dict[str, Any]:
@@ -396,7 +408,7 @@ def render_markdown(result: dict[str, Any]) -> str:
         f"Command: `{result['command']}` ({result['seconds'] / 60:.1f} min), {result['rows']:,} "
         f"rows, {QUERIES} queries, k = {K}, k′ = {DEFAULT_OVERFETCH}, tangent search ef = "
         f"{DEFAULT_EF_FACTOR * DEFAULT_OVERFETCH} (k′ and ef chosen on a validation gallery: "
-        "`python -m bench.engines --validate --rows 100000 --seed 7`), HNSW M "
+        "`python -m bench.engines --validate --rows 100000 --seed 7` and `--seed 8`), HNSW M "
         f"{DEFAULT_HNSW['m']} efConstruction {DEFAULT_HNSW['ef_construction']}. "
         + facts_markdown(result["machine"], result["load_start"], result["load_end"]),
         "",

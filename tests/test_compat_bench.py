@@ -168,6 +168,7 @@ def test_merge_keeps_the_benchmark_order(tmp_path: Path) -> None:
     assert merged["elapsed_minutes"] == 5.0
     assert merged["command"] == "run external and run new-architecture"
     assert merged["note"] == "only external run"
+    assert merged["units"] == 2
     compat_report.merge_runs(paths, out, order, markdown=False, note="every scenario run")
     assert json.loads(out.read_text())["note"] == "every scenario run"
 
