@@ -356,6 +356,9 @@ def test_attached_collection_reads_and_searches_without_writing(
     assert np.all(np.diff(scores, axis=1) <= 1e-6)  # COSINE: similarities, best first
     own = np.mean([1000 + q in row for q, row in enumerate(hits)])
     assert own >= 0.5, own  # the transformed query finds its own old item
+    # Above a Milvus server's top-k cap the request is refused here, naming the cap, not sent.
+    with pytest.raises(ValueError, match="16384"):
+        reader.search(new[:1], milvus_engine.MAX_TOPK + 1)
 
     for write in ("insert", "upsert", "delete", "create_index", "drop", "load", "flush"):
         assert not hasattr(reader, write)

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 from pymilvus import DataType, MilvusClient
 
-from app.search.milvus_engine import connect, id_literal
+from app.search.milvus_engine import MAX_TOPK, connect, id_literal
 
 METRICS = ("L2", "IP", "COSINE")
 ID_TYPES = (DataType.INT64, DataType.VARCHAR)
@@ -104,6 +104,9 @@ class AttachedCollection:
         collection's space with ``transform``."""
         if k < 1:
             raise ValueError("k must be ≥ 1")
+        if k > MAX_TOPK:
+            # A server would refuse it (milvus-lite has no cap): refused alike everywhere.
+            raise ValueError(f"k must be ≤ {MAX_TOPK}, a Milvus server's top-k cap")
         vectors = np.asarray(transform(queries) if transform else queries, dtype=np.float32)
         vectors = vectors.reshape(-1, self.dim)
         results = self._client.search(
