@@ -39,12 +39,13 @@ from typing import Any
 import numpy as np
 from pymilvus import DataType, MilvusClient
 
-from app.search.index import RERANK_BUDGET, exact_distances
+from app.search.index import RERANK_BUDGET
 from app.search.milvus_math import (
     LAYOUT_METRIC,
     LAYOUTS,
     at_one_radius,
     cosine_lift,
+    exact_top_k,
     gallery_search_vectors,
     points_from_search_vectors,
     query_search_vectors,
@@ -558,42 +559,34 @@ class MilvusGallery:
             np.concatenate([hits.points for hits in parts if hits.points is not None]),
         )
 
-    def _scanned(self, queries: np.ndarray, k: int, margin: int = 32) -> SearchHits:
-        """The exact top k by a scan of every row (for k above the engine's top-k cap).
-
-        The collection is read in batches; per query the k + ``margin`` best by the float64
-        Lorentz inner product (a matrix product) are kept with their points, then ordered by the
-        exact distance formula, as ``exact_top_k`` does. Memory holds nq × (k + margin + batch)
-        float32 points, the size of the hits the FAISS path returns for such a k."""
+    def _scanned(self, queries: np.ndarray, k: int) -> SearchHits:
+        """The exact top k by a scan of every row (for k above the engine's top-k cap): each
+        batch read from the collection gives its exact top k (``exact_top_k``), merged into a
+        running top k by exact distance. Memory holds nq × 2k float32 points, the size of the
+        hits the FAISS path returns for such a k."""
         layout = self.layout
-        nq, keep_n = len(queries), k + margin
-        time_q = np.sqrt(1.0 / layout.curv + (queries**2).sum(1))
-        best_scores = np.empty((nq, 0))
+        nq = len(queries)
+        best_dist = np.empty((nq, 0))
         best_rows = np.empty((nq, 0), dtype=np.int64)
         best_points = np.empty((nq, 0, layout.point_dim), dtype=np.float32)
         names: dict[int, str] = {}
         for item_ids, row_ids, points in self._scan_points():
             names.update(zip(row_ids.tolist(), item_ids, strict=True))
-            time_x = np.sqrt(1.0 / layout.curv + (points**2).sum(1))
-            # −⟨q, x⟩_L, larger for nearer points.
-            scores = np.concatenate([best_scores, queries @ points.T - np.outer(time_q, time_x)], 1)
-            rows = np.concatenate([best_rows, np.broadcast_to(row_ids, (nq, len(row_ids)))], 1)
-            block = np.broadcast_to(points.astype(np.float32), (nq, *points.shape))
-            candidates = np.concatenate([best_points, block], axis=1)
-            m = min(keep_n, scores.shape[1])
-            keep = np.argpartition(-scores, m - 1, axis=1)[:, :m]
-            best_scores = np.take_along_axis(scores, keep, 1)
+            positions, dist = exact_top_k(queries, points, min(k, len(points)), layout.curv)
+            dist = np.concatenate([best_dist, dist], axis=1)
+            rows = np.concatenate([best_rows, row_ids[positions]], axis=1)
+            candidates = np.concatenate([best_points, points[positions].astype(np.float32)], 1)
+            keep = np.argsort(dist, axis=1, kind="stable")[:, :k]
+            best_dist = np.take_along_axis(dist, keep, 1)
             best_rows = np.take_along_axis(rows, keep, 1)
             best_points = np.take_along_axis(candidates, keep[:, :, None], 1)
-        dist = exact_distances(queries[:, None, :], best_points, layout.curv)
-        order = np.argsort(dist, axis=1, kind="stable")[:, :k]
-        found = order.shape[1]
+        found = best_dist.shape[1]
         distances = np.full((nq, k), np.inf)
-        distances[:, :found] = np.take_along_axis(dist, order, 1)
+        distances[:, :found] = best_dist
         row_ids = np.full((nq, k), -1, dtype=np.int64)
-        row_ids[:, :found] = np.take_along_axis(best_rows, order, 1)
+        row_ids[:, :found] = best_rows
         hit_points = np.full((nq, k, layout.point_dim), np.nan)
-        hit_points[:, :found] = np.take_along_axis(best_points, order[:, :, None], 1)
+        hit_points[:, :found] = best_points
         item_ids = [[names[int(r)] if r >= 0 else "" for r in row] for row in row_ids]
         return SearchHits(item_ids, distances, row_ids, hit_points)
 
