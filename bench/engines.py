@@ -4,13 +4,14 @@
     python -m bench.engines                 # 100k rows: bench/results/engines.json + BENCHMARKS.md
     python -m bench.engines --rows 1000000  # the issue's size (hours on 2 cores under milvus-lite)
     python -m bench.engines --quick         # 5k rows, no BENCHMARKS section
-    python -m bench.engines --validate --rows 100000 --seed 7   # tangent ef/k′ grid (validation;
-                                                                # also --seed 8)
+    python -m bench.engines --validate --rows 100000 --seed 7   # poincare ef/k′ grid (validation;
+                                                                # also --seed 8; --layout tangent
+                                                                # for the older layout's grid)
 
 Data: the WordNet-noun MiniLM rows tiled with small noise to N rows (``bench.tiled``; real-data-
 derived), 256 queries = random gallery rows with fresh noise. Galleries at radius R: the cosine lift
 at scale R (every point at radius R: the cosine layout) and ``spread_points`` (radii spread over
-[0.2 R, R] by each row's specificity: the tangent layout). Truth: brute-force float64 Lorentz top-10
+[0.2 R, R] by each row's specificity: the poincare layout, or ``--layout tangent``). Truth: brute-force float64 Lorentz top-10
 (``exact_top_k``); recall counts ties as right (``recall_within``), with the hits' distances
 recomputed from the stored points.
 
@@ -44,6 +45,8 @@ from app.search.milvus_engine import (
     DEFAULT_EF_FACTOR,
     DEFAULT_HNSW,
     DEFAULT_OVERFETCH,
+    POINCARE_EF_FACTOR,
+    POINCARE_OVERFETCH,
     GalleryLayout,
     MilvusEngine,
     MilvusGallery,
@@ -162,13 +165,28 @@ class Data:
 
 # -- Milvus ---------------------------------------------------------------------------------------
 def milvus_gallery(
-    engine: MilvusEngine, name: str, layout: str, dim: int, radius: float
+    engine: MilvusEngine,
+    name: str,
+    layout: str,
+    dim: int,
+    radius: float,
+    hnsw: dict[str, int] | None = None,
 ) -> MilvusGallery:
     """A cosine gallery as the service makes it for an external cosine gallery (the stored
-    vectors searched, lifted at ``radius``); a tangent one over the given points."""
+    vectors searched, lifted at ``radius``); a many-radii one over the given points (``hnsw``:
+    build parameters other than the engine's, for the validation grid)."""
     lift_scale = radius if layout == "cosine" else None
     return engine.create_gallery(
-        GalleryLayout(name, dim, dim, 1.0, layout, "HNSW", lift_scale=lift_scale)
+        GalleryLayout(
+            name,
+            dim,
+            dim,
+            1.0,
+            layout,
+            "HNSW",
+            hnsw=dict(hnsw or DEFAULT_HNSW),
+            lift_scale=lift_scale,
+        )
     )
 
 
@@ -232,7 +250,16 @@ def gallery_search(gallery: MilvusGallery) -> Callable[[np.ndarray], object]:
     return lambda q: gallery.search(q, K)
 
 
-def milvus_run(data: Data, radii: Sequence[float], store: Path) -> dict[str, Any]:
+def search_defaults(layout: str) -> tuple[int, int]:
+    """The engine's (k′, ef factor) for a layout of galleries at many radii."""
+    if layout == "poincare":
+        return POINCARE_OVERFETCH, POINCARE_EF_FACTOR
+    return DEFAULT_OVERFETCH, DEFAULT_EF_FACTOR
+
+
+def milvus_run(
+    data: Data, radii: Sequence[float], store: Path, spread_layout: str = "poincare"
+) -> dict[str, Any]:
     rss_start = resident_mib()
     engine = MilvusEngine(str(store / "engines.db"))
     out: dict[str, Any] = {"raw": raw_milvus(engine, data), "layouts": {}}
@@ -240,7 +267,7 @@ def milvus_run(data: Data, radii: Sequence[float], store: Path) -> dict[str, Any
     peak = resident_mib()
     dim = data.vectors.shape[1]
     for radius in radii:
-        for layout, make in (("cosine", data.cosine), ("tangent", data.spread)):
+        for layout, make in (("cosine", data.cosine), (spread_layout, data.spread)):
             points, queries = make(radius)
             name = f"{layout}_r{int(radius)}"
             gallery = milvus_gallery(engine, name, layout, dim, radius)
@@ -257,11 +284,11 @@ def milvus_run(data: Data, radii: Sequence[float], store: Path) -> dict[str, Any
                 "ready_s": written["ready_s"],
                 "recall_at_10": hits_recall(gallery.search(queries, K), points, queries),
             }
-            if layout == "tangent":
+            if layout != "cosine":
                 entry["recall_at_10_without_overfetch"] = hits_recall(
                     gallery.search(queries, K, overfetch=K), points, queries
                 )
-            if radius == radii[0] or (layout == "tangent" and radius == 3.0):
+            if radius == radii[0] or (layout != "cosine" and radius == 3.0):
                 entry["queries_per_s"] = queries_per_s(gallery_search(gallery), queries)
             out["layouts"][name] = entry
             print(f"  milvus {name}: {entry}", flush=True)
@@ -271,8 +298,26 @@ def milvus_run(data: Data, radii: Sequence[float], store: Path) -> dict[str, Any
     return out
 
 
-# (k′, ef factor) pairs the validation run measures: ef = factor × k′.
-VALIDATION_GRID = (
+# (k′, ef factor) pairs the validation run measures per layout: ef = factor × k′. Each grid ends
+# where it began, to show that the order of the searches does not matter after the warm-up.
+# The first poincare grid (ef ≤ 800) showed radius 1 limited by the graph walk alone (recall
+# followed ef at any k′ ≥ 30, 0.93 at ef 800), so this one reaches ef 2400 at small k′.
+POINCARE_GRID = (
+    (30, 8),
+    (30, 32),
+    (30, 80),
+    (50, 8),
+    (50, 16),
+    (50, 32),
+    (50, 48),
+    (100, 8),
+    (100, 24),
+    (100, 32),
+    (100, 48),
+    (150, 16),
+    (30, 8),
+)
+TANGENT_GRID = (
     (100, 1),
     (100, 2),
     (100, 4),
@@ -286,21 +331,31 @@ VALIDATION_GRID = (
 )
 
 
-def validate_tangent(data: Data, radii: Sequence[float], store: Path) -> dict[str, Any]:
-    """Tangent recall@10 and batch-256 speed per (k′, ef factor) on a validation gallery (its
-    own seed and size, never the benchmark's): where the engine's defaults are chosen."""
+VALIDATION_GRIDS = {"poincare": POINCARE_GRID, "tangent": TANGENT_GRID}
+
+
+def validate_spread(
+    data: Data,
+    radii: Sequence[float],
+    store: Path,
+    layout: str = "poincare",
+    hnsw: dict[str, int] | None = None,
+) -> dict[str, Any]:
+    """Recall@10 and batch-256 speed of a many-radii layout per (k′, ef factor) on a validation
+    gallery (its own seed and size, never the benchmark's): where the engine's defaults are
+    chosen."""
     engine = MilvusEngine(str(store / "validation.db"))
     dim, out = data.vectors.shape[1], {}
     for radius in radii:
         points, queries = data.spread(radius)
-        name = f"tangent_r{int(radius)}"
-        gallery = milvus_gallery(engine, name, "tangent", dim, radius)
+        name = f"{layout}_r{int(radius)}"
+        gallery = milvus_gallery(engine, name, layout, dim, radius, hnsw)
         ingest(gallery, data, points)
         # The first search after seal scored higher than later ones at the same (k′, ef): one
         # discarded warm-up search, and the grid ends where it began to show that order no
         # longer matters after it.
         gallery.search(queries, K)
-        for overfetch, factor in VALIDATION_GRID:
+        for overfetch, factor in VALIDATION_GRIDS[layout]:
             tic = time.perf_counter()
             hits = gallery.search(queries, K, overfetch=overfetch, ef_factor=factor)
             entry = {
@@ -365,8 +420,8 @@ def targets(result: dict[str, Any]) -> list[str]:
     m, f = result["milvus"], result["faiss"]
     lines = []
     for name, e in m["layouts"].items():
-        kind = "cosine" if name.startswith("cosine") else "tangent"
-        target = TARGETS[f"{kind}_recall"]
+        kind = name.rsplit("_r", 1)[0]
+        target = TARGETS["cosine_recall" if kind == "cosine" else "tangent_recall"]
         lines.append(
             f"- Milvus {kind} layout, radius {e['radius']:g}: recall@10 {e['recall_at_10']:.3f} "
             f"(target ≥ {target}): {verdict(e['recall_at_10'], target)}."
@@ -404,16 +459,19 @@ def targets(result: dict[str, Any]) -> list[str]:
 def render_markdown(result: dict[str, Any]) -> str:
     m, f = result["milvus"], result["faiss"]
     speeds = " / ".join(str(b) for b in BATCHES)
+    spread = result.get("spread_layout", "tangent")
+    overfetch = result["overfetch"]
     lines = [
         f"Command: `{result['command']}` ({result['seconds'] / 60:.1f} min), {result['rows']:,} "
-        f"rows, {QUERIES} queries, k = {K}, k′ = {DEFAULT_OVERFETCH}, tangent search ef = "
-        f"{DEFAULT_EF_FACTOR * DEFAULT_OVERFETCH} (k′ and ef chosen on a validation gallery: "
-        "`python -m bench.engines --validate --rows 100000 --seed 7` and `--seed 8`), HNSW M "
+        f"rows, {QUERIES} queries, k = {K}, {spread} layout k′ = {overfetch}, search ef = "
+        f"{result['ef_factor'] * overfetch} (k′ and ef chosen on validation galleries: "
+        f"`python -m bench.engines --validate --rows 100000 --seed 7 --layout {spread}` and "
+        "`--seed 8`), HNSW M "
         f"{DEFAULT_HNSW['m']} efConstruction {DEFAULT_HNSW['ef_construction']}. "
         + facts_markdown(result["machine"], result["load_start"], result["load_end"]),
         "",
         "Gallery: WordNet-noun MiniLM rows tiled with noise (real-data-derived); cosine layout = "
-        "cosine lift at scale R (one radius); tangent layout = radii spread over [0.2 R, R] by "
+        f"cosine lift at scale R (one radius); {spread} layout = radii spread over [0.2 R, R] by "
         "specificity (`spread_points`). Truth: brute-force float64 top-10, ties counted. Milvus "
         "is a milvus-lite file served inside the benchmark process (pure Python over FAISS), "
         "so its speeds are milvus-lite's, not a Milvus cluster's. Raw engines: pymilvus insert "
@@ -471,9 +529,23 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--out", default=None)
     parser.add_argument("--no-markdown", action="store_true")
     parser.add_argument(
-        "--validate", action="store_true", help="tangent k′/ef grid only (use another --seed)"
+        "--validate", action="store_true", help="k′/ef grid only (use another --seed)"
+    )
+    parser.add_argument(
+        "--layout",
+        choices=("poincare", "tangent"),
+        default="poincare",
+        help="the layout of galleries at many radii (tangent: collections made before poincare)",
+    )
+    parser.add_argument("--hnsw-m", type=int, default=DEFAULT_HNSW["m"], help="with --validate")
+    parser.add_argument(
+        "--ef-construction",
+        type=int,
+        default=DEFAULT_HNSW["ef_construction"],
+        help="with --validate",
     )
     args = parser.parse_args(argv)
+    hnsw = {"m": args.hnsw_m, "ef_construction": args.ef_construction}
     rows = 5_000 if args.quick else args.rows
     torch.set_num_threads(1)
     load_start = load_average()
@@ -482,20 +554,22 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     store = Path(tempfile.mkdtemp(prefix="bench-engines-"))
     if args.validate:
         try:
-            grid = validate_tangent(data, args.radii, store)
+            grid = validate_spread(data, args.radii, store, args.layout, hnsw)
         finally:
             shutil.rmtree(store, ignore_errors=True)
         record = {
             **run_record(command_line("bench.engines", argv), tic, load_start),
             "rows": rows,
             "seed": args.seed,
+            "layout": args.layout,
+            "hnsw": hnsw,
             "grid": grid,
         }
         out = Path(args.out or RESULTS / "engines_validation.json")
         out.write_text(json.dumps(record, indent=2) + "\n")
         return record
     try:
-        milvus = milvus_run(data, args.radii, store)
+        milvus = milvus_run(data, args.radii, store, args.layout)
     finally:
         shutil.rmtree(store, ignore_errors=True)
     faiss_result = faiss_run(data, args.radii)
@@ -504,8 +578,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "rows": rows,
         "queries": QUERIES,
         "k": K,
-        "overfetch": DEFAULT_OVERFETCH,
-        "ef_factor": DEFAULT_EF_FACTOR,
+        "spread_layout": args.layout,
+        "overfetch": search_defaults(args.layout)[0],
+        "ef_factor": search_defaults(args.layout)[1],
         "hnsw": DEFAULT_HNSW,
         "targets": TARGETS,
         "milvus": milvus,

@@ -21,7 +21,13 @@ from app.ml.space import EuclideanLift
 from app.search import milvus_engine
 from app.search.index import LorentzIndex, exact_distances
 from app.search.milvus_attach import AttachedCollection, AttachError
-from app.search.milvus_engine import DEFAULT_OVERFETCH, GalleryLayout, MilvusEngine, SearchHits
+from app.search.milvus_engine import (
+    DEFAULT_OVERFETCH,
+    POINCARE_OVERFETCH,
+    GalleryLayout,
+    MilvusEngine,
+    SearchHits,
+)
 from app.search.milvus_math import choose_layout, cosine_lift, exact_top_k, recall_within
 from app.search.milvus_storage import MilvusVectorStorage, collection_name, layout_of
 from app.vectors.engine import VectorStorage
@@ -111,6 +117,45 @@ def test_cosine_lift_is_the_gallery_lift(rows: dict) -> None:
         )
         computed = cosine_lift(rows["gallery"], scale, 0.7)
         np.testing.assert_allclose(computed, expected.numpy(), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("radius", [1.0, 3.0, 6.0])
+def test_poincare_ann_recall_at_radii(engine: MilvusEngine, rows: dict, radius: float) -> None:
+    """The L2 HNSW over Poincaré-ball coordinates with the engine's own k′ and ef (fewer
+    candidates than the tangent layout's 300) and the float64 re-rank finds the exact top-10;
+    the points it returns are the stored ones (rebuilt from the float32 ball row and its gap)."""
+    assert POINCARE_OVERFETCH < DEFAULT_OVERFETCH
+    gallery = engine.create_gallery(
+        GalleryLayout(f"poincare_r{int(radius)}", 384, 384, 1.0, "poincare", "HNSW")
+    )
+    points = spread_points(rows["gallery"], radius, rows["gallery"])
+    gallery.upsert(item_ids(len(points)), rows["gallery"], points)
+    gallery.seal()
+    queries = spread_points(rows["queries"], radius, rows["gallery"]).astype(np.float64)
+    hits = gallery.search(queries, 10)
+    measured = recall(hits, points, queries)
+    assert measured >= 0.97, measured
+    positions = np.array([[int(i.rsplit("-", 1)[1]) for i in row] for row in hits.item_ids])
+    np.testing.assert_allclose(hits.points, points[positions], rtol=2e-6, atol=1e-7)
+    recomputed = exact_distances(queries[:, None, :], points[positions], 1.0)
+    np.testing.assert_allclose(hits.distances, recomputed, rtol=1e-5, atol=1e-5)
+
+
+def test_poincare_layout_finds_points_far_from_the_origin(engine: MilvusEngine, rows: dict) -> None:
+    """At radius 12 the ball coordinates sit within 3e-5 of the boundary: each stored point is
+    still its own nearest item, at the distance float32 storage allows (the FAISS path stores
+    float32 points too)."""
+    gallery = engine.create_gallery(
+        GalleryLayout("poincare_far", 384, 384, 1.0, "poincare", "HNSW")
+    )
+    points = spread_points(rows["gallery"][:400], 12.0, rows["gallery"])
+    gallery.upsert(item_ids(400), rows["gallery"][:400], points)
+    queries = points[::20].astype(np.float64)
+    hits = gallery.search(queries, 1)
+    assert [row[0] for row in hits.item_ids] == [f"item-{i}" for i in range(0, 400, 20)]
+    np.testing.assert_allclose(hits.points[:, 0], queries, rtol=2e-6, atol=1e-6)
+    own = exact_distances(queries, points[::20].astype(np.float32).astype(np.float64), 1.0)
+    np.testing.assert_allclose(hits.distances[:, 0], own, atol=2e-3)
 
 
 @pytest.mark.parametrize("radius", [1.0, 3.0, 6.0])
@@ -404,18 +449,25 @@ def test_vector_storage_adapter_keeps_the_interface_contract(
         bound_model_id=None,
         index_kind="hnsw",
     )
-    bound = Gallery(
-        id="gal_bound",
-        dim=384,
-        metric=None,
-        lift_curv=1.0,
-        lift_scale=None,
-        bound_model_id="mdl_x",
-        index_kind="flat",
+    bound, approximate = (
+        Gallery(
+            id=f"gal_bound_{kind}",
+            dim=384,
+            metric=None,
+            lift_curv=1.0,
+            lift_scale=None,
+            bound_model_id="mdl_x",
+            index_kind=kind,
+        )
+        for kind in ("flat", "hnsw")
     )
     assert (layout_of(external).layout, layout_of(external).index_type) == ("cosine", "HNSW")
     assert layout_of(external).lift_scale == 2.0 and layout_of(bound).lift_scale is None
     assert (layout_of(bound).layout, layout_of(bound).index_type) == ("lifted", "FLAT")
+    assert (layout_of(approximate).layout, layout_of(approximate).index_type) == (
+        "poincare",
+        "HNSW",
+    )
 
     vectors = rows["gallery"][:20]
     ids = item_ids(20)
@@ -450,7 +502,9 @@ def test_vector_storage_adapter_keeps_the_interface_contract(
     assert not engine.has_gallery(collection_name("gal_external"))
 
 
-@pytest.mark.parametrize(("layout", "lift_scale"), [("tangent", None), ("cosine", 3.0)])
+@pytest.mark.parametrize(
+    ("layout", "lift_scale"), [("tangent", None), ("poincare", None), ("cosine", 3.0)]
+)
 def test_a_top_k_above_the_engines_cap_is_answered_by_an_exact_scan(
     engine: MilvusEngine,
     rows: dict,

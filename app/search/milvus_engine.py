@@ -6,9 +6,10 @@ an embedded milvus-lite store (tests, laptops), ``http(s)://host:port`` a Milvus
 ``row_id`` (the internal int64 id), ``label``, ``metadata`` (JSON), ``vector`` (the stored vector
 exactly as given: the Euclidean vector of an external gallery, the space components of a
 model-bound one) and ``search``, the row its layout indexes (``app.search.milvus_math``: COSINE
-over the space components when every point lies at one radius, an L2 HNSW over the tangent
-vectors log₀(x) otherwise, an exact FLAT scan over the lifted vectors when exactness is asked
-for). A cosine-lifted gallery (``GalleryLayout.lift_scale``) has no ``search`` row: its stored
+over the space components when every point lies at one radius, an L2 HNSW over Poincaré-ball
+coordinates otherwise (with each row's float64 gap δ = 1 − c‖p‖² in ``gap``; collections made
+before that layout index tangent vectors log₀(x)), an exact FLAT scan over the lifted vectors
+when exactness is asked for). A cosine-lifted gallery (``GalleryLayout.lift_scale``) has no ``search`` row: its stored
 vector points the same way as its point, so the COSINE index is built on ``vector`` itself. A
 search fetches candidates with their indexed rows and orders them by the float64 Lorentz
 distance, so the engine's float32 scores never decide the final order.
@@ -44,6 +45,7 @@ from app.search.milvus_math import (
     LAYOUT_METRIC,
     LAYOUTS,
     at_one_radius,
+    boundary_gap,
     cosine_lift,
     exact_top_k,
     gallery_search_vectors,
@@ -52,6 +54,7 @@ from app.search.milvus_math import (
     rerank,
     search_dim,
 )
+from app.search.milvus_results import candidate_rows
 
 # Candidates fetched per query before the exact re-rank (k′), and the tangent layout's HNSW
 # search-time ef as a multiple of k′ (ef = factor × k′; ef < k′ would cap the candidate list).
@@ -68,6 +71,15 @@ from app.search.milvus_math import (
 # ef 400 (from one 30k-row gallery) at radius 1, with ef 1600 (from seed 7 alone) at radius 6.
 DEFAULT_OVERFETCH = 300
 DEFAULT_EF_FACTOR = 8
+# The same two for the poincare layout (new galleries at many radii), whose L2 order is close to
+# the hyperbolic one, chosen the same way (seeds 7 and 8, 100k rows; bench/results/
+# engines_validation_poincare_seed{7,8}.json, and …_r1.json for radius 1 at ef up to 4800):
+# radius 6 needs k′ 100 (k′ 50: 0.971 / 0.950, k′ 100: 0.998 / 0.999 at ef 800), radius 3 is
+# ≥ 0.987 there; radius 1 is limited by the graph walk alone (the same recall at every k′ from
+# 30 to 150 at a given ef) and first reaches 0.95 on both seeds at ef 3200 (0.949 at 2400 on
+# seed 8). A third of the tangent layout's hits, and a wider walk.
+POINCARE_OVERFETCH = 100
+POINCARE_EF_FACTOR = 32
 # Extra candidates of a cosine layout, whose engine ranking is already the Lorentz one (0: the
 # engine's top k are the answer; the re-rank only gives them float64 distances). A margin would
 # only absorb float32 ties at the k-th place, at the price of fetching more vectors per query.
@@ -95,6 +107,9 @@ PROPERTY = "nobackfill.gallery"
 NEXT_ROW_ID = "nobackfill.next_row_id"
 COLLECTION_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,254}$")
 FIELDS = ("item_id", "row_id", "label", "metadata", "vector")
+# The poincare layout's per-row scalar δ = 1 − c‖p‖² (float64 → FLOAT: relative precision kept
+# where δ is tiny, which 1 − c‖p‖² from the float32 ball coordinates would not be).
+GAP_FIELD = "gap"
 
 
 @dataclass(frozen=True)
@@ -142,6 +157,11 @@ class GalleryLayout:
     @property
     def search_width(self) -> int:
         return self.dim if self.lift_scale is not None else search_dim(self.layout, self.point_dim)
+
+    @property
+    def gap_field(self) -> str | None:
+        """The scalar the re-rank needs beside the indexed row (the poincare layout's δ)."""
+        return GAP_FIELD if self.layout == "poincare" else None
 
     @property
     def metric(self) -> str:
@@ -239,12 +259,13 @@ class MilvusEngine:
         uri: str,
         token: str = "",
         *,
-        overfetch: int = DEFAULT_OVERFETCH,
-        ef_factor: int = DEFAULT_EF_FACTOR,
+        overfetch: int | None = None,
+        ef_factor: int | None = None,
     ) -> None:
-        if overfetch < 1:
+        """``overfetch`` (k′) and ``ef_factor`` override every layout's defaults when given."""
+        if overfetch is not None and overfetch < 1:
             raise ValueError("overfetch must be ≥ 1")
-        if ef_factor < 1:
+        if ef_factor is not None and ef_factor < 1:
             raise ValueError("ef_factor must be ≥ 1")
         self.uri = uri
         self.overfetch = overfetch
@@ -272,6 +293,8 @@ class MilvusEngine:
         index = self.client.prepare_index_params()
         if layout.search_field == "search":
             schema.add_field("search", DataType.FLOAT_VECTOR, dim=layout.search_width)
+        if layout.gap_field is not None:
+            schema.add_field(layout.gap_field, DataType.FLOAT)
             # Milvus loads only collections whose every vector field is indexed; this stored
             # vector is never searched, so it gets the index without a build (FLAT).
             index.add_index("vector", index_type="FLAT", metric_type="L2")
@@ -381,6 +404,8 @@ class MilvusGallery:
         search = (
             None if lifted else gallery_search_vectors(self.layout.layout, points, self.layout.curv)
         )
+        gap_field = self.layout.gap_field
+        gaps = None if gap_field is None else boundary_gap(points, self.layout.curv)
         known = self.lookup(ids)
         fresh = iter(self._reserve(n - len(known)))
         row_ids = np.array([known[i][0] if i in known else next(fresh) for i in ids], np.int64)
@@ -399,6 +424,9 @@ class MilvusGallery:
             if search is not None:
                 for i, row in enumerate(rows, start):
                     row["search"] = search[i]
+            if gaps is not None:
+                for i, row in enumerate(rows, start):
+                    row[gap_field] = float(gaps[i])
             self.client.upsert(self.name, rows)
         return row_ids
 
@@ -528,13 +556,23 @@ class MilvusGallery:
             raise ValueError("ef_factor must be ≥ 1")
         if k > MAX_TOPK:
             return self._scanned(queries, k)
-        fetch_k = min(max(k, overfetch or self.engine.overfetch), MAX_TOPK)
+        default_overfetch, default_factor = (
+            (POINCARE_OVERFETCH, POINCARE_EF_FACTOR)
+            if layout.layout == "poincare"
+            else (DEFAULT_OVERFETCH, DEFAULT_EF_FACTOR)
+        )
+        overfetch = overfetch or self.engine.overfetch or default_overfetch
+        fetch_k = min(max(k, overfetch), MAX_TOPK)
         limit = min(fetch_k, k + COSINE_MARGIN) if layout.layout == "cosine" else fetch_k
         params: dict[str, Any] = {"metric_type": layout.metric}
         if layout.index_type == "HNSW":
             # ef bounds the candidate list the graph walk keeps; below the limit it would cap it.
             # A cosine layout is exact at ef = k′ already; the tangent one walks wider.
-            factor = 1 if layout.layout == "cosine" else (ef_factor or self.engine.ef_factor)
+            factor = (
+                1
+                if layout.layout == "cosine"
+                else (ef_factor or self.engine.ef_factor or default_factor)
+            )
             params["params"] = {"ef": factor * max(fetch_k, limit)}
         # The re-rank holds queries × candidates × dim float64 values: bound that working set.
         chunk = RERANK_BUDGET // (limit * layout.search_width)
@@ -549,7 +587,7 @@ class MilvusGallery:
                 limit=limit,
                 anns_field=layout.search_field,
                 search_params=params,
-                output_fields=[layout.search_field, "row_id"],
+                output_fields=[layout.search_field, "row_id", *self._gap_fields()],
             )
             parts.append(self._reranked(part, results, k, limit))
         return SearchHits(
@@ -590,14 +628,21 @@ class MilvusGallery:
         item_ids = [[names[int(r)] if r >= 0 else "" for r in row] for row in row_ids]
         return SearchHits(item_ids, distances, row_ids, hit_points)
 
+    def _gap_fields(self) -> list[str]:
+        return [] if self.layout.gap_field is None else [self.layout.gap_field]
+
     def _scan_points(self, batch_size: int = 4096) -> Iterator[tuple[list[str], np.ndarray, Any]]:
         """(item ids, internal ids, float64 points) of every row, in batches."""
         layout = self.layout
         field_name = layout.search_field
-        for rows in self._row_batches(batch_size, ["item_id", "row_id", field_name]):
+        fields = ["item_id", "row_id", field_name, *self._gap_fields()]
+        for rows in self._row_batches(batch_size, fields):
             vectors = np.array([row[field_name] for row in rows], dtype=np.float32)
+            gaps = None
+            if layout.gap_field is not None:
+                gaps = np.array([row[layout.gap_field] for row in rows], dtype=np.float64)
             if layout.lift_scale is None:
-                points = points_from_search_vectors(layout.layout, vectors, layout.curv)
+                points = points_from_search_vectors(layout.layout, vectors, layout.curv, gaps)
             else:
                 # float32 like ``_reranked``'s, so both paths give one item one distance.
                 points = cosine_lift(vectors, layout.lift_scale, layout.curv).astype(np.float32)
@@ -610,16 +655,17 @@ class MilvusGallery:
     def _reranked(self, queries: np.ndarray, results: Any, k: int, limit: int) -> SearchHits:
         layout = self.layout
         nq = len(queries)
-        rows, valid, candidate_ids, candidate_rows_ids = candidate_rows(
-            results, nq, limit, layout.search_width, layout.search_field
+        found = candidate_rows(
+            results, nq, limit, layout.search_width, layout.search_field, layout.gap_field
         )
+        candidate_ids, candidate_rows_ids = found.item_ids, found.row_ids
         if layout.lift_scale is None:
-            points = points_from_search_vectors(layout.layout, rows, layout.curv)
+            points = points_from_search_vectors(layout.layout, found.rows, layout.curv, found.gaps)
         else:
             # Rounded to float32 like the points the service lifts (its queries among them), so
             # that an item's own vector is found at distance 0, as by the FAISS path.
-            points = cosine_lift(rows, layout.lift_scale, layout.curv).astype(np.float32)
-        positions, distances = rerank(queries, points, valid, k, layout.curv)
+            points = cosine_lift(found.rows, layout.lift_scale, layout.curv).astype(np.float32)
+        positions, distances = rerank(queries, points, found.valid, k, layout.curv)
         item_ids = [
             [candidate_ids[q][p] if p >= 0 else "" for p in positions[q]] for q in range(nq)
         ]
@@ -628,34 +674,3 @@ class MilvusGallery:
         hit_points = np.take_along_axis(np.asarray(points, np.float64), at[:, :, None], 1)
         hit_points[positions < 0] = np.nan
         return SearchHits(item_ids, distances, row_ids, hit_points)
-
-
-def candidate_rows(
-    results: Any, nq: int, limit: int, width: int, field_name: str = "search"
-) -> tuple[np.ndarray, np.ndarray, list[list[Any]], np.ndarray]:
-    """(nq × limit × width float32 rows, nq × limit validity, per query the hit ids, nq × limit
-    internal ids) of a pymilvus search result, read from the response's one column of vectors.
-
-    pymilvus decodes a hit's vector into a Python list only when the hit is read (measured: 0.47 s
-    for 50 queries × 100 candidates × 384 floats, most of a search's client time); the response
-    holds all hits' vectors as one float column, converted here in one call (5 ms). Iterating the
-    result with ``list.__iter__`` reads each query's ``HybridHits`` without materialising it.
-    """
-    rows = np.zeros((nq, limit, width), dtype=np.float32)
-    valid = np.zeros((nq, limit), dtype=bool)
-    ids: list[list[Any]] = []
-    row_ids = np.full((nq, limit), -1, dtype=np.int64)
-    column: np.ndarray | None = None
-    for q, hits in enumerate(list.__iter__(results)):
-        found = len(hits.ids)
-        ids.append(list(hits.ids))
-        if not found:
-            continue
-        # Scalars are decoded when the result is built; reading them does not materialise.
-        row_ids[q, :found] = [hits.get_raw_item(j)["entity"]["row_id"] for j in range(found)]
-        if column is None:
-            data = next(f for f in hits.lazy_field_data if f.field_name == field_name)
-            column = np.asarray(data.vectors.float_vector.data, dtype=np.float32).reshape(-1, width)
-        rows[q, :found] = column[hits.start : hits.start + found]
-        valid[q, :found] = True
-    return rows, valid, ids, row_ids

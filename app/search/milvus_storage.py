@@ -93,8 +93,9 @@ def collection_name(gallery_id: str) -> str:
 
 def layout_of(gallery: Gallery) -> GalleryLayout:
     """External cosine galleries lie at one radius (the cosine layout, searching the stored
-    vectors); model-bound and dot galleries do not (tangent). A flat gallery asks for exact
-    search (FLAT)."""
+    vectors); model-bound and dot galleries do not (poincare; collections made before that
+    layout keep their tangent one, read back from the collection). A flat gallery asks for
+    exact search (FLAT)."""
     one_radius = gallery.bound_model_id is None and gallery.metric == "cosine"
     layout, index_type = choose_layout(one_radius, exact=gallery.index_kind == "flat")
     return GalleryLayout(
