@@ -553,3 +553,19 @@ def test_a_top_k_above_the_engines_cap_is_answered_by_an_exact_scan(
     small = gallery.search(queries, 10, overfetch=500)
     assert limits and all(limit <= 64 for limit in limits), limits
     assert small.item_ids[0][0] == "item-3"
+
+
+@pytest.mark.parametrize(
+    ("layout", "index_type"), [("tangent", "HNSW"), ("poincare", "HNSW"), ("lifted", "FLAT")]
+)
+def test_every_vector_field_is_indexed(engine: MilvusEngine, layout: str, index_type: str) -> None:
+    """A Milvus server loads only collections whose every vector field has an index (milvus-lite
+    does not check): beside its search row, each layout indexes the stored vector (FLAT)."""
+    name = f"indexed_{layout}"
+    engine.create_gallery(GalleryLayout(name, 8, 8, 1.0, layout, index_type))
+    indexed = {
+        engine.client.describe_index(name, i)["field_name"]
+        for i in engine.client.list_indexes(name)
+    }
+    assert indexed == {"vector", "search"}, indexed
+    engine.drop_gallery(name)

@@ -293,11 +293,11 @@ class MilvusEngine:
         index = self.client.prepare_index_params()
         if layout.search_field == "search":
             schema.add_field("search", DataType.FLOAT_VECTOR, dim=layout.search_width)
-        if layout.gap_field is not None:
-            schema.add_field(layout.gap_field, DataType.FLOAT)
             # Milvus loads only collections whose every vector field is indexed; this stored
             # vector is never searched, so it gets the index without a build (FLAT).
             index.add_index("vector", index_type="FLAT", metric_type="L2")
+        if layout.gap_field is not None:
+            schema.add_field(layout.gap_field, DataType.FLOAT)
         params = (
             {"M": layout.hnsw["m"], "efConstruction": layout.hnsw["ef_construction"]}
             if layout.index_type == "HNSW"
