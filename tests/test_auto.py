@@ -14,7 +14,7 @@ from app.ml.auto import AUTO_CANDIDATES, INSTANCE_FLOOR, AutoParams
 from app.ml.compat import train_compatible_model
 from app.ml.recommend import REINDEX_BELOW_ARR, recommend
 from app.ml.space import EuclideanLift
-from app.ml.training import TrainingHooks
+from app.ml.training import NO_HOOKS, TrainingHooks
 from app.ml.upgrade import (
     BACKBONE_METHODS,
     OBJECTIVES,
@@ -25,6 +25,7 @@ from app.ml.upgrade import (
     run_backbone_upgrade,
     split_queries,
 )
+from app.ml.upgrade_run import UpgradeContext
 from bench.wordnet import NEW_MODEL, OLD_MODEL
 
 TEST_PARAMS = {"epochs": 3}
@@ -298,3 +299,32 @@ def test_query_objective_without_validation_queries_selects_by_own_item_recall(
     r1 = {c["name"]: c["validation"]["instance"]["recall@1"] for c in report["candidates"]}
     assert r1[out.method] == max(r1.values())
     assert out.report["recommendation"]["metric"] == {"view": "query", "metric": "recall@10"}
+
+
+def test_logged_queries_train_toward_their_old_vectors_and_their_relevant_documents(
+    wordnet_small: dict,
+) -> None:
+    """A query logged with both the old model's vector and relevance gives two training pairs:
+    toward its old vector (the old query distribution) and toward each relevant item's old
+    point (the search itself). Relevant items outside the training rows give no pair."""
+    data = _fixture_data(wordnet_small, labels=False, log=True)
+    assert data.queries is not None
+    data.queries.relevant[0] = np.array([0, 150, 3])
+    ctx = UpgradeContext.build(data, EuclideanLift(), 0, NO_HOOKS)
+    rows = np.arange(100)
+    queries = np.array([0, 1, 2, 150])
+    pairs = ctx.extra_pairs(queries, rows)
+    assert pairs is not None
+    features, targets = pairs
+    # Four old-vector pairs, then relevance pairs: query 0 → items 0 and 3, queries 1 and 2 →
+    # their own items; query 150's item is not a training row.
+    assert features.shape[0] == targets.shape[0] == 4 + 4
+    np.testing.assert_array_equal(targets[:4], ctx.query_old_points[queries])
+    np.testing.assert_array_equal(targets[4:], ctx.old_points[[0, 3, 1, 2]])
+    np.testing.assert_array_equal(features[4:], data.queries.features[[0, 0, 1, 2]])
+    # Relevance alone still trains.
+    data.queries.old_vectors = None
+    ctx = UpgradeContext.build(data, EuclideanLift(), 0, NO_HOOKS)
+    features, targets = ctx.extra_pairs(queries, rows)
+    np.testing.assert_array_equal(targets, ctx.old_points[[0, 3, 1, 2]])
+    assert ctx.extra_pairs(np.array([150]), rows) is None

