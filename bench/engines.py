@@ -42,18 +42,14 @@ import torch
 from app.ml.space import EuclideanLift
 from app.search.index import LorentzIndex, exact_distances, lifted_gallery, lifted_queries
 from app.search.milvus_engine import (
-    DEFAULT_EF_FACTOR,
     DEFAULT_HNSW,
-    DEFAULT_OVERFETCH,
-    POINCARE_EF_FACTOR,
-    POINCARE_OVERFETCH,
     GalleryLayout,
     MilvusEngine,
     MilvusGallery,
-    SearchHits,
     seal_collection,
 )
 from app.search.milvus_math import exact_top_k, recall_within
+from app.search.milvus_search import DEFAULT_OVERFETCH, SearchHits, search_defaults
 from bench.machine import facts_markdown, load_average, run_record
 from bench.report import command_line, publish
 from bench.tiled import lift_points, tiled, wordnet_rows
@@ -248,13 +244,6 @@ def raw_milvus(engine: MilvusEngine, data: Data) -> dict[str, Any]:
 
 def gallery_search(gallery: MilvusGallery) -> Callable[[np.ndarray], object]:
     return lambda q: gallery.search(q, K)
-
-
-def search_defaults(layout: str) -> tuple[int, int]:
-    """The engine's (k′, ef factor) for a layout of galleries at many radii."""
-    if layout == "poincare":
-        return POINCARE_OVERFETCH, POINCARE_EF_FACTOR
-    return DEFAULT_OVERFETCH, DEFAULT_EF_FACTOR
 
 
 def milvus_run(

@@ -27,14 +27,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from app.search.milvus_engine import (
-    ID_BATCH,
-    POINCARE_EF_FACTOR,
-    POINCARE_OVERFETCH,
-    MilvusEngine,
-    ids_filter,
-)
+from app.search.milvus_engine import ID_BATCH, MilvusEngine, ids_filter
 from app.search.milvus_math import exact_top_k, gallery_search_vectors, query_search_vectors
+from app.search.milvus_search import POINCARE_EF_FACTOR, POINCARE_OVERFETCH
 from bench.engines import Data, ingest, milvus_gallery
 from bench.machine import load_average, run_record
 from bench.report import command_line

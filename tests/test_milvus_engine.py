@@ -18,17 +18,12 @@ from pymilvus import DataType, MilvusClient
 
 from app.galleries.models import Gallery
 from app.ml.space import EuclideanLift
-from app.search import milvus_engine
+from app.search import milvus_search
 from app.search.index import LorentzIndex, exact_distances
 from app.search.milvus_attach import AttachedCollection, AttachError
-from app.search.milvus_engine import (
-    DEFAULT_OVERFETCH,
-    POINCARE_OVERFETCH,
-    GalleryLayout,
-    MilvusEngine,
-    SearchHits,
-)
+from app.search.milvus_engine import GalleryLayout, MilvusEngine
 from app.search.milvus_math import choose_layout, cosine_lift, exact_top_k, recall_within
+from app.search.milvus_search import DEFAULT_OVERFETCH, POINCARE_OVERFETCH, SearchHits
 from app.search.milvus_storage import MilvusVectorStorage, collection_name, layout_of
 from app.vectors.engine import VectorStorage
 from bench.engines import spread_points
@@ -188,7 +183,7 @@ def test_lifted_flat_layout_is_exact_at_several_radii(
     whole = gallery.search(queries, 10)
     assert recall(whole, points, queries) == 1.0
     # A batch larger than the re-rank's memory bound is searched in parts, with the same answer.
-    monkeypatch.setattr(milvus_engine, "RERANK_BUDGET", 7 * DEFAULT_OVERFETCH * 385)
+    monkeypatch.setattr(milvus_search, "RERANK_BUDGET", 7 * DEFAULT_OVERFETCH * 385)
     parts = gallery.search(queries, 10)
     # Equal up to rounding (a block's float64 sums may run in another order) and to the order
     # of exact ties (the fixture holds rows whose gloss and lemma embeddings coincide).
@@ -403,7 +398,7 @@ def test_attached_collection_reads_and_searches_without_writing(
     assert own >= 0.5, own  # the transformed query finds its own old item
     # Above a Milvus server's top-k cap the request is refused here, naming the cap, not sent.
     with pytest.raises(ValueError, match="16384"):
-        reader.search(new[:1], milvus_engine.MAX_TOPK + 1)
+        reader.search(new[:1], milvus_search.MAX_TOPK + 1)
 
     for write in ("insert", "upsert", "delete", "create_index", "drop", "load", "flush"):
         assert not hasattr(reader, write)
@@ -536,7 +531,7 @@ def test_a_top_k_above_the_engines_cap_is_answered_by_an_exact_scan(
         return search(*args, **kwargs)
 
     monkeypatch.setattr(gallery.client, "search", recording_search)
-    monkeypatch.setattr(milvus_engine, "MAX_TOPK", 64, raising=False)
+    monkeypatch.setattr(milvus_search, "MAX_TOPK", 64)
     hits = gallery.search(queries, 300)
     assert all(limit <= 64 for limit in limits), limits
     _, true_dist = exact_top_k(queries, points, 300, 1.0)

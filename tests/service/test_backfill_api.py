@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
-from app.search import milvus_engine
+from app.search import milvus_search
+from app.search.milvus_engine import MilvusGallery
 from tests.service.conftest import field_names, problem, snapshot
 from tests.service.test_queries_api import NEW, OLD, npy, wordnet_setup
 
@@ -179,15 +180,15 @@ def test_mixed_search_above_the_milvus_top_k_cap(
     }
     indexed = client.post(f"{gallery_url}/search", json=search)
     assert indexed.status_code == 200, indexed.text
-    monkeypatch.setattr(milvus_engine, "MAX_TOPK", 12)
+    monkeypatch.setattr(milvus_search, "MAX_TOPK", 12)
     scans: list[int] = []
-    scan = milvus_engine.MilvusGallery._scanned
+    scan = milvus_search.scanned
 
-    def counted_scan(self: milvus_engine.MilvusGallery, queries: np.ndarray, k: int):
+    def counted_scan(gallery: MilvusGallery, queries: np.ndarray, k: int):
         scans.append(k)
-        return scan(self, queries, k)
+        return scan(gallery, queries, k)
 
-    monkeypatch.setattr(milvus_engine.MilvusGallery, "_scanned", counted_scan)
+    monkeypatch.setattr(milvus_search, "scanned", counted_scan)
     scanned = client.post(f"{gallery_url}/search", json=search)
     assert scanned.status_code == 200, scanned.text
     assert scans and min(scans) > 12, scans
