@@ -274,6 +274,20 @@ def test_recommendation_rule() -> None:
     assert instance["action"] == "bridge" and not math.isnan(len(instance["rule"]))
 
 
+def test_a_bridge_recommendation_names_the_metrics_where_staying_is_better() -> None:
+    """The verdict follows the objective's metric (R@10), but a user who reads only the verdict
+    must still learn that the old model finds the first hit more often."""
+    metrics = _metrics(0.51, 0.49, 0.57)
+    metrics["served"]["query"]["recall@1"] = 0.245
+    metrics["stay"]["query"]["recall@1"] = 0.26
+    verdict = recommend(metrics, "served", "query")
+    assert verdict["action"] == "bridge"
+    assert "below the old model on query recall@1: bridge 0.245, stay 0.260" in verdict["why"]
+    # Nothing to add where the bridge is at least as good on every metric.
+    metrics["served"]["query"]["recall@1"] = 0.27
+    assert "below the old model" not in recommend(metrics, "served", "query")["why"]
+
+
 def test_query_objective_without_validation_queries_selects_by_own_item_recall(
     wordnet_small: dict,
 ) -> None:

@@ -33,6 +33,19 @@ def _fmt(value: float | None) -> str:
     return "n/a" if value is None or not math.isfinite(value) else f"{value:.3f}"
 
 
+def _worse_than_stay(metrics: dict[str, dict[str, Any]], served: str, view: str) -> str:
+    """The view's other metrics on which the old model beats the served bridge, as a sentence
+    ('' when none): the verdict follows one metric, and a bridge can win it and lose another
+    (on public lemma → gloss search with a query log: R@10 above stay, R@1 below)."""
+    bridge, stay = metrics[served].get(view, {}), metrics["stay"].get(view, {})
+    worse = [
+        f"{view} {name}: bridge {_fmt(value)}, stay {_fmt(stay[name])}"
+        for name, value in bridge.items()
+        if stay.get(name) is not None and value is not None and stay[name] > value
+    ]
+    return f" It is below the old model on {'; '.join(worse)}." if worse else ""
+
+
 def recommend(
     metrics: dict[str, dict[str, Any]], served: str, objective: str, view: str | None = None
 ) -> dict[str, Any]:
@@ -62,7 +75,9 @@ def recommend(
         )
     else:
         action = "bridge"
-        why = f"The bridge is the best cheap option: {numbers}."
+        why = f"The bridge is the best cheap option: {numbers}." + _worse_than_stay(
+            metrics, served, view
+        )
     return {
         "action": action,
         "method": served,
