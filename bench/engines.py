@@ -46,6 +46,7 @@ from app.search.milvus_engine import (
     GalleryLayout,
     MilvusEngine,
     MilvusGallery,
+    drop_collection,
     seal_collection,
 )
 from app.search.milvus_math import exact_top_k, recall_within
@@ -238,7 +239,7 @@ def raw_milvus(engine: MilvusEngine, data: Data) -> dict[str, Any]:
     seal_collection(client, name, "vector")
     ready = time.perf_counter() - tic
     speed = queries_per_s(search, data.queries)
-    client.drop_collection(name)
+    drop_collection(client, name)
     return {"ingest_per_s": len(vectors) / seconds, "ready_s": ready, "queries_per_s": speed}
 
 

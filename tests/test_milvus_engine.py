@@ -564,3 +564,40 @@ def test_every_vector_field_is_indexed(engine: MilvusEngine, layout: str, index_
     }
     assert indexed == {"vector", "search"}, indexed
     engine.drop_gallery(name)
+
+
+def test_drop_finishes_when_milvus_lite_loses_a_file_under_it(
+    engine: MilvusEngine, rows: dict, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """milvus-lite 3.2 deletes a dropped collection's directory while its own background index
+    work may still remove files there; the delete then fails on a file already gone (seen on a
+    1M-row collection). The drop is retried, and the collection is gone afterwards."""
+    from pymilvus.exceptions import MilvusException
+
+    layout = GalleryLayout("dropped_while_busy", 384, 384, 1.0, "poincare")
+    gallery = engine.create_gallery(layout)
+    gallery.upsert(["a", "b"], rows["gallery"][:2], rows["gallery"][:2])
+    real_drop = engine.client.drop_collection
+    calls: list[str] = []
+
+    def racing_drop(name: str, **kwargs: object) -> None:
+        calls.append(name)
+        if len(calls) == 1:
+            real_drop(name, **kwargs)  # drops, then reports the race as milvus-lite did
+            raise MilvusException(
+                1, "[Errno 2] No such file or directory: 'data_1_2.vector.hnsw.idx'"
+            )
+        real_drop(name, **kwargs)
+
+    monkeypatch.setattr(engine.client, "drop_collection", racing_drop)
+    assert engine.drop_gallery("dropped_while_busy")
+    assert len(calls) == 2 and not engine.has_gallery("dropped_while_busy")
+    # Any other failure is not swallowed.
+    engine.create_gallery(layout)
+
+    def failing_drop(name: str, **kwargs: object) -> None:
+        raise MilvusException(1, "permission denied")
+
+    monkeypatch.setattr(engine.client, "drop_collection", failing_drop)
+    with pytest.raises(MilvusException, match="permission denied"):
+        engine.drop_gallery("dropped_while_busy")

@@ -39,6 +39,7 @@ from typing import Any
 
 import numpy as np
 from pymilvus import DataType, MilvusClient
+from pymilvus.exceptions import MilvusException
 
 from app.search import milvus_search
 from app.search.milvus_math import (
@@ -58,6 +59,8 @@ WRITE_BATCH = 2048
 ID_BATCH = 1024
 # How often ``seal`` asks whether the index build has finished.
 SEAL_POLL_S = 0.2
+# Drops tried before a milvus-lite file race is reported (``drop_collection``).
+DROP_ATTEMPTS = 3
 MAX_ITEM_ID = 256
 MAX_LABEL = 65535
 PROPERTY = "nobackfill.gallery"
@@ -160,6 +163,23 @@ def seal_collection(
         if time.monotonic() > deadline:
             raise TimeoutError(f"index of {collection} not built after {timeout_s} s: {info}")
         time.sleep(SEAL_POLL_S)
+
+
+def drop_collection(client: MilvusClient, name: str, attempts: int = DROP_ATTEMPTS) -> None:
+    """Drop a collection, again when milvus-lite loses a file under its own delete.
+
+    milvus-lite 3.2 deletes the collection's directory while its background index work may still
+    remove files there; the delete then fails on a file already gone ("No such file or
+    directory", seen dropping a 1M-row collection right after its index was built), with the
+    collection closed and partly deleted. A second drop deletes the rest. Other errors, and
+    the same one ``attempts`` times over, are raised."""
+    for attempt in range(1, attempts + 1):
+        try:
+            client.drop_collection(name)
+            return
+        except MilvusException as error:
+            if attempt == attempts or "No such file or directory" not in str(error):
+                raise
 
 
 def is_remote(uri: str) -> bool:
@@ -294,7 +314,7 @@ class MilvusEngine:
         self._layouts.pop(collection, None)
         if not self.client.has_collection(collection):
             return False
-        self.client.drop_collection(collection)
+        drop_collection(self.client, collection)
         return True
 
 
