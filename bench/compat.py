@@ -385,7 +385,8 @@ def main(argv: list[str] | None = None) -> Path:
         choices=("reuse", "run", "skip"),
         default="reuse",
         help="query→document figures: read bench.querydoc's results (reuse), rerun them with "
-        "bench.querydoc's functions (run; about 22 min a seed on the full data), or leave out",
+        "bench.querydoc's functions (run; about 22 min a seed on the full data), or leave out "
+        "(skip); with --merge, reuse reads them again and skip keeps the merged files' own",
     )
     parser.add_argument("--note", default=None, help="why scenarios were left out (shown)")
     parser.add_argument("--out", type=Path, default=None, help="JSON path")
@@ -421,10 +422,21 @@ def main(argv: list[str] | None = None) -> Path:
     )
     args = parser.parse_args(argv)
     if args.merge:
+        if args.querydoc == "run":
+            parser.error("--merge trains nothing: --querydoc reuse or skip")
         out = args.out or RESULTS
         order = [s.name for s in SCENARIOS]
+        part = None
+        if args.querydoc == "reuse":
+            first = json.loads(args.merge[0].read_text())
+            part = compat_report.querydoc_part(False, bool(first.get("quick")), [])
         merged = compat_report.merge_runs(
-            args.merge, out, order, markdown=not args.no_markdown, note=args.note
+            args.merge,
+            out,
+            order,
+            markdown=not args.no_markdown,
+            note=args.note,
+            querydoc_part=part,
         )
         print(merged)
         return out

@@ -386,11 +386,16 @@ def write_outputs(payload: dict[str, Any], out: Path, markdown: bool) -> Path:
 
 
 def merge_runs(
-    paths: list[Path], out: Path, order: list[str], markdown: bool, note: str | None = None
+    paths: list[Path],
+    out: Path,
+    order: list[str],
+    markdown: bool,
+    note: str | None = None,
+    querydoc_part: dict[str, Any] | None = None,
 ) -> Path:
-    """One payload from several: scenarios in the benchmark's order, the first query→document
-    part found, elapsed times summed, every command named; ``note`` replaces the runs' notes
-    (which describe what each run left out)."""
+    """One payload from several: scenarios in the benchmark's order, ``querydoc_part`` (else the
+    first query→document part found), elapsed times summed, every command named; ``note``
+    replaces the runs' notes (which describe what each run left out)."""
     payloads = [json.loads(p.read_text()) for p in paths]
     by_name = {sc["scenario"]["name"]: sc for p in payloads for sc in p["scenarios"]}
     merged = {
@@ -400,7 +405,8 @@ def merge_runs(
         # A run without units was one process.
         "units": sum(p.get("units") or 1 for p in payloads),
         "scenarios": [by_name[n] for n in order if n in by_name],
-        "querydoc": next((p["querydoc"] for p in payloads if p.get("querydoc")), None),
+        "querydoc": querydoc_part
+        or next((p["querydoc"] for p in payloads if p.get("querydoc")), None),
         "note": note
         if note is not None
         else next((p["note"] for p in payloads if p.get("note")), None),

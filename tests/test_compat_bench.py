@@ -171,6 +171,10 @@ def test_merge_keeps_the_benchmark_order(tmp_path: Path) -> None:
     assert merged["units"] == 2
     compat_report.merge_runs(paths, out, order, markdown=False, note="every scenario run")
     assert json.loads(out.read_text())["note"] == "every scenario run"
+    # A query→document part read again (bench.querydoc rerun since) replaces the files' own.
+    fresh = {"targets": ["- with query log: auto ARR(R@10) 0.9 (target ≥ 0.87) — met"]}
+    compat_report.merge_runs(paths, out, order, markdown=False, querydoc_part=fresh)
+    assert json.loads(out.read_text())["querydoc"] == fresh
 
 
 def test_mean_sd_skips_missing_values() -> None:
