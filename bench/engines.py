@@ -2,7 +2,10 @@
 (``app.search.index``), each against its raw engine, in one run per engine.
 
     python -m bench.engines                 # 100k rows: bench/results/engines.json + BENCHMARKS.md
-    python -m bench.engines --rows 1000000  # the size (hours on 2 cores under milvus-lite)
+    python -m bench.engines --rows 1000000 --radii 1  # the size: about an hour a radius
+                                            # on 2 cores; on 24 GB its FAISS stage ran out of
+                                            # memory after the Milvus ones (bench/results/
+                                            # engines_1m.json; FAISS at 1M: bench.search)
     python -m bench.engines --quick         # 5k rows, no BENCHMARKS section
     python -m bench.engines --validate --rows 100000 --seed 7   # poincare ef/k′ grid (validation;
                                                                 # also --seed 8; --layout tangent
