@@ -62,6 +62,7 @@ from app.ml.uncertainty import old_uncertainty
 from app.ml.upgrade_data import UpgradeData
 from app.ml.upgrade_run import UpgradeContext, run_auto
 from bench import compat_grid, compat_report
+from bench.compat_widen import widen_scenario
 from bench.wordnet import (
     NEW_MODEL,
     OLD_MODEL,
@@ -104,11 +105,13 @@ class RunConfig:
     epochs: int
     trials: int
     auto_params: dict[str, Any]
+    extend_rounds: int = compat_grid.EXTEND_ROUNDS
 
 
 FULL = RunConfig(epochs=CompatParams().epochs, trials=compat_grid.TRIALS, auto_params={})
-# Test-sized: 2 epochs, 2 trials per method (each grid's two ends), auto with 2 epochs.
-QUICK = RunConfig(epochs=2, trials=2, auto_params={"epochs": 2})
+# Test-sized: 2 epochs, 2 trials per method (each grid's two ends) and at most one beyond an end,
+# auto with 2 epochs.
+QUICK = RunConfig(epochs=2, trials=2, auto_params={"epochs": 2}, extend_rounds=1)
 
 
 @dataclass
@@ -223,7 +226,11 @@ class ScenarioRun:
     def evaluation_set(self, ctx: UpgradeContext):
         return ctx.eval_set(np.arange(len(self.split.labels)), self.split.evaluation, EMPTY)
 
-    def select(self, methods: tuple[str, ...] = compat_grid.METHODS) -> dict[str, Any]:
+    def select(
+        self,
+        methods: tuple[str, ...] = compat_grid.METHODS,
+        reuse: dict[str, list[dict[str, Any]]] | None = None,
+    ) -> dict[str, Any]:
         ctx0 = self.context(0)
         val = ctx0.eval_set(self.split.train, self.split.validation, EMPTY)
 
@@ -231,7 +238,9 @@ class ScenarioRun:
             params = CompatParams.from_dict({**self.common, **settings})
             return ctx0.train(method, params, self.split.fit, EMPTY, NO_HOOKS)
 
-        selection = compat_grid.select(fit_trainer, val, self.cfg.trials, methods)
+        selection = compat_grid.select(
+            fit_trainer, val, self.cfg.trials, methods, reuse, self.cfg.extend_rounds
+        )
         _log(f"{self.scenario.name}: chosen {selection['chosen']}; edges {selection['edge']}")
         return selection
 
@@ -323,6 +332,7 @@ def _payload(
         "quick": quick,
         "seeds": seeds,
         "trials_per_method": cfg.trials,
+        "extend_rounds": cfg.extend_rounds,
         "epochs": cfg.epochs,
         "auto_params": cfg.auto_params,
         "n_train": len(split.train),
@@ -375,6 +385,36 @@ def combine_units(paths: list[Path], split: Split, cfg: RunConfig, quick: bool) 
     return payload
 
 
+def widen(args: argparse.Namespace, split: Split, cfg: RunConfig) -> Path:
+    """``--widen FILE``: its scenarios (or ``--scenarios``) widened, written alone to ``--out``
+    for ``--merge`` after the file they came from."""
+    started = time.time()
+    previous = json.loads(args.widen.read_text())
+    names = args.scenarios.split(",") if args.scenarios else None
+    widened = [
+        widen_scenario(ScenarioRun(s, split, cfg), sc)
+        for s in SCENARIOS
+        for sc in previous["scenarios"]
+        if sc["scenario"]["name"] == s.name and (names is None or s.name in names)
+    ]
+    if not widened:
+        raise SystemExit(f"no scenario of {names} in {args.widen}")
+    payload = {
+        **previous,
+        "extend_rounds": cfg.extend_rounds,
+        "scenarios": widened,
+        "command": f"python -m bench.compat --widen {args.widen.name}"
+        + (f" --scenarios {args.scenarios}" if args.scenarios else ""),
+        "elapsed_minutes": (time.time() - started) / 60,
+        "units": 1,
+    }
+    label = args.scenarios.replace(",", "+") if args.scenarios else "all"
+    out = args.out or args.widen.with_name(f"compat-widen-{label}.json")
+    out.write_text(json.dumps(json_safe(payload)))
+    print(out)
+    return out
+
+
 def main(argv: list[str] | None = None) -> Path:
     parser = argparse.ArgumentParser(description="every method and auto on WordNet nouns")
     parser.add_argument("--quick", action="store_true", help="the committed fixture, seconds")
@@ -413,6 +453,13 @@ def main(argv: list[str] | None = None) -> Path:
         "--combine", nargs="+", type=Path, default=None, help="--unit files to combine"
     )
     parser.add_argument(
+        "--widen",
+        type=Path,
+        default=None,
+        help="a results file whose scenarios (--scenarios, default all) get the current "
+        "widening rule: only new trials are trained, moved choices retrained; writes --out",
+    )
+    parser.add_argument(
         "--merge",
         nargs="+",
         type=Path,
@@ -445,6 +492,8 @@ def main(argv: list[str] | None = None) -> Path:
     split = load_split(args.quick)
     cfg = QUICK if args.quick else FULL
     default_out = RESULTS.with_name("compat-quick.json") if args.quick else RESULTS
+    if args.widen:
+        return widen(args, split, cfg)
     if args.unit:
         unit = run_unit(args, split, cfg)
         unit["elapsed_minutes"] = (time.time() - started) / 60

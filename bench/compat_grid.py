@@ -30,6 +30,9 @@ from app.ml.models import EmbeddingModel
 # As many trials as ``auto`` gives each of its candidates (app.ml.auto.DEFAULT_TRIALS): three
 # values spread over each grid (its two ends and its middle).
 TRIALS = DEFAULT_TRIALS
+# Then, while the chosen value sits at an end of what was tried, one more trial a grid step beyond
+# that end, at most this many times: the same rule (and cap) for every method.
+EXTEND_ROUNDS = 2
 P_UP_FLOOR = -0.01
 
 
@@ -52,6 +55,21 @@ class Grid:
             idx = np.unique(np.linspace(0, len(self.values) - 1, trials).round().astype(int))
             picked = [self.values[i] for i in idx]
         return [{self.axis: v} for v in picked]
+
+    def beyond(self, tried: list[Any], side: str) -> Any:
+        """The next value past the ``side`` (``"low"`` / ``"high"``) end of ``tried``: one step of
+        the grid's own ratio at that end (3 significant digits; integers rounded, at least 1),
+        or None where no valid value lies beyond (the natural bound, or an integer axis at 1)."""
+        end = min(tried) if side == "low" else max(tried)
+        if self.axis is None or end == self.bound:
+            return None
+        pair = self.values[:2] if side == "low" else self.values[-2:]
+        ratio = pair[1] / pair[0]
+        value = end / ratio if side == "low" else end * ratio
+        if isinstance(self.values[0], int):
+            value = max(1, round(value))
+            return None if value == end else value
+        return float(f"{value:.3g}")
 
 
 WEIGHTS = (0.1, 0.3, 1.0, 3.0, 10.0)
@@ -87,6 +105,12 @@ def bridge_score(entry: dict[str, Any]) -> tuple[bool, float]:
     return feasible, float(np.mean(values)) if values else -np.inf
 
 
+def _bridge_key(trial: dict[str, Any]) -> tuple[bool, float]:
+    """A trial's ``bridge_score`` as a sort key (one read back from JSON is a list, -inf None)."""
+    feasible, value = trial["score"]
+    return bool(feasible), -np.inf if value is None else float(value)
+
+
 def independent_score(own_class: dict[str, float]) -> float:
     return float(np.mean([own_class[k] for k in CLASS_METRICS]))
 
@@ -110,38 +134,96 @@ def edge_of(grid: Grid, trials: list[dict[str, Any]], chosen: int) -> str | None
 Trainer = Callable[[str, dict[str, Any]], EmbeddingModel]
 
 
+def tune(
+    grid: Grid,
+    base_settings: list[dict[str, Any]],
+    shared: dict[str, Any],
+    run_trial: Callable[[dict[str, Any]], dict[str, Any]],
+    score: Callable[[dict[str, Any]], Any],
+    reuse: list[dict[str, Any]],
+    extend_rounds: int,
+) -> tuple[list[dict[str, Any]], int, str | None]:
+    """Trials of ``base_settings`` (each merged into ``shared``), then up to ``extend_rounds``
+    trials one grid step past the end the best sits on; (trials, best index, edge flag). A trial
+    whose settings appear in ``reuse`` (an earlier selection's trials) is taken from there."""
+    trials: list[dict[str, Any]] = []
+
+    def trial(settings: dict[str, Any]) -> None:
+        settings = {**shared, **settings}
+        earlier = next((t for t in reuse if t["settings"] == settings), None)
+        trials.append(earlier if earlier is not None else run_trial(settings))
+
+    for s in base_settings:
+        trial(s)
+    for round_ in range(extend_rounds + 1):
+        best = max(range(len(trials)), key=lambda i: score(trials[i]))
+        edge = edge_of(grid, [t["settings"] for t in trials], best)
+        if edge is None:
+            break
+        value = grid.beyond([t["settings"][grid.axis] for t in trials], edge)
+        if value is None or round_ == extend_rounds:
+            break
+        trial({grid.axis: value})
+    return trials, best, edge
+
+
 def select(
-    train: Trainer, val: EvalSet, trials: int, methods: tuple[str, ...] = METHODS
+    train: Trainer,
+    val: EvalSet,
+    trials: int,
+    methods: tuple[str, ...] = METHODS,
+    reuse: dict[str, list[dict[str, Any]]] | None = None,
+    extend_rounds: int = EXTEND_ROUNDS,
 ) -> dict[str, Any]:
     """Every method's ``trials`` settings trained by ``train(method, settings)`` (on the fit
-    part) and scored on ``val``; returns each method's chosen settings, its trials and its edge
-    flag. The independent head goes first: its chosen temperature is shared."""
+    part) and scored on ``val``, widened past an end the best sits on (``extend_rounds``);
+    returns each method's chosen settings, its trials and its edge flag. The independent head
+    goes first: its chosen temperature is shared. ``reuse``: an earlier selection's trials per
+    method, taken instead of retraining the same settings (training is seeded, so a retrained
+    trial would give the same figures)."""
+    reuse = reuse or {}
     stay, reindex = alternatives.measure_stay(val), alternatives.measure_reindex(val)
     out: dict[str, Any] = {"trials": {}, "chosen": {}, "edge": {}}
     grid = GRIDS["independent"]
-    ind_trials = []
-    for s in grid.settings(trials):
-        own = alternatives.measure_independent(val, train("independent", s))["class"]
-        ind_trials.append({"settings": s, "class_own_space": own, "score": independent_score(own)})
-    best = int(np.argmax([t["score"] for t in ind_trials]))
+
+    def independent_trial(settings: dict[str, Any]) -> dict[str, Any]:
+        own = alternatives.measure_independent(val, train("independent", settings))["class"]
+        return {"settings": settings, "class_own_space": own, "score": independent_score(own)}
+
+    ind_trials, best, edge = tune(
+        grid,
+        grid.settings(trials),
+        {},
+        independent_trial,
+        lambda t: t["score"],
+        reuse.get("independent", []),
+        extend_rounds,
+    )
     shared = dict(ind_trials[best]["settings"])
     reference = {"class": ind_trials[best]["class_own_space"]}
     out["trials"]["independent"] = ind_trials
     out["chosen"]["independent"] = shared
-    out["edge"]["independent"] = edge_of(grid, [t["settings"] for t in ind_trials], best)
+    out["edge"]["independent"] = edge
     for method in methods:
         if method == "independent":
             continue
         grid = GRIDS[method]
-        base = shared if method in BASE_LOSS_METHODS else {}
-        method_trials = []
-        for s in grid.settings(trials):
-            settings = {**base, **s}
+
+        def bridge_trial(settings: dict[str, Any], method: str = method) -> dict[str, Any]:
             measured = alternatives.measure_bridge(val, train(method, settings))
             entry = alternatives.assemble(stay, reindex, {method: measured}, reference)[method]
-            method_trials.append({"settings": settings, "val": entry, "score": bridge_score(entry)})
-        best = max(range(len(method_trials)), key=lambda i: method_trials[i]["score"])
+            return {"settings": settings, "val": entry, "score": bridge_score(entry)}
+
+        method_trials, best, edge = tune(
+            grid,
+            grid.settings(trials),
+            shared if method in BASE_LOSS_METHODS else {},
+            bridge_trial,
+            _bridge_key,
+            reuse.get(method, []),
+            extend_rounds,
+        )
         out["trials"][method] = method_trials
         out["chosen"][method] = method_trials[best]["settings"]
-        out["edge"][method] = edge_of(grid, [t["settings"] for t in method_trials], best)
+        out["edge"][method] = edge
     return out

@@ -353,8 +353,15 @@ def render_markdown(payload: dict[str, Any]) -> str:
         f"Class scenarios run: {', '.join(run)}."
         + (f" {payload['note']}" if payload.get("note") else ""),
         f"Every method: {payload['trials_per_method']} validation trials on its own knob "
-        "(procrustes: closed form, one fit), the same grids in every scenario "
-        "(`bench/compat_grid.py`); a value at an end of its grid is marked as an edge. "
+        + (
+            f"and, while the best sits at an end of what was tried, one more a grid step beyond "
+            f"it, at most {payload['extend_rounds']} "
+            if payload.get("extend_rounds")
+            else ""
+        )
+        + "(procrustes: closed form, one fit), the same grids in every scenario "
+        "(`bench/compat_grid.py`); a chosen value still at an end of what was tried is marked "
+        "as an edge. "
         "`auto` is the service's (`app/ml/auto.py`: same candidates and trials, objective "
         f"`class`, params {json.dumps(payload['auto_params'])}), trained on the training part.",
         "Class view on the evaluation set (query and gallery, self excluded): CMC@1 and mAP@100 "
@@ -404,6 +411,7 @@ def merge_runs(
         "elapsed_minutes": sum(p["elapsed_minutes"] for p in payloads),
         # A run without units was one process.
         "units": sum(p.get("units") or 1 for p in payloads),
+        "extend_rounds": max(p.get("extend_rounds", 0) for p in payloads),
         "scenarios": [by_name[n] for n in order if n in by_name],
         "querydoc": querydoc_part
         or next((p["querydoc"] for p in payloads if p.get("querydoc")), None),

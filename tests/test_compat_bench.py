@@ -1,6 +1,7 @@
 """bench.compat: equal trial budgets, edge flags, instance metrics and the auto row in every
 scenario, the query→document part, and the targets — on the committed fixture."""
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -81,7 +82,9 @@ def test_quick_run_measures_every_method_and_auto_in_both_views(quick_payload: d
     assert sc["scenario"]["name"] == "external" and len(sc["runs"]) == 2
     assert quick_payload["units"] == 8 and quick_payload["seeds"] == 2
     trials = sc["selection"]["trials"]
-    assert {len(t) for m, t in trials.items() if m != "procrustes"} == {compat.QUICK.trials}
+    base, most = compat.QUICK.trials, compat.QUICK.trials + compat.QUICK.extend_rounds
+    assert all(base <= len(t) <= most for m, t in trials.items() if m != "procrustes")
+    assert quick_payload["extend_rounds"] == compat.QUICK.extend_rounds
     rows = sc["summary"]["rows"]
     for name in (*compat_grid.BRIDGES, "auto"):
         for key in ("instance.recall@1", "instance.recall@10", "instance.mrr@100"):
@@ -193,3 +196,87 @@ def test_select_units_merge_and_must_agree() -> None:
     other = {**b, "chosen": {"independent": {"t": 2}}}
     with pytest.raises(ValueError, match="disagree"):
         compat_report.merge_selections([a, other])
+
+
+def test_beyond_steps_one_grid_ratio_past_an_end() -> None:
+    weights = compat_grid.Grid("compat_weight", compat_grid.WEIGHTS)
+    assert weights.beyond([0.1, 1.0, 10.0], "high") == 33.3
+    assert weights.beyond([0.1, 1.0, 10.0], "low") == 0.0333
+    ranks = compat_grid.Grid("adapter_rank", (4, 8, 16))
+    assert ranks.beyond([4, 16], "low") == 2
+    assert ranks.beyond([1, 4, 16], "low") is None  # nothing below rank 1
+    assert ranks.beyond([4, 16], "high") == 32
+    # The natural bound is not widened past: weight 0 is the paper's loss.
+    assert compat_grid.GRIDS["hbct"].beyond([0.0, 10.0, 100.0], "low") is None
+
+
+def test_tune_widens_past_an_end_until_the_best_is_inside() -> None:
+    grid = compat_grid.Grid("compat_weight", compat_grid.WEIGHTS)
+    trained: list[float] = []
+
+    def run_trial(settings: dict) -> dict:
+        trained.append(settings["compat_weight"])
+        # A validation score peaking at 40, past the grid's high end.
+        return {"settings": settings, "score": -abs(np.log10(settings["compat_weight"] / 40))}
+
+    def score(trial: dict) -> float:
+        return trial["score"]
+
+    base = grid.settings(3)
+    trials, best, edge = compat_grid.tune(grid, base, {}, run_trial, score, [], 2)
+    assert trained == [0.1, 1.0, 10.0, 33.3, 111.0]
+    assert trials[best]["settings"] == {"compat_weight": 33.3} and edge is None
+    # Capped: one round leaves the best at the end it reached, and says so.
+    trained.clear()
+    trials, best, edge = compat_grid.tune(grid, base, {}, run_trial, score, [], 1)
+    assert trials[best]["settings"] == {"compat_weight": 33.3} and edge == "high"
+    # An earlier selection's trials are taken, not retrained.
+    earlier = [{"settings": {"compat_weight": 0.1}, "score": -99.0}]
+    trained.clear()
+    trials, _, _ = compat_grid.tune(grid, base, {}, run_trial, score, earlier, 0)
+    assert trained == [1.0, 10.0] and trials[0] is earlier[0]
+
+
+def test_widen_trains_only_new_trials_and_keeps_unmoved_rows(
+    quick_payload: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from app.ml.upgrade_run import UpgradeContext
+
+    previous = tmp_path / "previous.json"
+    previous.write_text(json.dumps(quick_payload))
+    calls: list[str] = []
+    train = UpgradeContext.train
+
+    def counting(self, method, *args, **kwargs):
+        calls.append(method)
+        return train(self, method, *args, **kwargs)
+
+    monkeypatch.setattr(UpgradeContext, "train", counting)
+    # Under the rule it was selected with, widening trains nothing and changes no figure.
+    same = json.loads(compat.main(["--quick", "--widen", str(previous)]).read_text())
+    (old_sc,), (same_sc,) = quick_payload["scenarios"], same["scenarios"]
+    assert calls == []
+    assert same_sc["selection"] == old_sc["selection"]
+    for old_run, run in zip(old_sc["runs"], same_sc["runs"], strict=True):
+        assert run["metrics"] == old_run["metrics"]
+    # One more round: only trials past a remaining edge are trained; unmoved rows keep figures.
+    monkeypatch.setattr(compat, "QUICK", dataclasses.replace(compat.QUICK, extend_rounds=2))
+    out = tmp_path / "widened.json"
+    (sc,) = json.loads(
+        compat.main(["--quick", "--widen", str(previous), "--out", str(out)]).read_text()
+    )["scenarios"]
+    before, after = old_sc["selection"], sc["selection"]
+    new_trials = 0
+    for method, trials in after["trials"].items():
+        assert trials[: len(before["trials"][method])] == before["trials"][method]
+        new_trials += len(trials) - len(before["trials"][method])
+        if len(trials) > len(before["trials"][method]):
+            assert before["edge"][method] is not None
+    assert new_trials > 0  # the quick selection leaves edges a second round widens
+    moved = [m for m in compat_grid.METHODS if after["chosen"][m] != before["chosen"][m]]
+    if "independent" in moved:  # its temperature and reference reach every method
+        moved = list(compat_grid.METHODS)
+    assert len(calls) == new_trials + len(moved) * len(sc["runs"])
+    for old_run, run in zip(old_sc["runs"], sc["runs"], strict=True):
+        for method in set(compat_grid.BRIDGES) - set(moved) | {"auto"}:
+            assert run["metrics"][method] == old_run["metrics"][method], method
