@@ -32,7 +32,7 @@ from app.ml.models import EmbeddingModel
 TRIALS = DEFAULT_TRIALS
 # Then, while the chosen value sits at an end of what was tried, one more trial a grid step beyond
 # that end, at most this many times: the same rule (and cap) for every method.
-EXTEND_ROUNDS = 2
+EXTEND_ROUNDS = 4
 P_UP_FLOOR = -0.01
 
 
@@ -116,19 +116,17 @@ def independent_score(own_class: dict[str, float]) -> float:
 
 
 def edge_of(grid: Grid, trials: list[dict[str, Any]], chosen: int) -> str | None:
-    """``"low"`` / ``"high"`` when the chosen trial's value is the lowest / highest tried (and
-    not the axis's natural bound), else None."""
+    """``"low"`` / ``"high"`` when the chosen trial's value is the lowest / highest tried and a
+    valid value lies beyond it (not the axis's natural end: a weight of 0, a rank of 1), else
+    None."""
     if grid.axis is None or len(trials) < 2:
         return None
     values = [t[grid.axis] for t in trials]
     value = values[chosen]
-    if value == grid.bound:
+    side = "low" if value == min(values) else "high" if value == max(values) else None
+    if side is None or grid.beyond(values, side) is None:
         return None
-    if value == min(values):
-        return "low"
-    if value == max(values):
-        return "high"
-    return None
+    return side
 
 
 Trainer = Callable[[str, dict[str, Any]], EmbeddingModel]

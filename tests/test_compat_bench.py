@@ -31,6 +31,9 @@ def test_edge_flags_ends_but_not_the_natural_bound() -> None:
     trials = bounded.settings(compat_grid.TRIALS)
     assert compat_grid.edge_of(bounded, trials, 0) is None  # weight 0 = the paper's loss
     assert compat_grid.edge_of(bounded, trials, len(trials) - 1) == "high"
+    ranks = compat_grid.Grid("adapter_rank", (4, 8, 16))
+    ones = [{"adapter_rank": r} for r in (1, 4, 16)]
+    assert compat_grid.edge_of(ranks, ones, 0) is None  # nothing below rank 1
 
 
 def test_bridge_score_puts_the_p_up_floor_first() -> None:
