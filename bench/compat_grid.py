@@ -2,15 +2,17 @@
 
 Every method is tuned on one axis with ``TRIALS`` values, each trained on the *fit* part of the
 training items and scored on the *validation* part (both carved from the training items; the
-evaluation part is never seen). Methods with few natural knobs get a wide grid on the one they
-have. ``procrustes`` is closed form: it has nothing to tune and gets its single fit. A chosen
-value at either end of its grid is flagged (``on_edge``) — unless it is the axis's natural bound
-(a weight of 0 is the paper's loss, nothing lies below it) — because a better value may lie
-beyond it.
+evaluation part is never seen); then, while the best sits at an end of what was tried, one more
+trial a grid step past that end, at most ``EXTEND_ROUNDS`` (the same rule for every method).
+Methods with few natural knobs get a wide grid on the one they have. ``procrustes`` is closed
+form: it has nothing to tune and gets its single fit. A chosen value still at an end of what was
+tried is flagged (``edge``) — unless nothing valid lies beyond it (a weight of 0 is the paper's
+loss, a rank below 1 does not exist) — because a better value may lie beyond it.
 
 Scores: ``independent`` by its own space's class metrics (mean of CMC@1 and mAP@100); every
-bridge by (P_up ≥ ``P_UP_FLOOR`` for CMC@1 and mAP@100, mean P_com of the two), P_com/P_up
-against the stronger reference on validation (``app.ml.alternatives.assemble``).
+bridge by (P_up ≥ ``P_UP_FLOOR`` for CMC@1 and mAP@100, P_up against the stronger reference on
+validation, ``app.ml.alternatives.assemble``; then the mean gain of new→old over old→old, see
+``bridge_score`` for why not P_com).
 """
 
 from __future__ import annotations
@@ -97,17 +99,27 @@ BRIDGES = tuple(m for m in METHODS if m != "independent")
 BASE_LOSS_METHODS = ("hbct", "l2", "bct", "contrastive")
 
 
-def bridge_score(entry: dict[str, Any]) -> tuple[bool, float]:
-    """(P_up ≥ floor for CMC@1 and for mAP@100, mean P_com): feasible settings first."""
-    pu, pc = entry["p_up"], entry["p_com"]
+def bridge_score(entry: dict[str, Any], stay_class: dict[str, float]) -> tuple[bool, float]:
+    """(P_up ≥ floor for CMC@1 and for mAP@100, mean gain of new→old over old→old relative to
+    old→old): feasible settings first.
+
+    Not P_com: it divides by (reference − old→old), which on a validation split can be near 0
+    or negative (extended-data / extended-class: the old and new heads share the backbone), and
+    a negative denominator inverts its order (a map that collapses new→old retrieval scored
+    P_com +18 there). For one metric, the gain over old→old orders as P_com does wherever P_com's
+    denominator is positive."""
+    pu = entry["p_up"]
     feasible = all(pu[k] is not None and pu[k] >= P_UP_FLOOR for k in CLASS_METRICS)
-    values = [pc[k] for k in CLASS_METRICS if pc[k] is not None]
-    return feasible, float(np.mean(values)) if values else -np.inf
+    gains = [
+        (entry["class"][k] - stay_class[k]) / stay_class[k]
+        for k in CLASS_METRICS
+        if entry.get("class", {}).get(k) is not None and stay_class.get(k)
+    ]
+    return feasible, float(np.mean(gains)) if gains else -np.inf
 
 
-def _bridge_key(trial: dict[str, Any]) -> tuple[bool, float]:
-    """A trial's ``bridge_score`` as a sort key (one read back from JSON is a list, -inf None)."""
-    feasible, value = trial["score"]
+def _as_key(score: Any) -> tuple[bool, float]:
+    feasible, value = score
     return bool(feasible), -np.inf if value is None else float(value)
 
 
@@ -210,17 +222,22 @@ def select(
         def bridge_trial(settings: dict[str, Any], method: str = method) -> dict[str, Any]:
             measured = alternatives.measure_bridge(val, train(method, settings))
             entry = alternatives.assemble(stay, reindex, {method: measured}, reference)[method]
-            return {"settings": settings, "val": entry, "score": bridge_score(entry)}
+            return {"settings": settings, "val": entry}
+
+        def bridge_key(trial: dict[str, Any]) -> tuple[bool, float]:
+            # Scored afresh, so that trials reused from an earlier selection follow this rule.
+            return _as_key(bridge_score(trial["val"], stay["class"]))
 
         method_trials, best, edge = tune(
             grid,
             grid.settings(trials),
             shared if method in BASE_LOSS_METHODS else {},
             bridge_trial,
-            _bridge_key,
+            bridge_key,
             reuse.get(method, []),
             extend_rounds,
         )
+        method_trials = [{**t, "score": list(bridge_key(t))} for t in method_trials]
         out["trials"][method] = method_trials
         out["chosen"][method] = method_trials[best]["settings"]
         out["edge"][method] = edge

@@ -36,17 +36,41 @@ def test_edge_flags_ends_but_not_the_natural_bound() -> None:
     assert compat_grid.edge_of(ranks, ones, 0) is None  # nothing below rank 1
 
 
-def test_bridge_score_puts_the_p_up_floor_first() -> None:
-    def entry(p_com: float, p_up_cmc: float) -> dict:
-        return {
-            "p_com": {"cmc1": p_com, "map@100": p_com},
-            "p_up": {"cmc1": p_up_cmc, "map@100": 0.0},
-        }
+STAY_CLASS = {"cmc1": 0.60, "map@100": 0.30}
 
-    feasible = compat_grid.bridge_score(entry(0.2, 0.0))
-    costly = compat_grid.bridge_score(entry(0.9, -0.02))
+
+def _entry(new_old: float, p_up_cmc: float, reference: float = 0.70) -> dict:
+    """An assembled validation entry: new→old metrics ``new_old`` (both), P_com against a
+    reference at ``reference`` over stay's ``STAY_CLASS``."""
+    return {
+        "class": {"cmc1": new_old, "map@100": new_old - 0.3},
+        "p_com": {
+            "cmc1": (new_old - 0.60) / (reference - 0.60),
+            "map@100": (new_old - 0.60) / (reference - 0.60),
+        },
+        "p_up": {"cmc1": p_up_cmc, "map@100": 0.0},
+    }
+
+
+def test_bridge_score_puts_the_p_up_floor_first() -> None:
+    feasible = compat_grid.bridge_score(_entry(0.62, 0.0), STAY_CLASS)
+    costly = compat_grid.bridge_score(_entry(0.69, -0.02), STAY_CLASS)
     assert feasible[0] and not costly[0]
     assert max(feasible, costly) == feasible
+
+
+def test_bridge_score_ranks_by_new_to_old_when_the_reference_is_below_stay() -> None:
+    # On a validation split the reference can fall below stay (extended-data: the old and new
+    # heads share the backbone); P_com's denominator is then negative and its order inverted.
+    near_stay = _entry(0.59, 0.0, reference=0.599)
+    collapsed = _entry(0.05, 0.0, reference=0.599)
+    assert collapsed["p_com"]["cmc1"] > near_stay["p_com"]["cmc1"]
+    better = compat_grid.bridge_score(near_stay, STAY_CLASS)
+    assert better > compat_grid.bridge_score(collapsed, STAY_CLASS)
+    # Where the reference is above stay the order is P_com's.
+    low, high = _entry(0.62, 0.0), _entry(0.66, 0.0)
+    assert high["p_com"]["cmc1"] > low["p_com"]["cmc1"]
+    assert compat_grid.bridge_score(high, STAY_CLASS) > compat_grid.bridge_score(low, STAY_CLASS)
 
 
 @pytest.fixture(scope="module")
