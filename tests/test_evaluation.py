@@ -138,6 +138,13 @@ def test_arr_compatibility_and_json() -> None:
     assert out["reference"]["cmc1"] == "independent"
     assert out["p_com"]["cmc1"] == pytest.approx(0.25)
     assert out["p_up"]["cmc1"] == pytest.approx(-0.125)
+    # No reference above the old model: there is no gap to close, and a negative denominator
+    # would invert the share (a collapsed map at 0.05 would read +55). P_com is undefined.
+    below = compatibility(
+        {"cmc1": 0.05}, {"cmc1": 0.59}, {"cmc1": 0.60}, {"independent": {"cmc1": 0.59}}
+    )
+    assert math.isnan(below["p_com"]["cmc1"])
+    assert below["p_up"]["cmc1"] == pytest.approx(0.0)
     safe = json_safe({"x": math.nan, "y": [np.float32(1.5), np.int64(2), math.inf], "z": True})
     assert safe == {"x": None, "y": [1.5, 2, None], "z": True}
     json.dumps(safe, allow_nan=False)

@@ -72,7 +72,8 @@ METRIC_MEANINGS: dict[str, dict[str, str]] = {
         "p_com": "Class view: (M(bridged→old) − M(old→old)) ÷ (M(reference) − M(old→old)), the "
         "share of the gap between the old model and the stronger new reference (raw new backbone "
         "by cosine, or a new head trained without compatibility) that the bridge closes; > 0 "
-        "means it beats the old model.",
+        "means it beats the old model; null where the reference is not above the old model "
+        "(no gap to close).",
     },
     "p_up": {
         "p_up": "Class view: (M(bridged model's own space) − M(reference)) ÷ M(reference): what "
@@ -245,7 +246,9 @@ def compatibility(
     """P_com and P_up per metric against the stronger reference for that metric.
 
     ``references`` maps a reference's name (e.g. ``raw_new``, ``independent``) to its class
-    metrics in its own space; for each metric the best of them is M(reference).
+    metrics in its own space; for each metric the best of them is M(reference). P_com is NaN
+    (null in a report) where M(reference) ≤ M(old→old): there is no gap to close, and a
+    negative denominator would invert the share (a collapsed map would read as a large gain).
     """
     out: dict[str, Any] = {"p_com": {}, "p_up": {}, "reference": {}}
     for m in new_old:
@@ -255,7 +258,8 @@ def compatibility(
             default=(None, math.nan),
         )
         out["reference"][m] = name
-        out["p_com"][m] = ratio(new_old[m] - old_old[m], best - old_old[m])
+        gap = best - old_old[m]
+        out["p_com"][m] = ratio(new_old[m] - old_old[m], gap) if gap > 0 else math.nan
         out["p_up"][m] = ratio(new_new[m] - best, best)
     return out
 
