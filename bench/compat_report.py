@@ -208,7 +208,9 @@ def scenario_markdown(sc: dict[str, Any]) -> list[str]:
         "",
     ]
     order = [r for r in REFERENCE_ROWS if r in s["rows"]]
-    order += [r for r in s["rows"] if r not in REFERENCE_ROWS]
+    # Every single method, then auto last, whatever order the units' parts arrived in.
+    order += [r for r in s["rows"] if r not in REFERENCE_ROWS and r != "auto"]
+    order += ["auto"] if "auto" in s["rows"] else []
     rows = []
     for row in order:
         trials, chosen = _chosen_cell(sc, row)
