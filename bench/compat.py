@@ -7,13 +7,16 @@
 Spread over processes (how the committed results were made, see BENCHMARKS.md): per scenario
 ``--unit select --methods A`` and ``--methods B`` (two groups of methods), per seed ``--unit auto
 --seed K`` and ``--unit methods --seed K --methods A|B --selection <select files>``, then
-``--combine <unit files>``; each unit writes its own JSON file.
+``--combine <unit files>``; each unit writes its own JSON file. ``--widen FILE --scenarios A,B``
+applies the current selection rule to a finished results file (its trials reused, only new ones
+trained, moved choices retrained per seed; ``bench.compat_widen``) and writes the widened
+scenarios alone, for ``--merge FILE <widened files>``.
 
 Data: WordNet noun glosses embedded by all-MiniLM-L6-v2 (old backbone, 384-d) and
 all-mpnet-base-v2 (new backbone, 768-d); 147 fine classes (lexname + depth-4 ancestor, classes
 with ≥ 12 members); the data README's 60/40 split (train / evaluation). Settings are chosen on a
 validation split carved from the training part (20 %, seed 1) and never look at the evaluation
-part; every method gets the same number of validation trials (``bench.compat_grid``). Scenarios,
+part; every method gets the same validation trials rule (``bench.compat_grid``). Scenarios,
 at head level (every "model" is a head on frozen backbone features):
 
 - ``extended-data``: old head on MiniLM trained on 50 % of the training items; new on MiniLM.
