@@ -130,6 +130,22 @@ def target_lines(payload: dict[str, Any]) -> list[str]:
                     f"- {name}: auto P_com(CMC@1) {pc:.3f} above every single method's (best "
                     f"{who} {best:.3f}) — {_verdict(pc > best, pc - best)}"
                 )
+                # The same comparison among the methods that keep what auto must keep: own-item
+                # R@1 ≥ the floor × procrustes's (a method tuned for class alone need not).
+                kept = [
+                    (v, m)
+                    for v, m in rivals
+                    if proc
+                    and (r1 := _value(s, m, "instance.recall@1")) is not None
+                    and r1 >= INSTANCE_FLOOR * proc
+                ]
+                if kept:
+                    best, who = max(kept)
+                    lines.append(
+                        f"- {name}: auto P_com(CMC@1) {pc:.3f} above every single method that "
+                        f"keeps own-item R@1 ≥ {INSTANCE_FLOOR} × procrustes's (best {who} "
+                        f"{best:.3f}) — {_verdict(pc > best, pc - best)}"
+                    )
     for sc in payload["scenarios"]:
         lines += edge_lines(sc)
     if payload.get("querydoc"):
