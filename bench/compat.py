@@ -229,11 +229,9 @@ class ScenarioRun:
     def evaluation_set(self, ctx: UpgradeContext):
         return ctx.eval_set(np.arange(len(self.split.labels)), self.split.evaluation, EMPTY)
 
-    def select(
-        self,
-        methods: tuple[str, ...] = compat_grid.METHODS,
-        reuse: dict[str, list[dict[str, Any]]] | None = None,
-    ) -> dict[str, Any]:
+    def validation(self):
+        """(train(method, settings) on the fit part, the validation EvalSet): what selection's
+        trials are trained and scored with."""
         ctx0 = self.context(0)
         val = ctx0.eval_set(self.split.train, self.split.validation, EMPTY)
 
@@ -241,6 +239,14 @@ class ScenarioRun:
             params = CompatParams.from_dict({**self.common, **settings})
             return ctx0.train(method, params, self.split.fit, EMPTY, NO_HOOKS)
 
+        return fit_trainer, val
+
+    def select(
+        self,
+        methods: tuple[str, ...] = compat_grid.METHODS,
+        reuse: dict[str, list[dict[str, Any]]] | None = None,
+    ) -> dict[str, Any]:
+        fit_trainer, val = self.validation()
         selection = compat_grid.select(
             fit_trainer, val, self.cfg.trials, methods, reuse, self.cfg.extend_rounds
         )

@@ -3,16 +3,16 @@
 ``widen_scenario(run, previous)`` applies the current selection rule (``bench.compat_grid``: the
 base trials, then trials one grid step past an end the best sits on) to a scenario of an earlier
 results file: the trials it already holds are reused (training is seeded, so retraining them
-would give the same figures), only the new ones are trained, and a method whose choice moved is
-retrained on the training part for every seed and measured again. ``auto`` needs no selection:
-its measurements are kept, assembled again with the rest.
+would give the same figures; ``check_reuse`` verifies one first), only the new ones are trained,
+and a method whose choice moved is retrained on the training part for every seed and measured
+again. ``auto`` needs no selection: its measurements are kept, assembled again with the rest.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from app.ml.alternatives import assemble, measure_reindex, measure_stay
+from app.ml.alternatives import assemble, measure_bridge, measure_reindex, measure_stay
 from app.ml.evaluation import json_safe
 from bench import compat_grid, compat_report
 
@@ -29,11 +29,35 @@ def measured_views(entry: dict[str, Any]) -> dict[str, Any]:
     return views
 
 
+# The stored trial retrained before any is reused: a trained method, and a quick one.
+CHECKED_METHOD = "affine"
+TOLERANCE = 1e-4
+
+
+def check_reuse(run: Any, previous: dict[str, Any]) -> None:
+    """Retrain ``CHECKED_METHOD``'s first stored trial and compare its validation figures with
+    the stored ones: reusing trials is only sound when the current code reproduces them. Raises
+    ``ValueError`` naming the first figure that differs by more than ``TOLERANCE``."""
+    trial = previous["selection"]["trials"][CHECKED_METHOD][0]
+    train, val = run.validation()
+    fresh = measure_bridge(val, train(CHECKED_METHOD, trial["settings"]))
+    for view in ("instance", "class"):
+        for metric, stored in trial["val"].get(view, {}).items():
+            now = fresh.get(view, {}).get(metric)
+            if stored is None or now is None or abs(now - stored) > TOLERANCE:
+                raise ValueError(
+                    f"{run.scenario.name}: {CHECKED_METHOD} {trial['settings']} {view} {metric} "
+                    f"was {stored}, retrained {now}: the stored trials do not reproduce under "
+                    "the current code; run the selection again instead of widening"
+                )
+
+
 def widen_scenario(run: Any, previous: dict[str, Any]) -> dict[str, Any]:
     """``previous`` (a scenario of an earlier results file) with its selection widened by the
     current rule: its trials are reused, only the new ones trained (``ScenarioRun.select``).
     Methods whose choice moved are retrained per seed and every row is assembled again; ``auto``
-    needs no selection and keeps its measurements."""
+    needs no selection and keeps its measurements. ``check_reuse`` comes first."""
+    check_reuse(run, previous)
     selection = run.select(reuse=previous["selection"]["trials"])
     before = previous["selection"]["chosen"]
     moved = tuple(m for m in compat_grid.METHODS if selection["chosen"][m] != before.get(m))

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bench import compat, compat_grid, compat_report, querydoc
+from bench import compat, compat_grid, compat_report, compat_widen, querydoc
 
 
 def test_every_method_gets_the_same_number_of_trials() -> None:
@@ -294,10 +294,11 @@ def test_widen_trains_only_new_trials_and_keeps_unmoved_rows(
         return train(self, method, *args, **kwargs)
 
     monkeypatch.setattr(UpgradeContext, "train", counting)
-    # Under the rule it was selected with, widening trains nothing and changes no figure.
+    # Under the rule it was selected with, widening trains only the reuse check (one stored
+    # trial retrained) and changes no figure.
     same = json.loads(compat.main(["--quick", "--widen", str(previous)]).read_text())
     (old_sc,), (same_sc,) = quick_payload["scenarios"], same["scenarios"]
-    assert calls == []
+    assert calls == [compat_widen.CHECKED_METHOD]
     assert same_sc["selection"] == old_sc["selection"]
     for old_run, run in zip(old_sc["runs"], same_sc["runs"], strict=True):
         assert run["metrics"] == old_run["metrics"]
@@ -318,7 +319,20 @@ def test_widen_trains_only_new_trials_and_keeps_unmoved_rows(
     moved = [m for m in compat_grid.METHODS if after["chosen"][m] != before["chosen"][m]]
     if "independent" in moved:  # its temperature and reference reach every method
         moved = list(compat_grid.METHODS)
-    assert len(calls) == new_trials + len(moved) * len(sc["runs"])
+    assert len(calls) == 2 + new_trials + len(moved) * len(sc["runs"])  # 2 reuse checks
     for old_run, run in zip(old_sc["runs"], sc["runs"], strict=True):
         for method in set(compat_grid.BRIDGES) - set(moved) | {"auto"}:
             assert run["metrics"][method] == old_run["metrics"][method], method
+
+
+def test_widen_refuses_trials_the_current_code_does_not_reproduce(
+    quick_payload: dict, tmp_path: Path
+) -> None:
+    tampered = json.loads(json.dumps(quick_payload))
+    (sc,) = tampered["scenarios"]
+    trial = sc["selection"]["trials"][compat_widen.CHECKED_METHOD][0]
+    trial["val"]["instance"]["recall@1"] -= 0.01  # as if trained by other code
+    path = tmp_path / "tampered.json"
+    path.write_text(json.dumps(tampered))
+    with pytest.raises(ValueError, match="do not reproduce"):
+        compat.main(["--quick", "--widen", str(path), "--out", str(tmp_path / "out.json")])
