@@ -594,6 +594,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     }
     out = Path(args.out or RESULTS / ("engines_quick.json" if args.quick else "engines.json"))
     if set(measured) != set(ENGINES):  # the side-by-side section needs both
+        out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(result, indent=2) + "\n")
         return result
     section = None if (args.no_markdown or args.quick) else SECTION

@@ -9,7 +9,7 @@ from bench import engines
 
 
 def test_one_engine_alone_writes_its_figures_only(tmp_path: Path) -> None:
-    out = tmp_path / "faiss.json"
+    out = tmp_path / "new-folder" / "faiss.json"
     argv = ["--quick", "--engines", "faiss", "--radii", "1", "--out", str(out)]
     result = engines.main(argv)
     assert "faiss" in result and "milvus" not in result
