@@ -43,7 +43,7 @@ from bench.machine import facts_markdown, load_average, run_record
 from bench.report import command_line, publish
 from bench.service import RunningService, free_port, npy_bytes, start_service, stop_process
 from bench.tiled import tiled, wordnet_rows
-from bench.wordnet import REPO_ROOT
+from bench.wordnet import REPO_ROOT, quick_data_dir
 
 RESULTS = REPO_ROOT / "bench/results"
 SECTION = "bench.api_memory"
@@ -379,6 +379,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "--render", metavar="JSON", help="recompute growth and republish a saved run's results"
     )
     args = parser.parse_args(argv)
+    if args.quick:
+        quick_data_dir("bench.api_memory")
     if args.render:
         return republish(Path(args.render), args.no_markdown)
     sizes = sorted(QUICK_SIZES if args.quick else args.sizes)
@@ -387,7 +389,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     batch = min(args.batch, 1_000) if args.quick else args.batch
     load_start = load_average()
     tic = time.perf_counter()
-    base = wordnet_rows().old
+    base = wordnet_rows(with_new=False).old
     vectors = tiled(base, sizes[-1], seed=args.seed)
     rng = np.random.default_rng(args.seed + 1)
     picks = rng.integers(0, sizes[0], SEARCHES * SEARCH_BATCH)

@@ -69,7 +69,7 @@ from bench.continual_stream import (
     load_corpus,
 )
 from bench.report import command_line
-from bench.wordnet import NEW_MODEL, REPO_ROOT
+from bench.wordnet import NEW_MODEL, REPO_ROOT, quick_data_dir
 
 __all__ = ["Corpus", "Task", "build_tasks", "load_corpus", "run_method", "time_steps"]
 
@@ -516,6 +516,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "--batch-size", type=int, default=None, help="mini-batch rows of the timed steps"
     )
     args = parser.parse_args(argv)
+    if args.quick:
+        quick_data_dir("bench.continual")
     if args.render is not None:
         result = json.loads(args.render.read_text())
         print(render_markdown(result))

@@ -59,7 +59,7 @@ from app.search.milvus_search import DEFAULT_OVERFETCH, SearchHits, search_defau
 from bench.machine import facts_markdown, load_average, run_record
 from bench.report import command_line, publish
 from bench.tiled import lift_points, tiled, wordnet_rows
-from bench.wordnet import REPO_ROOT
+from bench.wordnet import REPO_ROOT, quick_data_dir
 
 RESULTS = REPO_ROOT / "bench/results"
 SECTION = "bench.engines"
@@ -149,7 +149,7 @@ class Data:
     """The tiled gallery (Euclidean rows), its item ids and the noisy queries."""
 
     def __init__(self, rows: int, seed: int) -> None:
-        base = wordnet_rows().old  # the old model's rows only (the new model's are not used)
+        base = wordnet_rows(with_new=False).old
         self.vectors = tiled(base, rows, seed=seed)
         rng = np.random.default_rng(seed + 1)
         picks = rng.integers(0, rows, QUERIES)
@@ -547,6 +547,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         help="with --validate",
     )
     args = parser.parse_args(argv)
+    if args.quick:
+        quick_data_dir("bench.engines")
     if not args.engines or set(args.engines) - set(ENGINES):
         parser.error(f"--engines: a comma-separated subset of {','.join(ENGINES)}")
     hnsw = {"m": args.hnsw_m, "ef_construction": args.ef_construction}

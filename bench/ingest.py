@@ -41,7 +41,7 @@ from bench.machine import facts_markdown, load_average, run_record
 from bench.report import command_line, publish
 from bench.service import create_gallery, npy_bytes, start_service
 from bench.tiled import lift_points, tiled, wordnet_rows
-from bench.wordnet import REPO_ROOT
+from bench.wordnet import REPO_ROOT, quick_data_dir
 
 RESULTS = REPO_ROOT / "bench/results"
 SECTION = "bench.ingest"
@@ -224,11 +224,13 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--no-markdown", action="store_true")
     args = parser.parse_args(argv)
+    if args.quick:
+        quick_data_dir("bench.ingest")
     n = args.rows or (20_000 if args.quick else 200_000)
     batch = args.batch or (5_000 if args.quick else 10_000)
     load_start = load_average()
     tic = time.perf_counter()
-    vectors = tiled(wordnet_rows().old, n, seed=args.seed)
+    vectors = tiled(wordnet_rows(with_new=False).old, n, seed=args.seed)
     points = lift_points(vectors, LIFT)
     lifted = lifted_gallery(points, LIFT.curv)
     workdir = Path(tempfile.mkdtemp(prefix="nobackfill-bench-ingest-"))

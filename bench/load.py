@@ -32,7 +32,7 @@ from bench.machine import facts_markdown, load_average, machine_facts
 from bench.report import command_line, publish
 from bench.service import BENCH_KEY, create_gallery, start_service
 from bench.tiled import DEFAULT_NOISE
-from bench.wordnet import FIELDS, OLD_MODEL, REPO_ROOT, load_wordnet
+from bench.wordnet import FIELDS, OLD_MODEL, REPO_ROOT, load_wordnet, quick_data_dir
 
 RESULTS = REPO_ROOT / "bench/results"
 SECTION = "bench.load"
@@ -201,6 +201,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--no-markdown", action="store_true")
     args = parser.parse_args(argv)
+    if args.quick:
+        quick_data_dir("bench.load")
     args.clients = args.clients or (4 if args.quick else 8)
     args.duration = args.duration or (5.0 if args.quick else 45.0)
     args.rows = args.rows if args.rows is not None else (2000 if args.quick else 20_000)

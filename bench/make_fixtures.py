@@ -1,26 +1,49 @@
-"""Cut the small real-data fixture the tests use from the WordNet-noun data.
+"""Cut the small real-data fixtures the tests use from the WordNet-noun data.
 
-    python -m bench.make_fixtures            # writes tests/fixtures/wordnet_small.npz
+    python -m bench.make_fixtures   # writes tests/fixtures/wordnet_small.npz and wordnet-mini/
 
-Deterministic: the same data gives the same file. The fixture holds ``PER_CLASS`` synsets from each
-of the ``N_CLASSES`` largest fine classes (lexname + depth-4 ancestor), with gloss and lemma
-embeddings from both models (float16, as in the source), and each class's name embedding (the
-lemmas of the class's ancestor synset).
+Deterministic: the same data gives the same files.
+
+- ``wordnet_small.npz`` holds ``PER_CLASS`` synsets from each of the ``N_CLASSES`` largest fine
+  classes (lexname + depth-4 ancestor), with gloss and lemma embeddings from both models (float16,
+  as in the source), and each class's name embedding (the lemmas of the class's ancestor synset).
+- ``wordnet-mini/`` is a data folder in the full data's own layout (``meta.jsonl.gz``,
+  ``<field>.<model>.f16.npy``, ``ancestors.*``) with the old model's rows only: every class of the
+  continual stream cut to its minimum size and a slice of each retrieval group. The benchmarks'
+  ``--quick`` modes run on it when the full data is absent (``bench.wordnet.quick_data_dir``).
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
+import json
 from collections import Counter
 from pathlib import Path
 
 import numpy as np
 
-from bench.wordnet import FIELDS, MODELS, REPO_ROOT, fine_labels, load_wordnet
+from bench.continual_stream import (
+    CLASS_DEPTH,
+    MIN_CLASS_ITEMS,
+    RETRIEVAL_GROUPS,
+    stream_classes,
+)
+from bench.wordnet import (
+    FIELDS,
+    FIXTURE_DATA_DIR,
+    MODELS,
+    OLD_MODEL,
+    REPO_ROOT,
+    fine_labels,
+    load_wordnet,
+)
 
 N_CLASSES = 16
 PER_CLASS = 50
 OUT = REPO_ROOT / "tests/fixtures/wordnet_small.npz"
+# Items per retrieval group in the mini folder (the continual --quick run takes up to 400).
+MINI_RETRIEVAL_ITEMS = 100
 
 
 def build_fixture(data_dir: Path | None = None, out: Path = OUT) -> Path:
@@ -66,12 +89,73 @@ def build_fixture(data_dir: Path | None = None, out: Path = OUT) -> Path:
     return out
 
 
+def _write_rows(out: Path, prefix: str, meta: list[dict], arrays: dict[str, np.ndarray]) -> None:
+    with gzip.GzipFile(out / f"{prefix}meta.jsonl.gz", "wb", mtime=0) as fh:
+        fh.write("".join(json.dumps(m) + "\n" for m in meta).encode())
+    for name, arr in arrays.items():
+        np.save(out / f"{prefix}{name}.f16.npy", arr.astype(np.float16))
+
+
+def build_mini_data_dir(data_dir: Path | None = None, out: Path = FIXTURE_DATA_DIR) -> Path:
+    """The mini data folder: real rows of the old model, in the full data's layout.
+
+    The continual stream's classes (each cut to ``MIN_CLASS_ITEMS`` members: the same 80 classes are
+    kept, dealt in another order), ``MINI_RETRIEVAL_ITEMS`` synsets of each retrieval group outside those
+    classes, and the ancestor rows that name the classes.
+    """
+    data = load_wordnet(data_dir, models=(OLD_MODEL,))
+    ancestors = load_wordnet(data_dir, models=(OLD_MODEL,), prefix="ancestors.")
+    classes = [c for task in stream_classes(data.meta) for c in task]
+    rng = np.random.default_rng(0)
+
+    def class_of(m: dict) -> str | None:
+        return m["ancestors"][CLASS_DEPTH] if len(m["ancestors"]) > CLASS_DEPTH else None
+
+    rows: list[int] = []
+    for cls in sorted(classes):
+        members = np.array([i for i, m in enumerate(data.meta) if class_of(m) == cls])
+        rows.extend(int(i) for i in rng.choice(members, size=MIN_CLASS_ITEMS, replace=False))
+    # Classes the stream does not deal must stay below the threshold in the mini folder too,
+    # or the deal would change: the retrieval rows come from synsets of no depth-6 class at all.
+    for group in RETRIEVAL_GROUPS:
+        pool = np.array(
+            [i for i, m in enumerate(data.meta) if m["lexname"] in group and class_of(m) is None]
+        )
+        rows.extend(int(i) for i in rng.choice(pool, size=MINI_RETRIEVAL_ITEMS, replace=False))
+    rows_arr = np.sort(np.array(rows))
+    # Each class needs a name row: a kept main row, else the class synset's row in the full
+    # data (main or ancestors), written to the mini folder's ancestor files.
+    kept = {data.meta[i]["synset_id"] for i in rows_arr}
+    where = {m["synset_id"]: (ancestors, i) for i, m in enumerate(ancestors.meta)}
+    where.update({m["synset_id"]: (data, i) for i, m in enumerate(data.meta)})
+    named = [where[c] for c in sorted(set(classes) - kept)]
+    out.mkdir(parents=True, exist_ok=True)
+    _write_rows(
+        out,
+        "",
+        [data.meta[i] for i in rows_arr],
+        {f"{f}.{OLD_MODEL}": data.get(f, OLD_MODEL)[rows_arr] for f in FIELDS},
+    )
+    _write_rows(
+        out,
+        "ancestors.",
+        [table.meta[i] for table, i in named],
+        {
+            f"{f}.{OLD_MODEL}": np.stack([table.get(f, OLD_MODEL)[i] for table, i in named])
+            for f in FIELDS
+        },
+    )
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data-dir", type=Path, default=None)
     parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--mini-out", type=Path, default=FIXTURE_DATA_DIR)
     args = parser.parse_args()
     print(build_fixture(args.data_dir, args.out))
+    print(build_mini_data_dir(args.data_dir, args.mini_out))
 
 
 if __name__ == "__main__":

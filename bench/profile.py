@@ -54,7 +54,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--batch", type=int, default=10_000)
     parser.add_argument("--rate", type=int, default=200, help="py-spy samples per second")
     args = parser.parse_args(argv)
-    vectors = tiled(wordnet_rows().old, args.rows)
+    vectors = tiled(wordnet_rows(with_new=False).old, args.rows)
     workdir = Path(tempfile.mkdtemp(prefix="nobackfill-profile-"))
     service = start_service(workdir)
     out = RESULTS / f"profile_{args.workload}.txt"

@@ -24,14 +24,17 @@ BLOCK = 65536
 @dataclass
 class WordNetRows:
     old: np.ndarray  # 48,000 × 384 float32 (MiniLM, gloss rows then lemma rows)
-    new: np.ndarray  # 48,000 × 768 float32 (MPNet, same rows)
+    new: np.ndarray | None  # 48,000 × 768 float32 (MPNet, same rows); None when not loaded
 
 
-def wordnet_rows() -> WordNetRows:
-    data = load_wordnet(fields=FIELDS, models=(OLD_MODEL, NEW_MODEL))
+def wordnet_rows(with_new: bool = True) -> WordNetRows:
+    """Gloss then lemma rows of the old model (and of the new one unless ``with_new`` is False:
+    the mini fixture folder holds the old model's rows only)."""
+    models = (OLD_MODEL, NEW_MODEL) if with_new else (OLD_MODEL,)
+    data = load_wordnet(fields=FIELDS, models=models)
     return WordNetRows(
         old=np.concatenate([data.get(f, OLD_MODEL) for f in FIELDS]),
-        new=np.concatenate([data.get(f, NEW_MODEL) for f in FIELDS]),
+        new=np.concatenate([data.get(f, NEW_MODEL) for f in FIELDS]) if with_new else None,
     )
 
 

@@ -1,8 +1,10 @@
 """Load the WordNet-noun embedding data (real features from two public sentence encoders).
 
 The data lives in ``../shared/data/wordnet-nouns`` beside the checkout when the workplace provides
-it, or wherever ``NOBACKFILL_WORDNET_DIR`` points; ``python -m bench.build_wordnet`` rebuilds it
-from public sources (Debian's ``wordnet-base`` and the PyPI-shipped models).
+it, or wherever ``NOBACKFILL_WORDNET_DIR`` points; ``python -m bench.build_wordnet`` (``make
+data``) rebuilds it from public sources (Debian's ``wordnet-base`` and the PyPI-shipped models).
+Tests never need it: they use the fixtures cut from it (``bench.make_fixtures``), and the
+benchmarks' ``--quick`` modes fall back to ``FIXTURE_DATA_DIR`` when it is absent.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import sys
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +24,8 @@ OLD_MODEL = "all-MiniLM-L6-v2"
 NEW_MODEL = "all-mpnet-base-v2"
 MODELS = (OLD_MODEL, NEW_MODEL)
 FIELDS = ("gloss", "lemma")
+# The mini data folder cut from the real data (old model only; ``bench.make_fixtures``).
+FIXTURE_DATA_DIR = REPO_ROOT / "tests/fixtures/wordnet-mini"
 
 
 def default_data_dir() -> Path:
@@ -32,6 +37,31 @@ def default_data_dir() -> Path:
         if (candidate / "meta.jsonl.gz").exists():
             return candidate
     return REPO_ROOT / "data/wordnet"
+
+
+def has_data(data_dir: Path) -> bool:
+    return (data_dir / "meta.jsonl.gz").exists()
+
+
+def quick_data_dir(benchmark: str) -> Path:
+    """The data a ``--quick`` run uses: the full data where it is, else the mini fixture folder.
+
+    The fallback is said on stderr and made the process's default (``NOBACKFILL_WORDNET_DIR``),
+    so every loader of the run, and any process it starts, reads the same rows. Full runs never
+    fall back: their figures are only meaningful on the full data.
+    """
+    data_dir = default_data_dir()
+    if has_data(data_dir):
+        return data_dir
+    print(
+        f"{benchmark} --quick: no WordNet-noun data at {data_dir}; running on the mini fixture "
+        f"{FIXTURE_DATA_DIR.relative_to(REPO_ROOT)} (real rows, old model only; figures are "
+        "not comparable with full-data runs)",
+        file=sys.stderr,
+        flush=True,
+    )
+    os.environ["NOBACKFILL_WORDNET_DIR"] = str(FIXTURE_DATA_DIR)
+    return FIXTURE_DATA_DIR
 
 
 @dataclass

@@ -28,7 +28,7 @@ def fixture_rows(wordnet_small: dict, monkeypatch) -> WordNetRows:
         new=np.concatenate([wordnet_small[f"{f}.{MPNET}"] for f in ("gloss", "lemma")]),
     )
     for module in (bench.search, bench.indexes, bench.ingest, bench.api_memory):
-        monkeypatch.setattr(module, "wordnet_rows", lambda: rows)
+        monkeypatch.setattr(module, "wordnet_rows", lambda with_new=True: rows)
     return rows
 
 
