@@ -10,7 +10,12 @@ import torch
 # Tests never read the full WordNet-noun data (a fresh clone has none): the data lookup points at
 # an empty folder for the whole run, subprocesses included, so a test that reaches for the full
 # data fails here as it would for a newcomer. They use the fixtures cut from it instead.
-NO_DATA_DIR = tempfile.mkdtemp(prefix="nobackfill-no-wordnet-")
+# (Kept in the environment too, so a test module importing ``tests.conftest`` — a second copy
+# of this module — names the same folder rather than making another.)
+NO_DATA_DIR = os.environ.get("NOBACKFILL_TEST_EMPTY_DATA_DIR") or tempfile.mkdtemp(
+    prefix="nobackfill-no-wordnet-"
+)
+os.environ["NOBACKFILL_TEST_EMPTY_DATA_DIR"] = NO_DATA_DIR
 os.environ["NOBACKFILL_WORDNET_DIR"] = NO_DATA_DIR
 
 # Tests are small; more threads than cores only adds contention on the 2-core CI machine.
@@ -23,6 +28,16 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 FIXTURES = Path(__file__).parent / "fixtures"
+
+
+@pytest.fixture(autouse=True)
+def _data_lookup_stays_empty(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Undo, after each test, a ``--quick`` run in-process pointing the lookup at the mini fixture.
+
+    ``bench.wordnet.quick_data_dir`` sets the variable for the rest of its process (the CLI's
+    loaders read it); in the test process that would leak into later tests and their subprocesses.
+    """
+    monkeypatch.setenv("NOBACKFILL_WORDNET_DIR", NO_DATA_DIR)
 
 
 @pytest.fixture(scope="session")
