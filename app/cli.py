@@ -199,6 +199,7 @@ def _server_command(args: argparse.Namespace) -> int:
         )
         return 0
 
+    import app.db_models  # noqa: F401  (the table registry: Database needs every mapped class)
     from app.core.db import Database, migrate
 
     migrate(settings.resolved_database_url)

@@ -10,23 +10,24 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 from fastapi_offline import FastAPIOffline
 
+import app.db_models  # noqa: F401  (the table registry: Database needs every mapped class)
+from app.api.datasets import router as datasets_router
+from app.api.deps import ServiceState
+from app.api.galleries import router as galleries_router
+from app.api.models import router as models_router
+from app.api.observability import install_observability
+from app.api.search import router as search_router
+from app.api.upgrades import router as upgrades_router
 from app.auth.service import ensure_local_key
 from app.core.db import Database, migrate
-from app.core.deps import ServiceState
 from app.core.errors import install_error_handlers
 from app.core.limits import BodyLimitMiddleware
-from app.core.observability import install_observability
 from app.core.openapi import install_openapi
 from app.core.settings import Settings, get_settings
-from app.datasets.router import router as datasets_router
-from app.galleries.router import router as galleries_router
 from app.galleries.service import verify_all_indexes
-from app.jobs.runner import make_runner
-from app.models.router import router as models_router
 from app.models.service import ModelCache, remove_orphan_artifacts
-from app.search.router import router as search_router
-from app.search.store import IndexStore
-from app.upgrades.router import router as upgrades_router
+from app.upgrades.runner import make_runner
+from app.vectors.index_store import IndexStore
 
 log = logging.getLogger("nobackfill")
 
@@ -54,7 +55,7 @@ def build_state(settings: Settings) -> ServiceState:
         flush_interval_s=settings.index_flush_interval_s,
     )
     if settings.vector_engine == "milvus":
-        from app.search.milvus_storage import hold_engine
+        from app.vectors.milvus_storage import hold_engine
 
         # Connect now: a Milvus that cannot be reached stops the start, not the first request.
         hold_engine(settings)
@@ -87,7 +88,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             state.indexes.close()
             state.db.dispose()
             if settings.vector_engine == "milvus":
-                from app.search.milvus_storage import release_engine
+                from app.vectors.milvus_storage import release_engine
 
                 release_engine(settings)
 

@@ -1,5 +1,5 @@
-"""Vector engines side by side: Milvus (``app.search.milvus_engine``) and FAISS
-(``app.search.index``), each against its raw engine, in one run per engine.
+"""Vector engines side by side: Milvus (``app.vectors.milvus_engine``) and FAISS
+(``app.vectors.faiss_index``), each against its raw engine, in one run per engine.
 
     python -m bench.engines                 # 100k rows: bench/results/engines.json + BENCHMARKS.md
     python -m bench.engines --rows 1000000 --radii 1  # the issue's size: about an hour a radius
@@ -45,8 +45,8 @@ import numpy as np
 import torch
 
 from app.ml.space import EuclideanLift
-from app.search.index import LorentzIndex, exact_distances, lifted_gallery, lifted_queries
-from app.search.milvus_engine import (
+from app.vectors.faiss_index import LorentzIndex, exact_distances, lifted_gallery, lifted_queries
+from app.vectors.milvus_engine import (
     DEFAULT_HNSW,
     GalleryLayout,
     MilvusEngine,
@@ -54,8 +54,8 @@ from app.search.milvus_engine import (
     drop_collection,
     seal_collection,
 )
-from app.search.milvus_math import exact_top_k, recall_within
-from app.search.milvus_search import DEFAULT_OVERFETCH, SearchHits, search_defaults
+from app.vectors.milvus_math import exact_top_k, recall_within
+from app.vectors.milvus_search import DEFAULT_OVERFETCH, SearchHits, search_defaults
 from bench.machine import facts_markdown, load_average, run_record
 from bench.report import command_line, publish
 from bench.tiled import lift_points, tiled, wordnet_rows

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from app.ml.space import EuclideanLift
-from app.search.index import LorentzIndex, lifted_queries
+from app.vectors.faiss_index import LorentzIndex, lifted_queries
 from bench.machine import facts_markdown, load_average, run_record
 from bench.report import command_line, publish
 from bench.tiled import lift_points, tiled, wordnet_rows

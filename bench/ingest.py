@@ -35,8 +35,8 @@ import faiss
 import numpy as np
 
 from app.ml.space import EuclideanLift
-from app.search.index import lifted_gallery
-from app.search.store import IndexSpec, IndexStore
+from app.vectors.faiss_index import lifted_gallery
+from app.vectors.index_store import IndexSpec, IndexStore
 from bench.machine import facts_markdown, load_average, run_record
 from bench.report import command_line, publish
 from bench.service import create_gallery, npy_bytes, start_service

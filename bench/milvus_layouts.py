@@ -6,7 +6,7 @@ Two measurements behind BENCHMARKS.md's prose under "Vector engines":
 
 * ordering — brute force, no engine: for each query, the position of each of its exact Lorentz
   top-10 items in the Euclidean order of the tangent vectors log₀(x) and of the ball coordinates
-  p (``app.search.milvus_math``); the share within the first k′ is the recall an exact index over
+  p (``app.vectors.milvus_math``); the share within the first k′ is the recall an exact index over
   that layout would give after the re-rank (30k-row gallery, seed 7, radii 1 / 3 / 6).
 * search cost — a 100k-row poincare gallery at radius 3 (seed 0) in milvus-lite, searched at the
   engine's k′ and ef with batch 256: queries/s asking the engine for the hits' indexed rows and
@@ -27,9 +27,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from app.search.milvus_engine import ID_BATCH, MilvusEngine, ids_filter
-from app.search.milvus_math import exact_top_k, gallery_search_vectors, query_search_vectors
-from app.search.milvus_search import POINCARE_EF_FACTOR, POINCARE_OVERFETCH
+from app.vectors.milvus_engine import ID_BATCH, MilvusEngine, ids_filter
+from app.vectors.milvus_math import exact_top_k, gallery_search_vectors, query_search_vectors
+from app.vectors.milvus_search import POINCARE_EF_FACTOR, POINCARE_OVERFETCH
 from bench.engines import Data, ingest, milvus_gallery
 from bench.machine import load_average, run_record
 from bench.report import command_line

@@ -42,7 +42,7 @@ import torch
 
 from app.ml.compat import train_compatible_model
 from app.ml.space import EuclideanLift
-from app.search.index import LorentzIndex, lifted_queries
+from app.vectors.faiss_index import LorentzIndex, lifted_queries
 from bench.machine import (
     facts_markdown,
     gemm_flops,

@@ -131,10 +131,11 @@ def seed_gallery_rows(
     """Store vectors straight through the (stopped) service's vector storage, as committed
     uploads would leave them, one commit per chunk, and bump the gallery's index version: the
     next start rebuilds its index."""
+    import app.db_models  # noqa: F401  (the table registry: Database needs every mapped class)
     from app.core.db import Database
     from app.core.settings import Settings
     from app.galleries.models import Gallery
-    from app.vectors.engine import storage_for
+    from app.vectors.storage import storage_for
 
     settings = Settings(_env_file=None, data_dir=data_dir, bootstrap_key=BENCH_KEY)
     db = Database(settings)

@@ -52,7 +52,7 @@ def tiled(base: np.ndarray, n: int, noise: float = DEFAULT_NOISE, seed: int = 0)
 
 def lift_points(vectors: np.ndarray, lift: EuclideanLift) -> np.ndarray:
     """Space components of ``vectors`` under ``lift`` in float64, as the service computes them
-    (``app.galleries.service.lifted_points``), block by block, returned as float32."""
+    (``app.vectors.points.lifted_points``), block by block, returned as float32."""
     out = np.empty(vectors.shape, dtype=np.float32)
     for start in range(0, len(vectors), BLOCK):
         block = torch.as_tensor(vectors[start : start + BLOCK], dtype=torch.float64)

@@ -6,8 +6,8 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy import create_engine, pool
 
-from app.core.all_models import Base
 from app.core.settings import get_settings
+from app.db_models import Base
 
 config = context.config
 target_metadata = Base.metadata

@@ -18,14 +18,14 @@ from pymilvus import DataType, MilvusClient
 
 from app.galleries.models import Gallery
 from app.ml.space import EuclideanLift
-from app.search import milvus_search
-from app.search.index import LorentzIndex, exact_distances
-from app.search.milvus_attach import AttachedCollection, AttachError
-from app.search.milvus_engine import GalleryLayout, MilvusEngine
-from app.search.milvus_math import choose_layout, cosine_lift, exact_top_k, recall_within
-from app.search.milvus_search import DEFAULT_OVERFETCH, POINCARE_OVERFETCH, SearchHits
-from app.search.milvus_storage import MilvusVectorStorage, collection_name, layout_of
+from app.vectors import milvus_search
 from app.vectors.engine import VectorStorage
+from app.vectors.faiss_index import LorentzIndex, exact_distances
+from app.vectors.milvus_attach import AttachedCollection, AttachError
+from app.vectors.milvus_engine import GalleryLayout, MilvusEngine
+from app.vectors.milvus_math import choose_layout, cosine_lift, exact_top_k, recall_within
+from app.vectors.milvus_search import DEFAULT_OVERFETCH, POINCARE_OVERFETCH, SearchHits
+from app.vectors.milvus_storage import MilvusVectorStorage, collection_name, layout_of
 from bench.engines import spread_points
 
 OLD = "all-MiniLM-L6-v2"
@@ -305,7 +305,7 @@ def test_acknowledged_writes_survive_kill_9(tmp_path: Path, rows: dict) -> None:
         f"""
         import os, signal, sys
         import numpy as np
-        from app.search.milvus_engine import GalleryLayout, MilvusEngine
+        from app.vectors.milvus_engine import GalleryLayout, MilvusEngine
         vectors = np.load({str(tmp_path / "vectors.npy")!r})
         engine = MilvusEngine({uri!r})
         gallery = engine.create_gallery(GalleryLayout("crash", 384, 384, 1.0, "tangent", "HNSW"))

@@ -1,0 +1,1 @@
+"""The Celery worker process: receives upgrade jobs and runs ``app.upgrades.executor``."""

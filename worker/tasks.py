@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
+import app.db_models
 from app.core.db import Database
 from app.core.settings import get_settings
 from app.upgrades.executor import Claim, execute, worker_name

@@ -104,10 +104,8 @@ class Database:
     """An engine and its session factory, built from settings (in the lifespan or a worker)."""
 
     def __init__(self, settings: Settings, url: str | None = None) -> None:
-        # Every mapped class must be known before the first flush resolves foreign keys (a
-        # worker process imports only the modules its task needs).
-        import app.core.all_models  # noqa: F401
-
+        # Every mapped class must be known before the first flush resolves foreign keys: the
+        # entry points (app.main, app.cli, worker.tasks) import the registry, app.db_models.
         self.url = url or settings.resolved_database_url
         self.engine = make_engine(self.url, settings)
         # Sessions carry the settings: storage outside the database (vector segment files under

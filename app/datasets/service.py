@@ -18,8 +18,8 @@ from app.datasets.models import Dataset, DatasetItem
 from app.datasets.schemas import DatasetCreate
 from app.galleries.models import Gallery
 from app.galleries.service import IN_CHUNK, get_gallery
-from app.upgrades.models import QUEUED, RUNNING, UpgradeJob
-from app.vectors.engine import storage_for
+from app.jobs.models import QUEUED, RUNNING, UpgradeJob
+from app.vectors.storage import storage_for
 
 
 def get_dataset(session: Session, tenant_id: str, dataset_id: str) -> Dataset:
@@ -42,6 +42,13 @@ def gallery_ids_present(session: Session, gallery_id: str, ids: Sequence[str]) -
     if gallery is None:
         return set()
     return set(storage_for(session, gallery).lookup(session, gallery, sorted(set(ids))))
+
+
+def refuse_while_paired(session: Session, gallery: Gallery) -> None:
+    """409 while datasets pair their items with ``gallery`` (before deleting it)."""
+    datasets = list(session.scalars(select(Dataset.id).where(Dataset.gallery_id == gallery.id)))
+    if datasets:
+        raise conflict(f"datasets {datasets} pair their items with this gallery; delete them first")
 
 
 def query_counts(dataset: Dataset) -> dict[str, int]:

@@ -1,14 +1,15 @@
-"""Galleries (one embedding space each) and their stored vectors — the truth the index mirrors."""
+"""Galleries: one embedding space each (its stored vectors are rows of ``app.vectors.tables``
+or files and collections the storage engines keep, named by ``vector_storage``)."""
 
 from __future__ import annotations
 
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import JSON, ForeignKey, LargeBinary, String, Text, UniqueConstraint
+from sqlalchemy import JSON, ForeignKey, String, UniqueConstraint
 from sqlalchemy.orm import Mapped, mapped_column
 
-from app.core.db import Base, BigIntPK, utcnow
+from app.core.db import Base, utcnow
 
 
 class Gallery(Base):
@@ -43,25 +44,4 @@ class Gallery(Base):
     vector_storage: Mapped[str] = mapped_column(String(16), default="sql", server_default="sql")
     vector_manifest: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
-    updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
-
-
-class GalleryVector(Base):
-    """One stored vector of a gallery stored as SQL rows; its primary key is also its FAISS id."""
-
-    __tablename__ = "gallery_vectors"
-    __table_args__ = (UniqueConstraint("gallery_id", "item_id"),)
-
-    id: Mapped[int] = mapped_column(BigIntPK, primary_key=True, autoincrement=True)
-    gallery_id: Mapped[str] = mapped_column(ForeignKey("galleries.id", ondelete="CASCADE"))
-    item_id: Mapped[str] = mapped_column(String(256))
-    # float32 little-endian: the Euclidean vector as uploaded (external galleries) or the
-    # model's space components (model-bound galleries).
-    vector: Mapped[bytes] = mapped_column(LargeBinary)
-    label: Mapped[str | None] = mapped_column(Text)
-    # none_as_null: an item without metadata is SQL NULL, not the JSON text 'null' (which cost
-    # a json.dumps per row: a third of an upload's insert time, measured with bench.profile).
-    item_metadata: Mapped[dict[str, Any] | None] = mapped_column(
-        "metadata", JSON(none_as_null=True)
-    )
     updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)

@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 from sqlalchemy import delete, select, update
 from sqlalchemy.orm import Session
 
@@ -23,19 +22,21 @@ from app.core.errors import FieldError, conflict, invalid, invalid_fields, not_f
 from app.core.settings import Settings
 from app.core.tenancy import check_name_free, check_tenant_limit, get_owned
 from app.galleries.models import Gallery
-from app.galleries.reembed_models import ReembeddedVector
 from app.galleries.schemas import GalleryCreate
-from app.ml.space import DEFAULT_CURVATURE, DEFAULT_LIFT_SCALE, EuclideanLift
+from app.ml.space import DEFAULT_CURVATURE, DEFAULT_LIFT_SCALE
 from app.models.models import TrainedModel
 from app.models.service import ModelCache, embed_features, get_model, resolve_modality
-from app.search.index import LorentzIndex, validate_index_params
-from app.search.store import IndexSpec, IndexStore
-from app.vectors.engine import MILVUS, VectorStorage, session_settings, storage_for, vectors_dir
+from app.vectors.engine import MILVUS, VectorStorage
+from app.vectors.faiss_index import LorentzIndex, validate_index_params
+from app.vectors.index_store import IndexSpec, IndexStore
+from app.vectors.points import lifted_points
 from app.vectors.segment_format import SegmentCorrupted
 from app.vectors.segments import empty_manifest, segment_storage
+from app.vectors.storage import session_settings, storage_for, vectors_dir
+from app.vectors.tables import ReembeddedVector
 
 if TYPE_CHECKING:
-    from app.search.milvus_storage import MilvusSearcher
+    from app.vectors.milvus_storage import MilvusSearcher
 
 log = logging.getLogger(__name__)
 # Bound on the number of SQL parameters in one IN (…) list (SQLite's limit is far above this).
@@ -53,10 +54,6 @@ class VectorBatch:
     metadata: Sequence[Any] | None
 
 
-def lift_of(gallery: Gallery) -> EuclideanLift:
-    return EuclideanLift(curv=gallery.lift_curv, scale=gallery.lift_scale, metric=gallery.metric)
-
-
 def index_spec(gallery: Gallery) -> IndexSpec:
     return IndexSpec(
         gallery_id=gallery.id,
@@ -66,14 +63,6 @@ def index_spec(gallery: Gallery) -> IndexSpec:
         kind=gallery.index_kind,
         params=dict(gallery.index_params),
     )
-
-
-def lifted_points(gallery: Gallery, stored: np.ndarray) -> np.ndarray:
-    """Space components of stored vectors: the lift for external galleries, as-is otherwise."""
-    if gallery.bound_model_id is not None:
-        return stored
-    x = torch.tensor(stored, dtype=torch.float64)
-    return lift_of(gallery)(x).numpy().astype(np.float32)
 
 
 def radius(points: np.ndarray, curv: float) -> np.ndarray:
@@ -137,7 +126,11 @@ def create_gallery(
     return gallery
 
 
-def gallery_out(session: Session, gallery: Gallery) -> dict[str, Any]:
+def gallery_out(
+    session: Session, gallery: Gallery, reembedded: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """The gallery as the API shows it; ``reembedded`` is its partial-backfill progress
+    (``app.migration.reembed.progress``), which the caller adds because it lies above this layer."""
     input_dim = None
     if gallery.bound_model_id is not None:
         row = session.get(TrainedModel, gallery.bound_model_id)
@@ -159,16 +152,10 @@ def gallery_out(session: Session, gallery: Gallery) -> dict[str, Any]:
         "input_dim": input_dim,
         "index": {"kind": gallery.index_kind, "params": gallery.index_params},
         "count": gallery.count,
-        "reembedded": reembed_progress(session, gallery),
+        "reembedded": reembedded,
         "created_at": gallery.created_at,
         "updated_at": gallery.updated_at,
     }
-
-
-def reembed_progress(session: Session, gallery: Gallery) -> list[dict[str, Any]]:
-    from app.galleries.reembed import progress
-
-    return progress(session, gallery)
 
 
 def point_loader(session: Session, gallery: Gallery):
@@ -354,13 +341,22 @@ def delete_vectors(
     return len(removed), gallery.count
 
 
-def delete_gallery(session: Session, store: IndexStore, gallery: Gallery) -> None:
-    from app.datasets.models import Dataset
-    from app.upgrades.models import QUEUED, RUNNING, UpgradeJob
+def refuse_while_bound(session: Session, model_id: str) -> None:
+    """409 while galleries hold vectors embedded by model ``model_id`` (before deleting it)."""
+    galleries = list(session.scalars(select(Gallery.id).where(Gallery.bound_model_id == model_id)))
+    if galleries:
+        raise conflict(
+            f"galleries {sorted(galleries)} hold vectors embedded by model {model_id}; "
+            "delete them first"
+        )
 
-    datasets = list(session.scalars(select(Dataset.id).where(Dataset.gallery_id == gallery.id)))
-    if datasets:
-        raise conflict(f"datasets {datasets} pair their items with this gallery; delete them first")
+
+def delete_gallery(session: Session, store: IndexStore, gallery: Gallery) -> None:
+    """Deletes the gallery and everything stored for it; 409 while an upgrade trains on it. (The
+    datasets that pair their items with it are checked first by the caller,
+    ``app.datasets.service.refuse_while_paired``: datasets lie above galleries.)"""
+    from app.jobs.models import QUEUED, RUNNING, UpgradeJob
+
     active = list(
         session.scalars(
             select(UpgradeJob.id).where(
@@ -384,7 +380,7 @@ def index_for(
     """What searches the gallery: its in-memory FAISS index, or for a Milvus gallery a
     ``MilvusSearcher`` (same ``ntotal`` and ``search_with_points``) that holds nothing."""
     if gallery.vector_storage == MILVUS:
-        from app.search.milvus_storage import MilvusSearcher, milvus_storage
+        from app.vectors.milvus_storage import MilvusSearcher, milvus_storage
 
         return MilvusSearcher(milvus_storage(session_settings(session)), gallery)
     return store.get(index_spec(gallery), point_loader(session, gallery))

@@ -1,0 +1,1 @@
+"""Trained models: their rows and artifact files, loading, embedding, lineage, ONNX export."""

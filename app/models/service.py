@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +17,7 @@ from app.core.errors import Problem, conflict, invalid
 from app.core.files import ChecksumMismatch, read_verified, sha256_hex, write_atomically
 from app.core.settings import Settings
 from app.core.tenancy import get_owned
-from app.galleries.models import Gallery
+from app.ml.hmcl import map_query_to_ancestor
 from app.ml.lorentz import uncertainty
 from app.ml.models import EmbeddingModel, model_from_bytes
 from app.models.export import EXPORT_FORMATS, ExportTarget, export_onnx
@@ -26,7 +25,6 @@ from app.models.models import TrainedModel
 
 BACKBONE, CONTINUAL = "backbone", "continual"
 # Maps embeddings of a model (N×d) into a gallery's frame.
-FrameMap = Callable[[np.ndarray], np.ndarray]
 
 
 def store_artifact(settings: Settings, name: str, blob: bytes) -> tuple[str, str, int]:
@@ -128,49 +126,15 @@ def lineage(session: Session, row: TrainedModel) -> list[TrainedModel]:
     return chain
 
 
-def same_space(row: TrainedModel, gallery: Gallery) -> bool:
-    """A backbone model searches every external gallery of the space it was trained against:
-    same old model name and dimension, and the same lift into the Lorentz frame."""
-    return (
-        gallery.bound_model_id is None
-        and row.space_model_name == gallery.model_name
-        and row.space_dim == gallery.dim
-        and row.lift == gallery_lift(gallery)
-    )
+def query_to_ancestor(chain: list[TrainedModel]):
+    """``chain`` = [version j, …, version i] (newest first): queries embedded by j enter i's
+    frame through the rotations recorded by versions i+1 … j."""
+    rotations = [rotation_matrix(version) for version in reversed(chain[:-1])]
 
+    def to_ancestor(points: np.ndarray) -> np.ndarray:
+        return map_query_to_ancestor(points, rotations).astype(np.float32)
 
-def gallery_lift(gallery: Gallery) -> dict | None:
-    if gallery.bound_model_id is not None:
-        return None
-    return {"curv": gallery.lift_curv, "scale": gallery.lift_scale, "metric": gallery.metric}
-
-
-def frame_map(session: Session, row: TrainedModel, gallery: Gallery) -> FrameMap:
-    """How a query embedded by ``row`` enters ``gallery``'s frame, or 409 if it cannot."""
-    if gallery.bound_model_id == row.id:
-        return lambda points: points
-    if row.kind == BACKBONE:
-        if same_space(row, gallery):
-            return lambda points: points
-        raise conflict(
-            f"model {row.id} was trained for the space of {row.space_model_name!r} "
-            f"(dim {row.space_dim}, lift {row.lift}); gallery {gallery.id} holds "
-            + (
-                f"{gallery.model_name!r} vectors (dim {gallery.dim}, lift {gallery_lift(gallery)})"
-                if gallery.bound_model_id is None
-                else f"vectors of model {gallery.bound_model_id}"
-            )
-        )
-    chain = lineage(session, row)
-    ids = [m.id for m in chain]
-    if gallery.bound_model_id not in ids:
-        raise conflict(
-            f"model {row.id} can search galleries of its own lineage (versions {ids}); gallery "
-            f"{gallery.id} is not bound to one of them"
-        )
-    from app.upgrades.continual import query_to_ancestor
-
-    return query_to_ancestor(chain[: ids.index(gallery.bound_model_id) + 1])
+    return to_ancestor
 
 
 def remove_orphan_artifacts(session: Session, settings: Settings, min_age_s: float = 3600) -> None:
@@ -200,15 +164,11 @@ def delete_model(
     session: Session, settings: Settings, cache: ModelCache, row: TrainedModel
 ) -> None:
     """Delete a model nothing depends on, then its files (after the commit: a crash in between
-    leaves orphan files, which ``remove_orphan_artifacts`` collects, never a row without them)."""
-    from app.upgrades.models import QUEUED, RUNNING, UpgradeJob
+    leaves orphan files, which ``remove_orphan_artifacts`` collects, never a row without them).
+    The galleries bound to it are checked first by the caller
+    (``app.galleries.service.refuse_while_bound``: galleries lie above models)."""
+    from app.jobs.models import QUEUED, RUNNING, UpgradeJob
 
-    galleries = list(session.scalars(select(Gallery.id).where(Gallery.bound_model_id == row.id)))
-    if galleries:
-        raise conflict(
-            f"galleries {sorted(galleries)} hold vectors embedded by model {row.id}; "
-            "delete them first"
-        )
     children = list(
         session.scalars(select(TrainedModel.id).where(TrainedModel.parent_id == row.id))
     )

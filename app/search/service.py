@@ -12,20 +12,14 @@ from sqlalchemy.orm import Session
 from app.core.arrays import as_matrix, check_batch_size
 from app.core.errors import FieldError, invalid, invalid_fields
 from app.core.settings import Settings
+from app.galleries.frames import frame_map, same_space
 from app.galleries.models import Gallery
-from app.galleries.service import index_for, lifted_points
-from app.models.service import (
-    BACKBONE,
-    ModelCache,
-    embed_features,
-    frame_map,
-    get_model,
-    resolve_modality,
-    same_space,
-)
+from app.galleries.service import index_for
+from app.models.service import BACKBONE, ModelCache, embed_features, get_model, resolve_modality
 from app.search.schemas import SearchRequest
-from app.search.store import IndexStore
-from app.vectors.engine import storage_for
+from app.vectors.index_store import IndexStore
+from app.vectors.points import lifted_points
+from app.vectors.storage import storage_for
 
 
 @dataclass(frozen=True)
@@ -116,8 +110,8 @@ def _mixed_search(
     queries: np.ndarray,
 ) -> list[list[dict[str, Any]]] | None:
     """A backbone model's search of a gallery holding items re-embedded for it (partial
-    backfill, ``app.galleries.reembed``); None when it holds none."""
-    from app.galleries import reembed
+    backfill, ``app.migration.reembed``); None when it holds none."""
+    from app.migration import reembed
 
     row = get_model(session, tenant_id, request.model_id)
     if row.kind != BACKBONE or not same_space(row, gallery):

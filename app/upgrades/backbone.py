@@ -15,7 +15,6 @@ from app.datasets.models import Dataset, DatasetItem
 from app.datasets.queries import load_queries
 from app.datasets.service import load_items
 from app.galleries.models import Gallery
-from app.galleries.service import lift_of
 from app.ml.training import TrainingHooks
 from app.ml.upgrade import (
     BACKBONE_METHODS,
@@ -25,7 +24,8 @@ from app.ml.upgrade import (
     run_backbone_upgrade,
 )
 from app.upgrades.trained import TrainedOutput
-from app.vectors.engine import storage_for
+from app.vectors.points import lift_of
+from app.vectors.storage import storage_for
 
 METHODS: tuple[str, ...] = tuple(BACKBONE_METHODS)
 # The job's objective travels in its params (beside the trainer's knobs, shown by GET

@@ -15,20 +15,19 @@ from app.core.files import read_verified
 from app.core.settings import Settings
 from app.datasets.models import Dataset
 from app.datasets.service import load_items
+from app.jobs.models import UpgradeJob
 from app.ml.hmcl import (
     METHODS as HMCL_METHODS,
 )
 from app.ml.hmcl import (
     ContinualParams,
     ContinualState,
-    map_query_to_ancestor,
     run_continual_task,
 )
 from app.ml.training import TrainingHooks
 from app.models.models import TrainedModel
-from app.models.service import CONTINUAL, artifact_file, lineage, rotation_matrix
+from app.models.service import CONTINUAL, artifact_file, lineage
 from app.upgrades.backbone import label_codes
-from app.upgrades.models import UpgradeJob
 from app.upgrades.trained import TrainedOutput
 
 METHODS: tuple[str, ...] = tuple(HMCL_METHODS)
@@ -134,14 +133,3 @@ def train(job: UpgradeJob, inputs: ContinualInputs, hooks: TrainingHooks) -> Tra
         rotation=np.asarray(result.rotation, dtype=np.float64),
         state=result.state.to_bytes(),
     )
-
-
-def query_to_ancestor(chain: list[TrainedModel]):
-    """``chain`` = [version j, …, version i] (newest first): queries embedded by j enter i's
-    frame through the rotations recorded by versions i+1 … j."""
-    rotations = [rotation_matrix(version) for version in reversed(chain[:-1])]
-
-    def to_ancestor(points: np.ndarray) -> np.ndarray:
-        return map_query_to_ancestor(points, rotations).astype(np.float32)
-
-    return to_ancestor

@@ -14,9 +14,9 @@ from app.core.settings import Settings
 from app.core.tenancy import get_owned
 from app.datasets.service import get_dataset
 from app.galleries.service import get_gallery
+from app.jobs.models import CANCELLED, QUEUED, RUNNING, TERMINAL, UpgradeJob
 from app.models.service import get_model
 from app.upgrades import backbone, catalogue, continual
-from app.upgrades.models import CANCELLED, QUEUED, RUNNING, TERMINAL, UpgradeJob
 from app.upgrades.schemas import UpgradeCreate
 
 

@@ -1,5 +1,5 @@
 """The vector-storage interface: every reader and writer of a gallery's stored vectors goes
-through it, so the storage behind it (SQL rows, append-only segment files, a vector database)
+through it (``app.vectors.storage.storage_for`` picks a gallery's), so the storage behind it (SQL rows, append-only segment files, a vector database)
 can change without touching the services.
 
 Transactions: a write is *staged* in the caller's session (with the gallery row locked by the
@@ -13,16 +13,10 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 from sqlalchemy.orm import Session
-
-from app.galleries.models import Gallery
-
-if TYPE_CHECKING:
-    from app.core.settings import Settings
 
 # Rows per batch of a scan (an index rebuild reads a gallery in batches of this size).
 SCAN_BATCH = 50_000
@@ -49,6 +43,23 @@ class Upserted:
     inserted: int  # items new to the gallery
 
 
+class StoredGallery(Protocol):
+    """What storage needs of a gallery: plain data (in the service, the ORM row of
+    ``app.galleries.models``; in a benchmark, anything with these attributes). Storage reads them
+    and writes only ``vector_manifest`` (the segment files' commit point)."""
+
+    id: str
+    dim: int  # Euclidean dimension of a stored vector
+    vector_storage: str  # "sql", "segments" or MILVUS
+    vector_manifest: dict[str, Any] | None
+    # How stored vectors become Lorentz space components (``app.vectors.points``).
+    bound_model_id: str | None  # set: vectors are already a model's space components
+    metric: str | None
+    lift_curv: float
+    lift_scale: float | None
+    index_kind: str  # "flat" asks an engine for exact search
+
+
 class VectorStorage(Protocol):
     """One storage of gallery vectors. ``gallery`` is the caller's row (its committed state, or
     the state the caller's transaction is about to commit, locked by the caller for writes)."""
@@ -58,7 +69,7 @@ class VectorStorage(Protocol):
     def upsert(
         self,
         session: Session,
-        gallery: Gallery,
+        gallery: StoredGallery,
         item_ids: Sequence[str],
         vectors: np.ndarray,
         labels: Sequence[str | None],
@@ -67,35 +78,39 @@ class VectorStorage(Protocol):
         """Insert or replace items (distinct ids); an existing item keeps its internal id."""
         ...
 
-    def delete(self, session: Session, gallery: Gallery, item_ids: Sequence[str]) -> np.ndarray:
+    def delete(
+        self, session: Session, gallery: StoredGallery, item_ids: Sequence[str]
+    ) -> np.ndarray:
         """Remove the items the gallery holds (others are ignored); returns their internal ids."""
         ...
 
     def lookup(
-        self, session: Session, gallery: Gallery, item_ids: Sequence[str]
+        self, session: Session, gallery: StoredGallery, item_ids: Sequence[str]
     ) -> dict[str, tuple[int, str | None]]:
         """Which of ``item_ids`` exist: item id → (internal id, label)."""
         ...
 
-    def fetch(self, session: Session, gallery: Gallery, item_ids: Sequence[str]) -> Stored:
+    def fetch(self, session: Session, gallery: StoredGallery, item_ids: Sequence[str]) -> Stored:
         """The stored items among ``item_ids``, in the order asked (absent ones left out)."""
         ...
 
     def names(
-        self, session: Session, gallery: Gallery, ids: Sequence[int]
+        self, session: Session, gallery: StoredGallery, ids: Sequence[int]
     ) -> dict[int, tuple[str, str | None]]:
         """Internal id → (item id, label), for the ids that exist."""
         ...
 
-    def scan(self, session: Session, gallery: Gallery, batch: int = SCAN_BATCH) -> Iterator[Stored]:
+    def scan(
+        self, session: Session, gallery: StoredGallery, batch: int = SCAN_BATCH
+    ) -> Iterator[Stored]:
         """Every stored item, in batches, ascending internal id."""
         ...
 
-    def all_ids(self, session: Session, gallery: Gallery) -> np.ndarray:
+    def all_ids(self, session: Session, gallery: StoredGallery) -> np.ndarray:
         """Every internal id (int64), ascending."""
         ...
 
-    def count(self, session: Session, gallery: Gallery) -> int:
+    def count(self, session: Session, gallery: StoredGallery) -> int:
         """Items stored."""
         ...
 
@@ -105,31 +120,5 @@ class VectorStorage(Protocol):
         ...
 
 
-# ``Gallery.vector_storage`` of a gallery kept in Milvus (vectors and search both there).
+# ``vector_storage`` of a gallery kept in Milvus (vectors and search both there).
 MILVUS = "milvus"
-
-
-def storage_for(session: Session, gallery: Gallery) -> VectorStorage:
-    """The storage holding ``gallery``'s vectors (its ``vector_storage``); segment files and the
-    Milvus connection follow the settings the session was opened with."""
-    if gallery.vector_storage == "segments":
-        from app.vectors.segments import segment_storage
-
-        return segment_storage(vectors_dir(session))
-    if gallery.vector_storage == MILVUS:
-        from app.search.milvus_storage import milvus_storage
-
-        return milvus_storage(session_settings(session))
-    from app.vectors.sql import SqlVectorStorage
-
-    return SqlVectorStorage()
-
-
-def session_settings(session: Session) -> Settings:
-    from app.core.settings import get_settings
-
-    return session.info.get("settings") or get_settings()
-
-
-def vectors_dir(session: Session) -> Path:
-    return session_settings(session).data_dir / "vectors"

@@ -40,11 +40,10 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import numpy as np
-from sqlalchemy import select
+from sqlalchemy import JSON, String, column, select, table
 from sqlalchemy.orm import Session
 
-from app.galleries.models import Gallery
-from app.vectors.engine import SCAN_BATCH, Stored, Upserted
+from app.vectors.engine import SCAN_BATCH, Stored, StoredGallery, Upserted
 from app.vectors.segment_format import (
     DELETE,
     HEADER_SIZE,
@@ -65,6 +64,10 @@ SEGMENT_FILE = re.compile(r"^(\d{8})\.seg$")
 SEGMENT_MAX_BYTES = 256 * 2**20
 # Compaction runs when dead records exceed both this and the live count.
 COMPACT_MIN_DEAD = 10_000
+
+# The one column of the galleries table this storage reads on its own connection: named here,
+# not imported, so storage does not depend on the galleries package (its row is the caller's).
+_GALLERIES = table("galleries", column("id", String), column("vector_manifest", JSON))
 
 # item id, label, metadata, segment name, file offset of the vector
 Entry = tuple[str, str | None, dict[str, Any] | None, str, int]
@@ -191,7 +194,9 @@ class SegmentVectorStorage:
         with self._guard:
             return self._states.setdefault(gallery_id, GalleryState())
 
-    def _caught_up(self, gallery: Gallery, manifest: dict[str, Any] | None = None) -> GalleryState:
+    def _caught_up(
+        self, gallery: StoredGallery, manifest: dict[str, Any] | None = None
+    ) -> GalleryState:
         """The gallery's state, brought up to the caller's manifest (``manifest``, else the
         gallery row's) when that one is newer (a caller holding an older manifest gets the newer
         committed state)."""
@@ -237,7 +242,9 @@ class SegmentVectorStorage:
         state.apply(pending[4], segment)
         return True
 
-    def _vectors(self, gallery: Gallery, state: GalleryState, ids: Sequence[int]) -> np.ndarray:
+    def _vectors(
+        self, gallery: StoredGallery, state: GalleryState, ids: Sequence[int]
+    ) -> np.ndarray:
         """Rows of ``ids`` (which must exist), read through a map of each segment's committed
         part: vectors are 8-byte aligned, so a strided float32 view picks whole rows."""
         dim = gallery.dim
@@ -264,7 +271,9 @@ class SegmentVectorStorage:
         return out
 
     # -- the interface ---------------------------------------------------------------------------
-    def _reading(self, session: Session, gallery: Gallery, read: Callable[[GalleryState], T]) -> T:
+    def _reading(
+        self, session: Session, gallery: StoredGallery, read: Callable[[GalleryState], T]
+    ) -> T:
         """``read`` (called with the state's lock held) on the state caught up to the caller's
         manifest. Another process's compaction, followed by a write that deleted the replaced
         segments, leaves a manifest loaded before it naming files that are gone: the committed
@@ -296,11 +305,11 @@ class SegmentVectorStorage:
         caller's transaction may hold an older snapshot)."""
         with session.get_bind().engine.connect() as conn:
             return conn.execute(
-                select(Gallery.vector_manifest).where(Gallery.id == gallery_id)
+                select(_GALLERIES.c.vector_manifest).where(_GALLERIES.c.id == gallery_id)
             ).scalar_one_or_none()
 
     def lookup(
-        self, session: Session, gallery: Gallery, item_ids: Sequence[str]
+        self, session: Session, gallery: StoredGallery, item_ids: Sequence[str]
     ) -> dict[str, tuple[int, str | None]]:
         def read(state: GalleryState) -> dict[str, tuple[int, str | None]]:
             found = {}
@@ -312,14 +321,14 @@ class SegmentVectorStorage:
 
         return self._reading(session, gallery, read)
 
-    def fetch(self, session: Session, gallery: Gallery, item_ids: Sequence[str]) -> Stored:
+    def fetch(self, session: Session, gallery: StoredGallery, item_ids: Sequence[str]) -> Stored:
         def read(state: GalleryState) -> Stored:
             present = [i for i in item_ids if i in state.by_item]
             return self._stored(gallery, state, [state.by_item[i] for i in present])
 
         return self._reading(session, gallery, read)
 
-    def _stored(self, gallery: Gallery, state: GalleryState, ids: list[int]) -> Stored:
+    def _stored(self, gallery: StoredGallery, state: GalleryState, ids: list[int]) -> Stored:
         entries = [state.entries[i] for i in ids]
         return Stored(
             item_ids=[e[0] for e in entries],
@@ -330,7 +339,7 @@ class SegmentVectorStorage:
         )
 
     def names(
-        self, session: Session, gallery: Gallery, ids: Sequence[int]
+        self, session: Session, gallery: StoredGallery, ids: Sequence[int]
     ) -> dict[int, tuple[str, str | None]]:
         def read(state: GalleryState) -> dict[int, tuple[str, str | None]]:
             found = {}
@@ -342,7 +351,9 @@ class SegmentVectorStorage:
 
         return self._reading(session, gallery, read)
 
-    def scan(self, session: Session, gallery: Gallery, batch: int = SCAN_BATCH) -> Iterator[Stored]:
+    def scan(
+        self, session: Session, gallery: StoredGallery, batch: int = SCAN_BATCH
+    ) -> Iterator[Stored]:
         def read(state: GalleryState) -> list[Stored]:
             ids = sorted(state.entries)
             return [
@@ -351,18 +362,18 @@ class SegmentVectorStorage:
 
         yield from self._reading(session, gallery, read)
 
-    def all_ids(self, session: Session, gallery: Gallery) -> np.ndarray:
+    def all_ids(self, session: Session, gallery: StoredGallery) -> np.ndarray:
         return self._reading(
             session, gallery, lambda state: np.array(sorted(state.entries), dtype=np.int64)
         )
 
-    def count(self, session: Session, gallery: Gallery) -> int:
+    def count(self, session: Session, gallery: StoredGallery) -> int:
         return self._reading(session, gallery, lambda state: len(state.entries))
 
     def upsert(
         self,
         session: Session,
-        gallery: Gallery,
+        gallery: StoredGallery,
         item_ids: Sequence[str],
         vectors: np.ndarray,
         labels: Sequence[str | None],
@@ -401,7 +412,9 @@ class SegmentVectorStorage:
             gallery.vector_manifest = {**gallery.vector_manifest, "next_id": next_id}
             return Upserted(ids=ids, replaced=np.array(replaced, dtype=np.int64), inserted=inserted)
 
-    def delete(self, session: Session, gallery: Gallery, item_ids: Sequence[str]) -> np.ndarray:
+    def delete(
+        self, session: Session, gallery: StoredGallery, item_ids: Sequence[str]
+    ) -> np.ndarray:
         state = self._writable(gallery)
         with state.lock:
             ids = sorted({state.by_item[i] for i in item_ids if i in state.by_item})
@@ -423,7 +436,7 @@ class SegmentVectorStorage:
             )
             return removed
 
-    def _writable(self, gallery: Gallery) -> GalleryState:
+    def _writable(self, gallery: StoredGallery) -> GalleryState:
         """Caught up to the locked row's manifest, which must not be behind what is in memory
         (appending at a stale end would overwrite committed batches)."""
         manifest = gallery.vector_manifest or empty_manifest()
@@ -439,7 +452,7 @@ class SegmentVectorStorage:
 
     def _commit_batch(
         self,
-        gallery: Gallery,
+        gallery: StoredGallery,
         state: GalleryState,
         manifest: dict[str, Any],
         data: bytes,
@@ -503,7 +516,7 @@ class SegmentVectorStorage:
             self._states.pop(gallery_id, None)
         shutil.rmtree(self.directory(gallery_id), ignore_errors=True)
 
-    def recover(self, galleries: Sequence[Gallery]) -> dict[str, str]:
+    def recover(self, galleries: Sequence[StoredGallery]) -> dict[str, str]:
         """Startup: cut every segment back to its committed length, delete files and directories
         no committed manifest names, and forget the in-memory maps (the next use re-reads and
         checks every batch). Returns what was repaired, per gallery."""

@@ -11,8 +11,8 @@ from sqlalchemy import delete, func, insert, select, update
 from sqlalchemy.orm import Session
 
 from app.core.db import utcnow
-from app.galleries.models import Gallery, GalleryVector
-from app.vectors.engine import SCAN_BATCH, Stored, Upserted
+from app.vectors.engine import SCAN_BATCH, Stored, StoredGallery, Upserted
+from app.vectors.tables import GalleryVector
 
 # Bound on the number of SQL parameters in one IN (…) list (SQLite's limit is far above this).
 IN_CHUNK = 500
@@ -31,7 +31,7 @@ class SqlVectorStorage:
     name = "sql"
 
     def lookup(
-        self, session: Session, gallery: Gallery, item_ids: Sequence[str]
+        self, session: Session, gallery: StoredGallery, item_ids: Sequence[str]
     ) -> dict[str, tuple[int, str | None]]:
         found: dict[str, tuple[int, str | None]] = {}
         for chunk in _chunks(item_ids):
@@ -48,7 +48,7 @@ class SqlVectorStorage:
     def upsert(
         self,
         session: Session,
-        gallery: Gallery,
+        gallery: StoredGallery,
         item_ids: Sequence[str],
         vectors: np.ndarray,
         labels: Sequence[str | None],
@@ -89,13 +89,15 @@ class SqlVectorStorage:
             inserted=len(inserts),
         )
 
-    def delete(self, session: Session, gallery: Gallery, item_ids: Sequence[str]) -> np.ndarray:
+    def delete(
+        self, session: Session, gallery: StoredGallery, item_ids: Sequence[str]
+    ) -> np.ndarray:
         row_ids = [row_id for row_id, _ in self.lookup(session, gallery, item_ids).values()]
         for chunk in _chunks(row_ids):
             session.execute(delete(GalleryVector).where(GalleryVector.id.in_(chunk)))
         return np.array(row_ids, dtype=np.int64)
 
-    def fetch(self, session: Session, gallery: Gallery, item_ids: Sequence[str]) -> Stored:
+    def fetch(self, session: Session, gallery: StoredGallery, item_ids: Sequence[str]) -> Stored:
         found: dict[str, tuple[int, bytes, str | None, dict[str, Any] | None]] = {}
         for chunk in _chunks(item_ids):
             rows = session.execute(
@@ -118,7 +120,7 @@ class SqlVectorStorage:
         )
 
     def names(
-        self, session: Session, gallery: Gallery, ids: Sequence[int]
+        self, session: Session, gallery: StoredGallery, ids: Sequence[int]
     ) -> dict[int, tuple[str, str | None]]:
         items: dict[int, tuple[str, str | None]] = {}
         for chunk in _chunks(list(ids)):
@@ -130,7 +132,9 @@ class SqlVectorStorage:
             items.update((row_id, (item_id, label)) for row_id, item_id, label in rows)
         return items
 
-    def scan(self, session: Session, gallery: Gallery, batch: int = SCAN_BATCH) -> Iterator[Stored]:
+    def scan(
+        self, session: Session, gallery: StoredGallery, batch: int = SCAN_BATCH
+    ) -> Iterator[Stored]:
         rows = session.execute(
             select(
                 GalleryVector.id,
@@ -152,7 +156,7 @@ class SqlVectorStorage:
                 metadata=[r.item_metadata for r in part],
             )
 
-    def all_ids(self, session: Session, gallery: Gallery) -> np.ndarray:
+    def all_ids(self, session: Session, gallery: StoredGallery) -> np.ndarray:
         return np.fromiter(
             session.scalars(
                 select(GalleryVector.id)
@@ -162,7 +166,7 @@ class SqlVectorStorage:
             dtype=np.int64,
         )
 
-    def count(self, session: Session, gallery: Gallery) -> int:
+    def count(self, session: Session, gallery: StoredGallery) -> int:
         return int(
             session.scalar(select(func.count()).where(GalleryVector.gallery_id == gallery.id)) or 0
         )

@@ -35,9 +35,9 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import create_engine, func, select, text
 
-from app.core.all_models import Base
 from app.core.db import migrate
 from app.core.settings import Settings
+from app.db_models import Base
 from app.main import create_app
 
 TEST_KEY = "nbk_test_key_" + "a" * 32
@@ -246,8 +246,8 @@ def milvus_contents(settings: Settings) -> dict[str, tuple[str, str]]:
     """Per collection of the settings' Milvus: (its next internal id, a digest of every row)."""
     if settings.vector_engine != "milvus":
         return {}
-    from app.search.milvus_engine import NEXT_ROW_ID
-    from app.search.milvus_storage import engine_for
+    from app.vectors.milvus_engine import NEXT_ROW_ID
+    from app.vectors.milvus_storage import engine_for
 
     engine = engine_for(settings)
     contents = {}

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
-from app.search import milvus_search
-from app.search.milvus_engine import MilvusGallery
+from app.vectors import milvus_search
+from app.vectors.milvus_engine import MilvusGallery
 from tests.service.conftest import field_names, problem, snapshot
 from tests.service.test_queries_api import NEW, OLD, npy, wordnet_setup
 

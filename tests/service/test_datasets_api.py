@@ -125,7 +125,7 @@ def test_unsupported_media_type(client: TestClient) -> None:
 def queue_job(client: TestClient, dataset_id: str, status: str) -> str:
     """An upgrade row on the dataset, as the runner leaves it (no trainer involved)."""
     from app.core.db import new_id
-    from app.upgrades.models import UpgradeJob
+    from app.jobs.models import UpgradeJob
 
     with client.app.state.service.db.session() as session:
         tenant_id = session.scalar(select(Dataset.tenant_id).where(Dataset.id == dataset_id))

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from app.ml.lorentz import exp_map0, pairwise_lorentz_distance
-from app.search.index import (
+from app.vectors.faiss_index import (
     LorentzIndex,
     exact_distances,
     lifted_queries,
@@ -144,7 +144,7 @@ def test_corrupt_bytes_are_refused() -> None:
 
 def test_rerank_works_in_bounded_chunks(monkeypatch) -> None:
     """Many queries are re-ranked in chunks; the answer is the one of a single pass."""
-    import app.search.index as index_module
+    import app.vectors.faiss_index as index_module
 
     points = points_at_radius(200, 8, 2.0, seed=11).astype(np.float32)
     queries = points_at_radius(37, 8, 2.0, seed=12)
@@ -177,7 +177,7 @@ def test_torch_scan_and_faiss_answer_alike(n_queries: int) -> None:
 def test_auto_engine_lets_faiss_scan_small_batches_on_cpu(monkeypatch, n_queries: int) -> None:
     """'auto' on a CPU: fewer than FAISS_BELOW_BATCH queries go through FAISS's flat scan,
     larger batches through torch; either way the answer is the brute-force one."""
-    import app.search.index as index_module
+    import app.vectors.faiss_index as index_module
 
     gallery = points_at_radius(300, 12, 2.0, seed=17).astype(np.float32)
     queries = points_at_radius(n_queries, 12, 2.0, seed=18)
@@ -204,7 +204,7 @@ def test_auto_engine_lets_faiss_scan_small_batches_on_cpu(monkeypatch, n_queries
 def test_blocked_scan_merges_like_one_pass(monkeypatch) -> None:
     """A gallery larger than the score budget is scanned in blocks; the merged best are the
     best of a single pass."""
-    import app.search.index as index_module
+    import app.vectors.faiss_index as index_module
 
     gallery = torch.as_tensor(np.random.default_rng(15).normal(size=(1000, 9)), dtype=torch.float32)
     queries = torch.as_tensor(np.random.default_rng(16).normal(size=(5, 9)), dtype=torch.float32)

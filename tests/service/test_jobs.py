@@ -14,13 +14,13 @@ from sqlalchemy import func, select, update
 from app.core.db import utcnow
 from app.core.files import sha256_hex
 from app.galleries.models import Gallery
-from app.jobs.runner import JobRunner
+from app.jobs.models import UpgradeJob
 from app.ml.training import TrainingHooks
 from app.models.models import TrainedModel
 from app.upgrades import backbone
 from app.upgrades.executor import Claim, execute
-from app.upgrades.models import UpgradeJob
-from app.vectors.engine import storage_for
+from app.upgrades.runner import JobRunner
+from app.vectors.storage import storage_for
 from tests.service.test_upgrades_api import RecordingRunner, paired_setup, quick_upgrade
 
 

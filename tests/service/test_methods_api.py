@@ -10,12 +10,12 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
+from app.jobs.models import UpgradeJob
 from app.ml.compat import LABELLED_ONLY_METHODS, CompatParams
 from app.ml.hmcl import METHODS as CONTINUAL_METHODS
 from app.ml.hmcl import ContinualParams
 from app.ml.upgrade import BACKBONE_METHODS
 from app.upgrades import catalogue
-from app.upgrades.models import UpgradeJob
 from app.upgrades.schemas import UpgradeOut
 from tests.service.conftest import problem
 from tests.service.test_upgrades_api import RecordingRunner, paired_setup

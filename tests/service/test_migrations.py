@@ -13,8 +13,8 @@ from alembic.config import Config
 from alembic.migration import MigrationContext
 from sqlalchemy import Engine, create_engine, inspect, text
 
-from app.core.all_models import Base
 from app.core.db import alembic_config
+from app.db_models import Base
 from tests.service.conftest import (
     create_postgres_database,
     drop_postgres_database,

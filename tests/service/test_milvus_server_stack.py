@@ -17,8 +17,9 @@ from pymilvus import MilvusClient
 from sqlalchemy import create_engine, func, select
 
 from app.core.settings import Settings
-from app.galleries.models import Gallery, GalleryVector
-from app.search.milvus_storage import collection_name
+from app.galleries.models import Gallery
+from app.vectors.milvus_storage import collection_name
+from app.vectors.tables import GalleryVector
 from bench.api_memory import milvus_server
 from bench.service import free_port
 from tests.service.celery_worker import (

@@ -14,8 +14,8 @@ from sqlalchemy import select
 
 from app.datasets.models import Dataset
 from app.galleries.models import Gallery
+from app.jobs.models import UpgradeJob
 from app.upgrades import backbone
-from app.upgrades.models import UpgradeJob
 from tests.service.conftest import field_names, problem, snapshot
 from tests.service.test_datasets_api import make_dataset
 from tests.service.test_galleries_api import make_gallery, seed_vectors

@@ -15,8 +15,9 @@ from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
 from app.galleries import service as gallery_service
-from app.galleries.models import Gallery, GalleryVector
+from app.galleries.models import Gallery
 from app.vectors import segments
+from app.vectors.tables import GalleryVector
 from tests.service.conftest import problem, snapshot, stop_client
 from tests.service.test_durability import top_ids
 from tests.service.test_galleries_api import make_gallery, seed_vectors

@@ -29,10 +29,10 @@ import numpy as np
 from sqlalchemy.orm import Session
 
 from app.core.settings import Settings
-from app.galleries.models import Gallery
-from app.search.milvus_engine import GalleryLayout, MilvusEngine, MilvusGallery, StoredRows
-from app.search.milvus_math import choose_layout
-from app.vectors.engine import SCAN_BATCH, Stored, Upserted
+from app.vectors.engine import SCAN_BATCH, Stored, StoredGallery, Upserted
+from app.vectors.milvus_engine import GalleryLayout, MilvusEngine, MilvusGallery, StoredRows
+from app.vectors.milvus_math import choose_layout
+from app.vectors.points import lifted_points
 
 COLLECTION_PREFIX = "nobackfill_"
 
@@ -91,7 +91,7 @@ def collection_name(gallery_id: str) -> str:
     return f"{COLLECTION_PREFIX}{gallery_id}"
 
 
-def layout_of(gallery: Gallery) -> GalleryLayout:
+def layout_of(gallery: StoredGallery) -> GalleryLayout:
     """External cosine galleries lie at one radius (the cosine layout, searching the stored
     vectors); model-bound and dot galleries do not (poincare; collections made before that
     layout keep their tangent one, read back from the collection). A flat gallery asks for
@@ -110,9 +110,7 @@ def layout_of(gallery: Gallery) -> GalleryLayout:
     )
 
 
-def _points(gallery: Gallery, vectors: np.ndarray) -> np.ndarray:
-    from app.galleries.service import lifted_points
-
+def _points(gallery: StoredGallery, vectors: np.ndarray) -> np.ndarray:
     return lifted_points(gallery, vectors)
 
 
@@ -129,17 +127,17 @@ class MilvusVectorStorage:
     def __init__(self, engine: MilvusEngine) -> None:
         self.engine = engine
 
-    def existing(self, gallery: Gallery) -> MilvusGallery | None:
+    def existing(self, gallery: StoredGallery) -> MilvusGallery | None:
         name = collection_name(gallery.id)
         return self.engine.open_gallery(name) if self.engine.has_gallery(name) else None
 
-    def gallery(self, gallery: Gallery) -> MilvusGallery:
+    def gallery(self, gallery: StoredGallery) -> MilvusGallery:
         return self.existing(gallery) or self.engine.create_gallery(layout_of(gallery))
 
     def upsert(
         self,
         session: Session,
-        gallery: Gallery,
+        gallery: StoredGallery,
         item_ids: Sequence[str],
         vectors: np.ndarray,
         labels: Sequence[str | None],
@@ -153,7 +151,9 @@ class MilvusVectorStorage:
         replaced = np.array([row_id for row_id, _ in before.values()], dtype=np.int64)
         return Upserted(ids=ids, replaced=np.sort(replaced), inserted=len(ids) - len(before))
 
-    def delete(self, session: Session, gallery: Gallery, item_ids: Sequence[str]) -> np.ndarray:
+    def delete(
+        self, session: Session, gallery: StoredGallery, item_ids: Sequence[str]
+    ) -> np.ndarray:
         store = self.existing(gallery)
         if store is None:
             return np.zeros(0, dtype=np.int64)
@@ -162,33 +162,35 @@ class MilvusVectorStorage:
         return np.sort(np.array([row_id for row_id, _ in present.values()], dtype=np.int64))
 
     def lookup(
-        self, session: Session, gallery: Gallery, item_ids: Sequence[str]
+        self, session: Session, gallery: StoredGallery, item_ids: Sequence[str]
     ) -> dict[str, tuple[int, str | None]]:
         store = self.existing(gallery)
         return {} if store is None else store.lookup(item_ids)
 
-    def fetch(self, session: Session, gallery: Gallery, item_ids: Sequence[str]) -> Stored:
+    def fetch(self, session: Session, gallery: StoredGallery, item_ids: Sequence[str]) -> Stored:
         store = self.existing(gallery)
         if store is None:
             return Stored([], np.zeros(0, np.int64), np.zeros((0, gallery.dim), np.float32), [], [])
         return _stored(store.fetch(item_ids))
 
     def names(
-        self, session: Session, gallery: Gallery, ids: Sequence[int]
+        self, session: Session, gallery: StoredGallery, ids: Sequence[int]
     ) -> dict[int, tuple[str, str | None]]:
         store = self.existing(gallery)
         return {} if store is None else store.names(ids)
 
-    def scan(self, session: Session, gallery: Gallery, batch: int = SCAN_BATCH) -> Iterator[Stored]:
+    def scan(
+        self, session: Session, gallery: StoredGallery, batch: int = SCAN_BATCH
+    ) -> Iterator[Stored]:
         store = self.existing(gallery)
         for rows in store.scan(batch) if store is not None else ():
             yield _stored(rows)
 
-    def all_ids(self, session: Session, gallery: Gallery) -> np.ndarray:
+    def all_ids(self, session: Session, gallery: StoredGallery) -> np.ndarray:
         store = self.existing(gallery)
         return np.zeros(0, dtype=np.int64) if store is None else store.all_row_ids()
 
-    def count(self, session: Session, gallery: Gallery) -> int:
+    def count(self, session: Session, gallery: StoredGallery) -> int:
         store = self.existing(gallery)
         return 0 if store is None else store.count()
 
@@ -201,7 +203,7 @@ class MilvusSearcher:
     ``search_with_points``), answered by Milvus with its exact float64 re-rank; built per
     request, it holds no rows, so the API process's memory does not grow with the gallery."""
 
-    def __init__(self, storage: MilvusVectorStorage, gallery: Gallery) -> None:
+    def __init__(self, storage: MilvusVectorStorage, gallery: StoredGallery) -> None:
         self.dim = gallery.dim
         self._store = storage.existing(gallery)
 

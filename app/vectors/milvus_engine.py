@@ -5,7 +5,7 @@ an embedded milvus-lite store (tests, laptops), ``http(s)://host:port`` a Milvus
 (with a token). Each gallery's collection holds, per item: ``item_id`` (VARCHAR primary key),
 ``row_id`` (the internal int64 id), ``label``, ``metadata`` (JSON), ``vector`` (the stored vector
 exactly as given: the Euclidean vector of an external gallery, the space components of a
-model-bound one) and ``search``, the row its layout indexes (``app.search.milvus_math``: COSINE
+model-bound one) and ``search``, the row its layout indexes (``app.vectors.milvus_math``: COSINE
 over the space components when every point lies at one radius, an L2 HNSW over Poincaré-ball
 coordinates otherwise (with each row's float64 gap δ = 1 − c‖p‖² in ``gap``; collections made
 before that layout index tangent vectors log₀(x)), an exact FLAT scan over the lifted vectors
@@ -41,8 +41,8 @@ import numpy as np
 from pymilvus import DataType, MilvusClient
 from pymilvus.exceptions import MilvusException
 
-from app.search import milvus_search
-from app.search.milvus_math import (
+from app.vectors import milvus_search
+from app.vectors.milvus_math import (
     LAYOUT_METRIC,
     LAYOUTS,
     at_one_radius,
@@ -50,7 +50,7 @@ from app.search.milvus_math import (
     gallery_search_vectors,
     search_dim,
 )
-from app.search.milvus_search import SearchHits
+from app.vectors.milvus_search import SearchHits
 
 DEFAULT_HNSW = {"m": 32, "ef_construction": 200}
 # Rows per insert request (pymilvus sends one gRPC message per request; Milvus limits its size).
@@ -513,5 +513,5 @@ class MilvusGallery:
         ef_factor: int | None = None,
     ) -> SearchHits:
         """The k nearest items per query, nearest first, by exact float64 Lorentz distance
-        among the engine's candidates (``app.search.milvus_search.search``)."""
+        among the engine's candidates (``app.vectors.milvus_search.search``)."""
         return milvus_search.search(self, queries, k, overfetch=overfetch, ef_factor=ef_factor)

@@ -5,13 +5,13 @@ from __future__ import annotations
 from fastapi import APIRouter
 from fastapi.responses import HTMLResponse, JSONResponse
 
-from app.core.deps import IdempotencyDep, SessionDep, StateDep, TenantDep
+from app.api.deps import IdempotencyDep, SessionDep, StateDep, TenantDep
 from app.core.errors import conflict
 from app.core.idempotency import StoredResponse, create_once, stored_json
 from app.core.schemas import LimitQuery, PageTokenQuery
 from app.core.tenancy import tenant_page
+from app.jobs.models import SUCCEEDED, UpgradeJob
 from app.upgrades import service
-from app.upgrades.models import SUCCEEDED, UpgradeJob
 from app.upgrades.report_html import render_report_html
 from app.upgrades.schemas import MethodsOut, UpgradeCreate, UpgradeList, UpgradeOut
 

@@ -1,7 +1,7 @@
 """Searching a Milvus gallery: candidates from the collection's index, ordered exactly.
 
 ``search`` asks Milvus for k′ candidates per query from the layout's index
-(``app.search.milvus_math``), fetched with their indexed rows (and the poincare layout's stored
+(``app.vectors.milvus_math``), fetched with their indexed rows (and the poincare layout's stored
 gap), and orders them by float64 Lorentz distance (``reranked``), so the engine's float32 scores
 never decide the final order. A k above a Milvus server's top-k cap is answered by an exact scan
 of every row instead (``scanned``). ``MilvusGallery.search`` is this module's ``search``.
@@ -15,18 +15,18 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from app.search.index import RERANK_BUDGET
-from app.search.milvus_math import (
+from app.vectors.faiss_index import RERANK_BUDGET
+from app.vectors.milvus_math import (
     cosine_lift,
     exact_top_k,
     points_from_search_vectors,
     query_search_vectors,
     rerank,
 )
-from app.search.milvus_results import candidate_rows
+from app.vectors.milvus_results import candidate_rows
 
 if TYPE_CHECKING:
-    from app.search.milvus_engine import GalleryLayout, MilvusGallery
+    from app.vectors.milvus_engine import GalleryLayout, MilvusGallery
 
 # Candidates fetched per query before the exact re-rank (k′), and the tangent layout's HNSW
 # search-time ef as a multiple of k′ (ef = factor × k′; ef < k′ would cap the candidate list).

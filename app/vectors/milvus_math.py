@@ -24,7 +24,7 @@ use it. Three layouts, chosen per gallery from measured facts (issue 14, ``bench
 * ``lifted`` — exact search for galleries at many radii: a FLAT inner-product scan over
   x̃ = (x₀, x) with the query (−q₀, q) scores ⟨q,x⟩_L (exact in real arithmetic; float32
   cancels far from the origin, which the over-fetch and the float64 re-rank repair, as in
-  ``app.search.index``).
+  ``app.vectors.faiss_index``).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 from app.ml.lorentz import exp_map0, log_map0
-from app.search.index import LIFT_BLOCK, exact_distances, lifted_gallery, lifted_queries
+from app.vectors.faiss_index import LIFT_BLOCK, exact_distances, lifted_gallery, lifted_queries
 
 Layout = Literal["cosine", "tangent", "poincare", "lifted"]
 LAYOUTS: tuple[str, ...] = ("cosine", "tangent", "poincare", "lifted")

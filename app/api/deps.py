@@ -16,9 +16,9 @@ from app.core.idempotency import IdempotencyRequest
 from app.core.settings import Settings
 
 if TYPE_CHECKING:
-    from app.jobs.runner import JobRunner
     from app.models.service import ModelCache
-    from app.search.store import IndexStore
+    from app.upgrades.runner import JobRunner
+    from app.vectors.index_store import IndexStore
 
 
 @dataclass

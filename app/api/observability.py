@@ -35,10 +35,10 @@ from sqlalchemy import func, select, text
 from starlette.routing import compile_path
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app.core.deps import ServiceState, StateDep
+from app.api.deps import ServiceState, StateDep
 from app.core.errors import Problem
 from app.galleries.models import Gallery
-from app.upgrades.models import CANCELLED, FAILED, QUEUED, RUNNING, SUCCEEDED, UpgradeJob
+from app.jobs.models import CANCELLED, FAILED, QUEUED, RUNNING, SUCCEEDED, UpgradeJob
 
 log = logging.getLogger(__name__)
 
@@ -215,7 +215,7 @@ def _check_redis(state: ServiceState) -> None:
 
 
 def _check_milvus(state: ServiceState) -> None:
-    from app.search.milvus_storage import engine_for
+    from app.vectors.milvus_storage import engine_for
 
     engine_for(state.settings).client.list_collections(timeout=PROBE_TIMEOUT_S)
 

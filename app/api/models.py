@@ -8,12 +8,13 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Header, Query, Request, Response, status
 from starlette.concurrency import run_in_threadpool
 
+from app.api.deps import SessionDep, StateDep, TenantDep
 from app.core.arrays import check_batch_size, load_npy
-from app.core.deps import SessionDep, StateDep, TenantDep
 from app.core.errors import Problem, invalid
 from app.core.schemas import LimitQuery, NpyModalityQuery, PageTokenQuery, openapi_body
 from app.core.tenancy import tenant_page
 from app.core.uploads import read_json_model
+from app.galleries.service import refuse_while_bound
 from app.models import service
 from app.models.export import EXPORT_FORMATS
 from app.models.models import TrainedModel
@@ -75,6 +76,7 @@ def delete_model(
     """Delete a model and its artifact files. 409 while a model-bound gallery holds its vectors,
     a newer continual version continues from it, or an upgrade is training from it."""
     row = service.get_model(session, tenant_id, model_id)
+    refuse_while_bound(session, row.id)
     service.delete_model(session, state.settings, state.models, row)
     return Response(status_code=status.HTTP_204_NO_CONTENT)
 

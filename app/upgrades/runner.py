@@ -20,8 +20,8 @@ from sqlalchemy import or_, select, update
 
 from app.core.db import Database, utcnow
 from app.core.settings import Settings
+from app.jobs.models import QUEUED, RUNNING, UpgradeJob
 from app.upgrades.executor import execute, worker_name
-from app.upgrades.models import QUEUED, RUNNING, UpgradeJob
 
 log = logging.getLogger(__name__)
 
@@ -159,12 +159,12 @@ class CeleryRunner(JobRunner):
 
     def __init__(self, db: Database, settings: Settings) -> None:
         super().__init__(db, settings)
-        from worker.celery_app import make_celery
+        from app.upgrades.broker import make_celery
 
         self._celery = make_celery(settings)
 
     def submit(self, job_id: str) -> None:
-        from worker.celery_app import RUN_UPGRADE
+        from app.upgrades.broker import RUN_UPGRADE
 
         try:
             self._celery.send_task(RUN_UPGRADE, args=[job_id], queue=self.settings.celery_queue)

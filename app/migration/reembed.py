@@ -27,9 +27,10 @@ from app.core.arrays import as_matrix, check_batch_size, check_count, check_ids
 from app.core.db import utcnow
 from app.core.errors import FieldError, conflict, invalid, invalid_fields
 from app.core.settings import Settings
+from app.galleries.frames import same_space
 from app.galleries.models import Gallery
-from app.galleries.reembed_models import BackfillFit, ReembeddedVector
-from app.galleries.service import IN_CHUNK, _lock_gallery, gallery_points, index_for, lift_of
+from app.galleries.service import IN_CHUNK, _lock_gallery, gallery_points, index_for
+from app.migration.models import BackfillFit
 from app.ml.backfill import (
     Candidates,
     PlannerFit,
@@ -45,9 +46,11 @@ from app.ml.backfill import (
 from app.ml.backfill_fit import bridged_reference_fit, build_fit_view, native_reference_fit
 from app.ml.lorentz import uncertainty as norm_uncertainty
 from app.models.models import TrainedModel
-from app.models.service import BACKBONE, ModelCache, get_model, resolve_modality, same_space
-from app.search.store import IndexStore
-from app.vectors.engine import storage_for
+from app.models.service import BACKBONE, ModelCache, get_model, resolve_modality
+from app.vectors.index_store import IndexStore
+from app.vectors.points import lift_of
+from app.vectors.storage import storage_for
+from app.vectors.tables import ReembeddedVector
 
 # (gallery, model) feature copies kept in memory (LRU).
 FEATURE_CACHE_SIZE = 8
@@ -207,9 +210,9 @@ def reembedded_features(
 
 def _upgrade_inputs(session: Session, row: TrainedModel):
     from app.datasets.models import Dataset
+    from app.jobs.models import UpgradeJob
     from app.ml.upgrade import split_for_evaluation, split_queries
     from app.upgrades.backbone import load_inputs
-    from app.upgrades.models import UpgradeJob
 
     job = session.get(UpgradeJob, row.upgrade_id) if row.upgrade_id else None
     dataset = session.get(Dataset, job.dataset_id) if job and job.dataset_id else None

@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request, Response, status
 from fastapi.responses import JSONResponse
 
-from app.core.deps import IdempotencyDep, SessionDep, StateDep, TenantDep
+from app.api.deps import IdempotencyDep, SessionDep, StateDep, TenantDep
 from app.core.errors import invalid
 from app.core.idempotency import StoredResponse, create_once, stored_json
 from app.core.schemas import LimitQuery, PageTokenQuery, openapi_body

@@ -7,8 +7,8 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query, Request
 from starlette.concurrency import run_in_threadpool
 
+from app.api.deps import SessionDep, StateDep, TenantDep
 from app.core.arrays import load_npy
-from app.core.deps import SessionDep, StateDep, TenantDep
 from app.core.errors import Problem, invalid
 from app.core.schemas import NpyModalityQuery, openapi_body
 from app.core.uploads import read_json_model

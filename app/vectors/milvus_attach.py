@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 from pymilvus import DataType, MilvusClient
 
-from app.search.milvus_engine import connect, id_literal
-from app.search.milvus_search import MAX_TOPK
+from app.vectors.milvus_engine import connect, id_literal
+from app.vectors.milvus_search import MAX_TOPK
 
 METRICS = ("L2", "IP", "COSINE")
 ID_TYPES = (DataType.INT64, DataType.VARCHAR)

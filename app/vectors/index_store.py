@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from app.core.files import write_atomically_with
-from app.search.index import LorentzIndex
+from app.vectors.faiss_index import LorentzIndex
 
 log = logging.getLogger(__name__)
 

@@ -3,19 +3,21 @@
 from __future__ import annotations
 
 import io
-from typing import Annotated
+from typing import Annotated, Any
 
 import numpy as np
 from fastapi import APIRouter, Header, Query, Request, Response, status
 from fastapi.responses import JSONResponse
+from sqlalchemy.orm import Session
 
-from app.core.deps import IdempotencyDep, SessionDep, StateDep, TenantDep
+from app.api.deps import IdempotencyDep, SessionDep, StateDep, TenantDep
 from app.core.errors import FieldError, invalid, invalid_fields
 from app.core.idempotency import StoredResponse, create_once, stored_json
 from app.core.schemas import LimitQuery, PageTokenQuery, openapi_body
 from app.core.tenancy import tenant_page
 from app.core.uploads import read_body
-from app.galleries import reembed, service
+from app.datasets.service import refuse_while_paired
+from app.galleries import service
 from app.galleries.models import Gallery
 from app.galleries.schemas import (
     VECTORS_MULTIPART,
@@ -30,9 +32,14 @@ from app.galleries.schemas import (
     VectorsOut,
     VectorsUpsert,
 )
+from app.migration import reembed
 from app.search.schemas import NPY_MEDIA_TYPE
 
 router = APIRouter(prefix="/v1/galleries", tags=["galleries"])
+
+
+def _gallery_out(session: Session, gallery: Gallery) -> dict[str, Any]:
+    return service.gallery_out(session, gallery, reembed.progress(session, gallery))
 
 
 @router.post("", status_code=201, response_model=GalleryOut)
@@ -46,7 +53,7 @@ def create_gallery(
     def create() -> StoredResponse:
         gallery = service.create_gallery(session, state.settings, tenant_id, body)
         session.flush()
-        out = GalleryOut.model_validate(service.gallery_out(session, gallery))
+        out = GalleryOut.model_validate(_gallery_out(session, gallery))
         return StoredResponse(201, out.model_dump(mode="json"), f"/v1/galleries/{gallery.id}")
 
     return stored_json(create_once(session, tenant_id, idempotency, create)[0])
@@ -63,12 +70,13 @@ def list_galleries(
     rows, next_token = tenant_page(
         session, Gallery, tenant_id, page_token, limit, state.settings.max_page_size
     )
-    return {"items": [service.gallery_out(session, g) for g in rows], "next_page_token": next_token}
+    return {"items": [_gallery_out(session, g) for g in rows], "next_page_token": next_token}
 
 
 @router.get("/{gallery_id}", response_model=GalleryOut)
 def get_gallery(gallery_id: str, session: SessionDep, tenant_id: TenantDep) -> dict:
-    return service.gallery_out(session, service.get_gallery(session, tenant_id, gallery_id))
+    gallery = service.get_gallery(session, tenant_id, gallery_id)
+    return _gallery_out(session, gallery)
 
 
 @router.delete("/{gallery_id}", status_code=204)
@@ -76,6 +84,7 @@ def delete_gallery(
     gallery_id: str, state: StateDep, session: SessionDep, tenant_id: TenantDep
 ) -> Response:
     gallery = service.get_gallery(session, tenant_id, gallery_id)
+    refuse_while_paired(session, gallery)
     service.delete_gallery(session, state.indexes, gallery)
     return Response(status_code=status.HTTP_204_NO_CONTENT)
 

@@ -1,0 +1,1 @@
+"""HTTP: one router per resource (thin: parsing and status codes), their dependencies, metrics."""

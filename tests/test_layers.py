@@ -1,0 +1,56 @@
+"""The package layers of ``[tool.importlinter]`` hold, and a wrong-way import breaks them by name."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
+
+
+def _lint(where: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(LINT_IMPORTS), "--config", str(where / "pyproject.toml"), "--no-cache"],
+        cwd=where,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"PATH": str(LINT_IMPORTS.parent), "PYTHONPATH": str(where)},
+    )
+
+
+def test_the_layers_and_the_acyclic_modules_hold() -> None:
+    done = _lint(ROOT)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "2 kept, 0 broken" in done.stdout
+
+
+def _copy(tmp_path: Path) -> Path:
+    where = tmp_path / "copy"
+    for name in ("app", "worker"):
+        shutil.copytree(ROOT / name, where / name, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "pyproject.toml", where / "pyproject.toml")
+    return where
+
+
+def test_storage_importing_a_domain_package_breaks_the_layers_by_name(tmp_path: Path) -> None:
+    where = _copy(tmp_path)
+    sql = where / "app" / "vectors" / "sql.py"
+    sql.write_text(sql.read_text() + "\nfrom app.galleries.models import Gallery  # noqa\n")
+    done = _lint(where)
+    assert done.returncode == 1
+    assert "app.vectors is not allowed to import app.galleries" in done.stdout
+    assert "app.vectors.sql -> app.galleries.models" in done.stdout
+
+
+def test_a_cycle_between_two_modules_of_a_package_breaks_the_contract(tmp_path: Path) -> None:
+    where = _copy(tmp_path)
+    engine = where / "app" / "vectors" / "engine.py"
+    # engine is what every storage imports; a function-level import back is still a cycle.
+    engine.write_text(engine.read_text() + "\n\ndef _back():\n    from app.vectors import sql\n")
+    done = _lint(where)
+    assert done.returncode == 1
+    assert "No cycles are allowed in app.vectors" in done.stdout
