@@ -9,7 +9,7 @@ Per seed: the README's 60/40 split of the synsets. The upgrade's dataset is the 
 features paired with the old gloss vectors, and a query log of their lemmas by both models with
 the synset as relevant); ``run_backbone_upgrade`` trains ``--method`` on it — by default what
 POST /v1/upgrades serves by default (``auto`` with that query log, its default held-out share) —
-and the planner is fitted on that held-out part only (``app.ml.backfill_fit``). The gallery is
+and the planner is fitted on that held-out part only (``app.ml.backfill.fit``). The gallery is
 every synset's old gloss vector; the evaluation uses the other 40 %, which neither the upgrade
 nor the planner saw: query→document (lemma → gloss, R@1, R@10), instance (the gloss's new
 features → its own item, R@1) and class (the same queries, relevant = same fine class, the item
@@ -40,31 +40,27 @@ from typing import Any
 import numpy as np
 import torch
 
-from app.ml.backfill import (
-    CURVE_FRACTIONS,
-    MERGE_RULE,
-    MERGE_RULES,
-    calibrated_pair,
-    discount,
-    fit_planner,
-    mixed,
-    pick_reference,
-    plan_order,
-    plan_priority,
-    ranks_of,
-    unit_rows,
-)
-from app.ml.backfill_fit import (
+from app.ml.backfill.fit import (
     bridged_reference_fit,
     build_fit_view,
     cosine_scores,
     lorentz_scores,
     native_reference_fit,
 )
-from app.ml.lorentz import uncertainty as norm_uncertainty
-from app.ml.space import EuclideanLift
-from app.ml.uncertainty import knn_uncertainty
-from app.ml.upgrade import (
+from app.ml.backfill.mixed import (
+    MERGE_RULE,
+    MERGE_RULES,
+    calibrated_pair,
+    mixed,
+    pick_reference,
+    ranks_of,
+    unit_rows,
+)
+from app.ml.backfill.plan import CURVE_FRACTIONS, discount, fit_planner, plan_order, plan_priority
+from app.ml.geometry.lorentz import uncertainty as norm_uncertainty
+from app.ml.geometry.space import EuclideanLift
+from app.ml.methods.uncertainty import knn_uncertainty
+from app.ml.upgrade.run import (
     QueryLog,
     UpgradeData,
     run_backbone_upgrade,
@@ -239,7 +235,7 @@ def run_seed(
 def time_planning(n_items: int, dim: int, reembedded: float = 0.1) -> float:
     """Seconds to plan a gallery of ``n_items`` points: predict every item's gain, drop the
     re-embedded ones, order the rest (median of 3)."""
-    from app.ml.backfill import GainModel
+    from app.ml.backfill.plan import GainModel
 
     rng = np.random.default_rng(0)
     points = unit_rows(rng.standard_normal((n_items, dim), dtype=np.float32))
@@ -362,7 +358,7 @@ def render_markdown(payload: dict, validation: dict | None = None) -> str:
         "/v1/upgrades's default method, trained with a query log of the 60 % training lemmas; its "
         "default held-out share is the planner's data). A mixed gallery is searched as the service "
         "does: re-embedded items by native cosine, the rest bridged, merged on the per-query tail "
-        f"calibration (`app/ml/backfill.py`, merge rule `{payload.get('rules', ['native'])[0]}`). "
+        f"calibration (`app/ml/backfill/mixed.py`, merge rule `{payload.get('rules', ['native'])[0]}`). "
         "Orders: the plan (chosen by cross-fitting on the upgrade's held-out data), the learned "
         "gain itself, kNN-label uncertainty (HBCT's calibrated uncertainty), random, and an "
         "oracle (true gains on the evaluation queries). Plot: `bench/results/backfill.png`.",

@@ -28,7 +28,7 @@ at head level (every "model" is a head on frozen backbone features):
 - query → document (lemma → gloss, with and without a query log): ``bench.querydoc``'s scenario,
   its figures read from ``bench/results/querydoc.json`` or rerun (``--querydoc run``).
 
-Measured on the evaluation part with ``app.ml.alternatives`` (what a served upgrade's report
+Measured on the evaluation part with ``app.ml.upgrade.alternatives`` (what a served upgrade's report
 uses): class view (CMC@1, mAP@100 over the evaluation set), instance view (each evaluation item's
 new features against the *whole* old gallery: own-item R@1, R@10, MRR@100), P_com / P_up against
 the stronger of the raw new backbone and the trained independent head. The ``auto`` row is the
@@ -48,22 +48,22 @@ from typing import Any
 import numpy as np
 import torch
 
-from app.ml.alternatives import (
+from app.ml.auto.candidates import AutoParams
+from app.ml.evaluation.metrics import ranked_neighbours, top1_failures, uncertainty_calibration
+from app.ml.evaluation.retrieval import json_safe
+from app.ml.geometry.space import EuclideanLift
+from app.ml.methods.compat import CompatParams, train_compatible_model
+from app.ml.methods.training import NO_HOOKS
+from app.ml.methods.uncertainty import old_uncertainty
+from app.ml.upgrade.alternatives import (
     assemble,
     measure_bridge,
     measure_independent,
     measure_reindex,
     measure_stay,
 )
-from app.ml.auto import AutoParams
-from app.ml.compat import CompatParams, train_compatible_model
-from app.ml.evaluation import json_safe
-from app.ml.metrics import ranked_neighbours, top1_failures, uncertainty_calibration
-from app.ml.space import EuclideanLift
-from app.ml.training import NO_HOOKS
-from app.ml.uncertainty import old_uncertainty
-from app.ml.upgrade_data import UpgradeData
-from app.ml.upgrade_run import UpgradeContext, run_auto
+from app.ml.upgrade.data import UpgradeData
+from app.ml.upgrade.pipeline import UpgradeContext, run_auto
 from bench import compat_grid, compat_report
 from bench.compat_widen import widen_scenario
 from bench.wordnet import (

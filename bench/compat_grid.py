@@ -11,7 +11,7 @@ loss, a rank below 1 does not exist) — because a better value may lie beyond i
 
 Scores: ``independent`` by its own space's class metrics (mean of CMC@1 and mAP@100); every
 bridge by (P_up ≥ ``P_UP_FLOOR`` for CMC@1 and mAP@100, P_up against the stronger reference on
-validation, ``app.ml.alternatives.assemble``; then the mean gain of new→old over old→old, see
+validation, ``app.ml.upgrade.alternatives.assemble``; then the mean gain of new→old over old→old, see
 ``bridge_score`` for why not P_com).
 """
 
@@ -23,13 +23,13 @@ from typing import Any
 
 import numpy as np
 
-from app.ml import alternatives
-from app.ml.alternatives import EvalSet
-from app.ml.auto import DEFAULT_TRIALS
-from app.ml.evaluation import CLASS_METRICS
-from app.ml.models import EmbeddingModel
+from app.ml.auto.candidates import DEFAULT_TRIALS
+from app.ml.evaluation.retrieval import CLASS_METRICS
+from app.ml.methods.models import EmbeddingModel
+from app.ml.upgrade import alternatives
+from app.ml.upgrade.alternatives import EvalSet
 
-# As many trials as ``auto`` gives each of its candidates (app.ml.auto.DEFAULT_TRIALS): three
+# As many trials as ``auto`` gives each of its candidates (app.ml.auto.candidates.DEFAULT_TRIALS): three
 # values spread over each grid (its two ends and its middle).
 TRIALS = DEFAULT_TRIALS
 # Then, while the chosen value sits at an end of what was tried, one more trial a grid step beyond

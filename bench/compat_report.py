@@ -11,8 +11,8 @@ from typing import Any
 
 import numpy as np
 
-from app.ml.auto import INSTANCE_FLOOR
-from app.ml.evaluation import json_safe
+from app.ml.auto.candidates import INSTANCE_FLOOR
+from app.ml.evaluation.retrieval import json_safe
 from bench import compat_grid, querydoc
 from bench.report import replace_section
 
@@ -380,7 +380,7 @@ def render_markdown(payload: dict[str, Any]) -> str:
         + "(procrustes: closed form, one fit), the same grids in every scenario "
         "(`bench/compat_grid.py`); a chosen value still at an end of what was tried is marked "
         "as an edge. "
-        "`auto` is the service's (`app/ml/auto.py`: same candidates and trials, objective "
+        "`auto` is the service's (`app/ml/auto/candidates.py`: same candidates and trials, objective "
         f"`class`, params {json.dumps(payload['auto_params'])}), trained on the training part.",
         "Class view on the evaluation set (query and gallery, self excluded): CMC@1 and mAP@100 "
         "divided by min(relevant, 100). Instance view: each evaluation item's new features "

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from app.ml.alternatives import assemble, measure_bridge, measure_reindex, measure_stay
-from app.ml.evaluation import json_safe
+from app.ml.evaluation.retrieval import json_safe
+from app.ml.upgrade.alternatives import assemble, measure_bridge, measure_reindex, measure_stay
 from bench import compat_grid, compat_report
 
 # Keys ``assemble`` adds to a bridge's measured views (everything else is ``measure_bridge``'s).

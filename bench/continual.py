@@ -43,7 +43,7 @@ import numpy as np
 import torch
 
 from app.ml.hmcl import METHODS, TaskTrainer, map_query_to_ancestor, run_continual_task
-from app.ml.hmcl_metrics import (
+from app.ml.hmcl.metrics import (
     DRIFT_MEASURES,
     drift_measures,
     nearest_class_accuracy,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from app.ml.hmcl_metrics import DRIFT_MEASURES
+from app.ml.hmcl.metrics import DRIFT_MEASURES
 
 KIND_METRIC = {"retrieval": "recall@5 (symmetric text↔gloss)", "classification": "accuracy"}
 # (what, kind, threshold, how the value compares): issue 13's targets for hmcl-ca.

@@ -44,7 +44,7 @@ import faiss
 import numpy as np
 import torch
 
-from app.ml.space import EuclideanLift
+from app.ml.geometry.space import EuclideanLift
 from app.vectors.faiss_index import LorentzIndex, exact_distances, lifted_gallery, lifted_queries
 from app.vectors.milvus_engine import (
     DEFAULT_HNSW,

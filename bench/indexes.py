@@ -24,7 +24,7 @@ import faiss
 import numpy as np
 import torch
 
-from app.ml.space import EuclideanLift
+from app.ml.geometry.space import EuclideanLift
 from app.vectors.faiss_index import LorentzIndex, lifted_queries
 from bench.machine import facts_markdown, load_average, run_record
 from bench.report import command_line, publish

@@ -34,7 +34,7 @@ from typing import Any
 import faiss
 import numpy as np
 
-from app.ml.space import EuclideanLift
+from app.ml.geometry.space import EuclideanLift
 from app.vectors.faiss_index import lifted_gallery
 from app.vectors.index_store import IndexSpec, IndexStore
 from bench.machine import facts_markdown, load_average, run_record

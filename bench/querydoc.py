@@ -36,8 +36,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from app.ml.space import EuclideanLift
-from app.ml.upgrade import QueryLog, UpgradeData, run_backbone_upgrade
+from app.ml.geometry.space import EuclideanLift
+from app.ml.upgrade.run import QueryLog, UpgradeData, run_backbone_upgrade
 from bench.report import replace_section
 from bench.wordnet import FIELDS, NEW_MODEL, OLD_MODEL, REPO_ROOT, load_wordnet
 

@@ -27,10 +27,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from app.ml.auto import split_for_validation
-from app.ml.compat import train_compatible_model
-from app.ml.lorentz import log_map0
-from app.ml.space import EuclideanLift
+from app.ml.auto.candidates import split_for_validation
+from app.ml.geometry.lorentz import log_map0
+from app.ml.geometry.space import EuclideanLift
+from app.ml.methods.compat import train_compatible_model
 from bench.querydoc import EVAL_FRACTION, QUICK_PARAMS, load_arrays
 
 VARIANTS = ("none", "old vectors", "relevance", "both")

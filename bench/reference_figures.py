@@ -20,10 +20,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from app.ml.evaluation import class_metrics, query_metrics, top_k
-from app.ml.heads import orthogonal_procrustes
-from app.ml.metrics import retrieval_metrics
-from app.ml.space import EuclideanLift
+from app.ml.evaluation.metrics import retrieval_metrics
+from app.ml.evaluation.retrieval import class_metrics, query_metrics, top_k
+from app.ml.geometry.space import EuclideanLift
+from app.ml.methods.heads import orthogonal_procrustes
 from bench.wordnet import (
     NEW_MODEL,
     OLD_MODEL,

@@ -40,8 +40,8 @@ import faiss
 import numpy as np
 import torch
 
-from app.ml.compat import train_compatible_model
-from app.ml.space import EuclideanLift
+from app.ml.geometry.space import EuclideanLift
+from app.ml.methods.compat import train_compatible_model
 from app.vectors.faiss_index import LorentzIndex, lifted_queries
 from bench.machine import (
     facts_markdown,

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from app.ml.space import EuclideanLift
+from app.ml.geometry.space import EuclideanLift
 from bench.wordnet import FIELDS, NEW_MODEL, OLD_MODEL, load_wordnet
 
 DEFAULT_NOISE = 0.1

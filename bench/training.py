@@ -27,10 +27,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from app.ml.compat import resolve_device, train_compatible_model
+from app.ml.geometry.space import EuclideanLift
 from app.ml.hmcl import METHODS
-from app.ml.space import EuclideanLift
-from app.ml.training import TrainingHooks
+from app.ml.methods.compat import resolve_device, train_compatible_model
+from app.ml.methods.training import TrainingHooks
 from bench.continual import build_tasks, load_corpus, time_steps
 from bench.machine import facts_markdown, load_average, run_record
 from bench.report import command_line, publish

@@ -10,12 +10,13 @@ import numpy as np
 import pytest
 import torch
 
-from app.ml.auto import AUTO_CANDIDATES, INSTANCE_FLOOR, AutoParams
-from app.ml.compat import train_compatible_model
-from app.ml.recommend import REINDEX_BELOW_ARR, recommend
-from app.ml.space import EuclideanLift
-from app.ml.training import NO_HOOKS, TrainingHooks
-from app.ml.upgrade import (
+from app.ml.auto.candidates import AUTO_CANDIDATES, INSTANCE_FLOOR, AutoParams
+from app.ml.auto.verdict import REINDEX_BELOW_ARR, recommend
+from app.ml.geometry.space import EuclideanLift
+from app.ml.methods.compat import train_compatible_model
+from app.ml.methods.training import NO_HOOKS, TrainingHooks
+from app.ml.upgrade.pipeline import UpgradeContext
+from app.ml.upgrade.run import (
     BACKBONE_METHODS,
     OBJECTIVES,
     QueryLog,
@@ -25,7 +26,6 @@ from app.ml.upgrade import (
     run_backbone_upgrade,
     split_queries,
 )
-from app.ml.upgrade_run import UpgradeContext
 from bench.wordnet import NEW_MODEL, OLD_MODEL
 
 TEST_PARAMS = {"epochs": 3}

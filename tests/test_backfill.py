@@ -9,27 +9,25 @@ import numpy as np
 import pytest
 import torch
 
-from app.ml.backfill import (
-    Candidates,
-    FitView,
-    calibrate,
-    fit_planner,
-    merge,
-    merged_ranks,
-    mixed,
-    plan_order,
-    ranks_of,
-    reference_fit,
-    tail_fit,
-    top_of,
-)
-from app.ml.backfill_fit import (
+from app.ml.backfill.fit import (
     bridged_reference_fit,
     cosine_scores,
     lorentz_scores,
     native_reference_fit,
 )
-from app.ml.space import EuclideanLift
+from app.ml.backfill.mixed import (
+    Candidates,
+    calibrate,
+    merge,
+    merged_ranks,
+    mixed,
+    ranks_of,
+    reference_fit,
+    tail_fit,
+    top_of,
+)
+from app.ml.backfill.plan import FitView, fit_planner, plan_order
+from app.ml.geometry.space import EuclideanLift
 
 
 def lists(rng, nq=5, n=300):

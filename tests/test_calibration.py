@@ -8,8 +8,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from app.ml.calibration import binned_failure_rate, labelled_calibration, unlabelled_calibration
-from app.ml.lorentz import exp_map0
+from app.ml.evaluation.calibration import (
+    binned_failure_rate,
+    labelled_calibration,
+    unlabelled_calibration,
+)
+from app.ml.geometry.lorentz import exp_map0
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures/wordnet_small.npz"
 

@@ -6,14 +6,14 @@ import numpy as np
 import pytest
 import torch
 
-from app.ml import losses
-from app.ml.compat import BACKBONE_METHODS, CompatParams, train_compatible_model
-from app.ml.lorentz import entailment_violation, exp_map0
-from app.ml.metrics import neighbour_recall, retrieval_metrics
-from app.ml.models import model_from_bytes, model_to_bytes
-from app.ml.space import EuclideanLift
-from app.ml.training import TrainingCancelled, TrainingHooks
-from app.ml.upgrade import UpgradeData, run_backbone_upgrade
+from app.ml.evaluation.metrics import neighbour_recall, retrieval_metrics
+from app.ml.geometry.lorentz import entailment_violation, exp_map0
+from app.ml.geometry.space import EuclideanLift
+from app.ml.methods import losses
+from app.ml.methods.compat import BACKBONE_METHODS, CompatParams, train_compatible_model
+from app.ml.methods.models import model_from_bytes, model_to_bytes
+from app.ml.methods.training import TrainingCancelled, TrainingHooks
+from app.ml.upgrade.run import UpgradeData, run_backbone_upgrade
 from bench.wordnet import NEW_MODEL, OLD_MODEL
 
 FAST = {"epochs": 25, "hidden_dim": 128}

@@ -282,7 +282,7 @@ def test_tune_widens_past_an_end_until_the_best_is_inside() -> None:
 def test_widen_trains_only_new_trials_and_keeps_unmoved_rows(
     quick_payload: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from app.ml.upgrade_run import UpgradeContext
+    from app.ml.upgrade.pipeline import UpgradeContext
 
     previous = tmp_path / "previous.json"
     previous.write_text(json.dumps(quick_payload))

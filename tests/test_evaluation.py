@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from app.ml.evaluation import (
+from app.ml.evaluation.metrics import retrieval_metrics
+from app.ml.evaluation.retrieval import (
     arr,
     class_metrics,
     compatibility,
@@ -18,9 +19,8 @@ from app.ml.evaluation import (
     query_metrics,
     top_k,
 )
-from app.ml.heads import orthogonal_procrustes
-from app.ml.metrics import retrieval_metrics
-from app.ml.space import EuclideanLift
+from app.ml.geometry.space import EuclideanLift
+from app.ml.methods.heads import orthogonal_procrustes
 from bench.wordnet import NEW_MODEL, OLD_MODEL
 
 

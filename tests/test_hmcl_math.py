@@ -9,6 +9,7 @@ import scipy.linalg
 import torch
 from torch import Tensor
 
+from app.ml.geometry.lorentz import distance_to_origin, pairwise_lorentz_distance, time_component
 from app.ml.hmcl import (
     LorentzLinearHeads,
     SkewGenerator,
@@ -24,7 +25,6 @@ from app.ml.hmcl import (
     shared_rotation_generator,
     solve_skew_lyapunov,
 )
-from app.ml.lorentz import distance_to_origin, pairwise_lorentz_distance, time_component
 
 MODALITIES = ("lemma", "gloss")
 MINILM = "all-MiniLM-L6-v2"

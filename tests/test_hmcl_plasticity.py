@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from app.ml.hmcl import METHODS, ContinualParams, TaskTrainer, run_continual_task
-from app.ml.hmcl_metrics import symmetric_recall_at_k
+from app.ml.hmcl.metrics import symmetric_recall_at_k
 
 MINILM, MPNET = "all-MiniLM-L6-v2", "all-mpnet-base-v2"
 

@@ -7,8 +7,8 @@ import numpy as np
 import scipy.linalg
 import torch
 
+from app.ml.geometry.lorentz import lorentz_distance
 from app.ml.hmcl import map_query_to_ancestor, run_continual_task
-from app.ml.lorentz import lorentz_distance
 
 MINILM = "all-MiniLM-L6-v2"
 MODALITIES = ("lemma", "gloss")

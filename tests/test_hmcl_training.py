@@ -18,9 +18,9 @@ from app.ml.hmcl import (
     map_query_to_ancestor,
     run_continual_task,
 )
-from app.ml.hmcl_metrics import drift_measures, paired_recall_at_k
-from app.ml.models import MODEL_KINDS, model_from_bytes, model_to_bytes
-from app.ml.training import TrainingCancelled, TrainingHooks
+from app.ml.hmcl.metrics import drift_measures, paired_recall_at_k
+from app.ml.methods.models import MODEL_KINDS, model_from_bytes, model_to_bytes
+from app.ml.methods.training import TrainingCancelled, TrainingHooks
 
 MINILM = "all-MiniLM-L6-v2"
 MODALITIES = ("lemma", "gloss")

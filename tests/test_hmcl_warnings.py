@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from app.ml.hmcl import run_continual_task
-from app.ml.hmcl_metrics import class_pairing
-from app.ml.hmcl_warnings import (
+from app.ml.hmcl.metrics import class_pairing
+from app.ml.hmcl.report_warnings import (
     chance_accuracy,
     chance_recall,
     likely_causes,

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from app.ml import lorentz as L
+from app.ml.geometry import lorentz as L
 
 CURVS = [0.1, 1.0, 2.5]
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from app.ml.metrics import (
+from app.ml.evaluation.metrics import (
     neighbour_recall,
     p_com,
     p_up,
@@ -16,7 +16,7 @@ from app.ml.metrics import (
     top1_failures,
     uncertainty_calibration,
 )
-from app.ml.space import EuclideanLift
+from app.ml.geometry.space import EuclideanLift
 from bench.wordnet import OLD_MODEL
 
 

@@ -17,7 +17,7 @@ import torch
 from pymilvus import DataType, MilvusClient
 
 from app.galleries.models import Gallery
-from app.ml.space import EuclideanLift
+from app.ml.geometry.space import EuclideanLift
 from app.vectors import milvus_search
 from app.vectors.engine import VectorStorage
 from app.vectors.faiss_index import LorentzIndex, exact_distances

@@ -7,9 +7,9 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-from app.ml.lorentz import distance_to_origin, pairwise_lorentz_distance
-from app.ml.models import EmbeddingModel, model_from_bytes, model_to_bytes
-from app.ml.space import EuclideanLift
+from app.ml.geometry.lorentz import distance_to_origin, pairwise_lorentz_distance
+from app.ml.geometry.space import EuclideanLift
+from app.ml.methods.models import EmbeddingModel, model_from_bytes, model_to_bytes
 
 
 class _Scaled(EmbeddingModel):

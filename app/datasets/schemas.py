@@ -7,7 +7,7 @@ from datetime import datetime
 from pydantic import BaseModel, Field, field_validator
 
 from app.core.schemas import Matrix, ModalityName, Name, Page, StrictModel
-from app.ml.models import DEFAULT_MODALITY
+from app.ml.methods.models import DEFAULT_MODALITY
 
 
 class DatasetCreate(StrictModel):

@@ -23,7 +23,7 @@ from app.core.settings import Settings
 from app.core.tenancy import check_name_free, check_tenant_limit, get_owned
 from app.galleries.models import Gallery
 from app.galleries.schemas import GalleryCreate
-from app.ml.space import DEFAULT_CURVATURE, DEFAULT_LIFT_SCALE
+from app.ml.geometry.space import DEFAULT_CURVATURE, DEFAULT_LIFT_SCALE
 from app.models.models import TrainedModel
 from app.models.service import ModelCache, embed_features, get_model, resolve_modality
 from app.vectors.engine import MILVUS, VectorStorage

@@ -31,20 +31,10 @@ from app.galleries.frames import same_space
 from app.galleries.models import Gallery
 from app.galleries.service import IN_CHUNK, _lock_gallery, gallery_points, index_for
 from app.migration.models import BackfillFit
-from app.ml.backfill import (
-    Candidates,
-    PlannerFit,
-    expected_at,
-    fit_planner,
-    merge,
-    pick_reference,
-    plan_order,
-    plan_priority,
-    top_of,
-    unit_rows,
-)
-from app.ml.backfill_fit import bridged_reference_fit, build_fit_view, native_reference_fit
-from app.ml.lorentz import uncertainty as norm_uncertainty
+from app.ml.backfill.fit import bridged_reference_fit, build_fit_view, native_reference_fit
+from app.ml.backfill.mixed import Candidates, merge, pick_reference, top_of, unit_rows
+from app.ml.backfill.plan import PlannerFit, expected_at, fit_planner, plan_order, plan_priority
+from app.ml.geometry.lorentz import uncertainty as norm_uncertainty
 from app.models.models import TrainedModel
 from app.models.service import BACKBONE, ModelCache, get_model, resolve_modality
 from app.vectors.index_store import IndexStore
@@ -211,7 +201,7 @@ def reembedded_features(
 def _upgrade_inputs(session: Session, row: TrainedModel):
     from app.datasets.models import Dataset
     from app.jobs.models import UpgradeJob
-    from app.ml.upgrade import split_for_evaluation, split_queries
+    from app.ml.upgrade.run import split_for_evaluation, split_queries
     from app.upgrades.backbone import load_inputs
 
     job = session.get(UpgradeJob, row.upgrade_id) if row.upgrade_id else None

@@ -34,9 +34,9 @@ import torch
 from torch import Tensor, nn
 
 from app.core.files import sha256_hex
-from app.ml.lorentz import lift_for_index, lift_query
-from app.ml.models import EmbeddingModel
-from app.ml.space import EuclideanLift
+from app.ml.geometry.lorentz import lift_for_index, lift_query
+from app.ml.geometry.space import EuclideanLift
+from app.ml.methods.models import EmbeddingModel
 
 EXPORT_FORMATS: tuple[str, ...] = ("onnx",)
 MANIFEST_VERSION = 1

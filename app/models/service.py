@@ -17,9 +17,9 @@ from app.core.errors import Problem, conflict, invalid
 from app.core.files import ChecksumMismatch, read_verified, sha256_hex, write_atomically
 from app.core.settings import Settings
 from app.core.tenancy import get_owned
+from app.ml.geometry.lorentz import uncertainty
 from app.ml.hmcl import map_query_to_ancestor
-from app.ml.lorentz import uncertainty
-from app.ml.models import EmbeddingModel, model_from_bytes
+from app.ml.methods.models import EmbeddingModel, model_from_bytes
 from app.models.export import EXPORT_FORMATS, ExportTarget, export_onnx
 from app.models.models import TrainedModel
 
@@ -105,7 +105,7 @@ def embed_features(
 
 
 def point_uncertainty(points: np.ndarray, curv: float) -> np.ndarray:
-    """u(x) = 1 − tanh(√c‖log₀ x‖): near the origin means vague (see app.ml.lorentz)."""
+    """u(x) = 1 − tanh(√c‖log₀ x‖): near the origin means vague (see app.ml.geometry.lorentz)."""
     return uncertainty(torch.as_tensor(points, dtype=torch.float64), curv).numpy()
 
 

@@ -15,8 +15,8 @@ from app.datasets.models import Dataset, DatasetItem
 from app.datasets.queries import load_queries
 from app.datasets.service import load_items
 from app.galleries.models import Gallery
-from app.ml.training import TrainingHooks
-from app.ml.upgrade import (
+from app.ml.methods.training import TrainingHooks
+from app.ml.upgrade.run import (
     BACKBONE_METHODS,
     QueryLog,
     UpgradeData,

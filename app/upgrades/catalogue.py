@@ -20,11 +20,11 @@ from collections.abc import Callable, Iterable
 from functools import cache
 from typing import Any
 
-from app.ml.compat import LABELLED_ONLY_METHODS, CompatParams
 from app.ml.hmcl import METHODS as CONTINUAL_METHODS
 from app.ml.hmcl import ROTATION_FITS, ContinualParams
-from app.ml.uncertainty import UNCERTAINTY_SOURCES
-from app.ml.upgrade import BACKBONE_METHODS
+from app.ml.methods.compat import LABELLED_ONLY_METHODS, CompatParams
+from app.ml.methods.uncertainty import UNCERTAINTY_SOURCES
+from app.ml.upgrade.run import BACKBONE_METHODS
 
 BACKBONE, CONTINUAL = "backbone", "continual"
 

@@ -24,7 +24,7 @@ from app.ml.hmcl import (
     ContinualState,
     run_continual_task,
 )
-from app.ml.training import TrainingHooks
+from app.ml.methods.training import TrainingHooks
 from app.models.models import TrainedModel
 from app.models.service import CONTINUAL, artifact_file, lineage
 from app.upgrades.backbone import label_codes

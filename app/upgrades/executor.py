@@ -29,8 +29,8 @@ from app.core.settings import Settings
 from app.datasets.models import Dataset
 from app.galleries.models import Gallery
 from app.jobs.models import CANCELLED, FAILED, QUEUED, RUNNING, SUCCEEDED, UpgradeJob
-from app.ml.models import model_to_bytes
-from app.ml.training import TrainingCancelled, TrainingHooks
+from app.ml.methods.models import model_to_bytes
+from app.ml.methods.training import TrainingCancelled, TrainingHooks
 from app.models.models import TrainedModel
 from app.models.service import artifact_file, store_artifact
 from app.upgrades import backbone, continual

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from app.ml.models import EmbeddingModel
+from app.ml.methods.models import EmbeddingModel
 
 
 @dataclass

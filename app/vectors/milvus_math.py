@@ -1,6 +1,6 @@
 """What a vector engine indexes for a Lorentz gallery, and the exact float64 re-rank after it.
 
-Pure and I/O-free (numpy and ``app.ml.lorentz``): the Milvus engine and the engine benchmark both
+Pure and I/O-free (numpy and ``app.ml.geometry.lorentz``): the Milvus engine and the engine benchmark both
 use it. Three layouts, chosen per gallery from measured facts (issue 14, ``bench.engines``):
 
 * ``cosine`` — every point at one radius r (cosine-lifted external galleries). Then
@@ -34,7 +34,7 @@ from typing import Literal
 import numpy as np
 import torch
 
-from app.ml.lorentz import exp_map0, log_map0
+from app.ml.geometry.lorentz import exp_map0, log_map0
 from app.vectors.faiss_index import LIFT_BLOCK, exact_distances, lifted_gallery, lifted_queries
 
 Layout = Literal["cosine", "tangent", "poincare", "lifted"]
@@ -145,7 +145,7 @@ def points_from_search_vectors(
 
 def cosine_lift(vectors: np.ndarray, scale: float, curv: float) -> np.ndarray:
     """exp₀(scale·v/‖v‖) in float64: space part sinh(√c·scale)/√c · v/‖v‖ (the cosine lift of
-    ``app.ml.space.EuclideanLift``, written out so that it runs on numpy rows)."""
+    ``app.ml.geometry.space.EuclideanLift``, written out so that it runs on numpy rows)."""
     v = np.asarray(vectors, dtype=np.float64)
     # A zero vector has no direction; the floor keeps it at the origin instead of NaN.
     unit = v / np.maximum(np.linalg.norm(v, axis=-1, keepdims=True), 1e-12)

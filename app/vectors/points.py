@@ -1,12 +1,12 @@
 """Space components of stored vectors: the fixed Euclidean lift of an external gallery (``lift``
-of ``app.ml.space``), or the vectors as stored for a model-bound gallery (already components)."""
+of ``app.ml.geometry.space``), or the vectors as stored for a model-bound gallery (already components)."""
 
 from __future__ import annotations
 
 import numpy as np
 import torch
 
-from app.ml.space import EuclideanLift
+from app.ml.geometry.space import EuclideanLift
 from app.vectors.engine import StoredGallery
 
 

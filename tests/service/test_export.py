@@ -15,7 +15,7 @@ import pytest
 import torch
 from fastapi.testclient import TestClient
 
-from app.ml.heads import LorentzHead
+from app.ml.methods.heads import LorentzHead
 from app.models.export import ExportTarget, export_onnx
 from tests.service.conftest import field_names, problem, snapshot
 from tests.service.test_continual_api import paired_dataset

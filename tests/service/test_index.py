@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from app.ml.lorentz import exp_map0, pairwise_lorentz_distance
+from app.ml.geometry.lorentz import exp_map0, pairwise_lorentz_distance
 from app.vectors.faiss_index import (
     LorentzIndex,
     exact_distances,

@@ -15,7 +15,7 @@ from app.core.db import utcnow
 from app.core.files import sha256_hex
 from app.galleries.models import Gallery
 from app.jobs.models import UpgradeJob
-from app.ml.training import TrainingHooks
+from app.ml.methods.training import TrainingHooks
 from app.models.models import TrainedModel
 from app.upgrades import backbone
 from app.upgrades.executor import Claim, execute

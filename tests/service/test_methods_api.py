@@ -11,10 +11,10 @@ import pytest
 from fastapi.testclient import TestClient
 
 from app.jobs.models import UpgradeJob
-from app.ml.compat import LABELLED_ONLY_METHODS, CompatParams
 from app.ml.hmcl import METHODS as CONTINUAL_METHODS
 from app.ml.hmcl import ContinualParams
-from app.ml.upgrade import BACKBONE_METHODS
+from app.ml.methods.compat import LABELLED_ONLY_METHODS, CompatParams
+from app.ml.upgrade.run import BACKBONE_METHODS
 from app.upgrades import catalogue
 from app.upgrades.schemas import UpgradeOut
 from tests.service.conftest import problem

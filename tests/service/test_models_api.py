@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
-from app.ml.models import model_from_bytes
+from app.ml.methods.models import model_from_bytes
 from tests.service.conftest import field_names, problem, snapshot, stop_client
 from tests.service.test_galleries_api import (
     EXTERNAL,

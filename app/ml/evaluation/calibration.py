@@ -21,9 +21,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from app.ml.evaluation import top_k
-from app.ml.lorentz import uncertainty as norm_uncertainty
-from app.ml.metrics import uncertainty_calibration
+from app.ml.evaluation.metrics import uncertainty_calibration
+from app.ml.evaluation.retrieval import top_k
+from app.ml.geometry.lorentz import uncertainty as norm_uncertainty
 
 DEFAULT_BINS = 10
 KNN_K = 10

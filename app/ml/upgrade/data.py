@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from app.ml.models import EmbeddingModel
+from app.ml.methods.models import EmbeddingModel
 
 MIN_EVAL_ITEMS = 10
 

@@ -15,7 +15,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
-from app.ml.lorentz import exp_map0
+from app.ml.geometry.lorentz import exp_map0
 
 Metric = Literal["cosine", "dot"]
 # Radius of lifted unit vectors. Measured in bench.compat (see BENCHMARKS.md): large enough that

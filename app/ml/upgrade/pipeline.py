@@ -17,16 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from app.ml.alternatives import (
-    EvalSet,
-    assemble,
-    measure_bridge,
-    measure_independent,
-    measure_reindex,
-    measure_stay,
-    primary_value,
-)
-from app.ml.auto import (
+from app.ml.auto.candidates import (
     AUTO_CANDIDATES,
     INSTANCE_FLOOR,
     METHOD_OF,
@@ -36,14 +27,23 @@ from app.ml.auto import (
     pick,
     split_for_validation,
 )
-from app.ml.calibration import labelled_calibration, unlabelled_calibration
-from app.ml.compat import PAIR_METHODS, CompatParams, train_compatible_model
-from app.ml.evaluation import METRIC_MEANINGS, json_safe
-from app.ml.models import EmbeddingModel
-from app.ml.recommend import recommend
-from app.ml.space import EuclideanLift
-from app.ml.training import TrainingHooks
-from app.ml.upgrade_data import QueryLog, UpgradeData, UpgradeOutcome, split_queries
+from app.ml.auto.verdict import recommend
+from app.ml.evaluation.calibration import labelled_calibration, unlabelled_calibration
+from app.ml.evaluation.retrieval import METRIC_MEANINGS, json_safe
+from app.ml.geometry.space import EuclideanLift
+from app.ml.methods.compat import PAIR_METHODS, CompatParams, train_compatible_model
+from app.ml.methods.models import EmbeddingModel
+from app.ml.methods.training import TrainingHooks
+from app.ml.upgrade.alternatives import (
+    EvalSet,
+    assemble,
+    measure_bridge,
+    measure_independent,
+    measure_reindex,
+    measure_stay,
+    primary_value,
+)
+from app.ml.upgrade.data import QueryLog, UpgradeData, UpgradeOutcome, split_queries
 
 
 class Progress:
@@ -258,7 +258,7 @@ def _held_out(
 
 def _calibration(ev: EvalSet, served: EmbeddingModel) -> dict[str, Any]:
     """Whether the old embeddings' uncertainty predicts search failures on held-out items
-    (``app.ml.calibration``); the gallery of ``ev`` is every paired item."""
+    (``app.ml.evaluation.calibration``); the gallery of ``ev`` is every paired item."""
     train_rows = np.setdiff1d(np.arange(ev.old_points.shape[0]), ev.rows)
     if ev.labels is not None and train_rows.size:
         return labelled_calibration(ev.old_points, ev.labels, ev.rows, train_rows, ev.curv)

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from scipy.stats import spearmanr
 
-from app.ml.lorentz import pairwise_lorentz_inner
+from app.ml.geometry.lorentz import pairwise_lorentz_inner
 
 DEFAULT_MAP_DEPTH = 100
 

@@ -45,7 +45,7 @@ This module re-exports the public names of the parts: ``hmcl_geometry`` (the adm
 (heads, state, result) and ``hmcl_trainer`` (one task's training loop and report).
 """
 
-from app.ml.hmcl_geometry import (
+from app.ml.hmcl.geometry import (
     RANK_TOL,
     ProtectedGeometry,
     SkewGenerator,
@@ -58,22 +58,22 @@ from app.ml.hmcl_geometry import (
     shared_rotation_generator,
     solve_skew_lyapunov,
 )
-from app.ml.hmcl_model import (
+from app.ml.hmcl.model import (
     STATE_FORMAT,
     STATE_TYPE,
     ContinualResult,
     ContinualState,
     LorentzLinearHeads,
 )
-from app.ml.hmcl_params import DEFAULT_ROTATION, METHODS, ROTATION_FITS, ContinualParams
-from app.ml.hmcl_rotations import (
+from app.ml.hmcl.params import DEFAULT_ROTATION, METHODS, ROTATION_FITS, ContinualParams
+from app.ml.hmcl.rotations import (
     OutputMoments,
     accumulated_rotation,
     fit_shared_rotation,
     map_query_to_ancestor,
     rotation_residual,
 )
-from app.ml.hmcl_trainer import TaskTrainer, contrastive_entailment_loss, run_continual_task
+from app.ml.hmcl.trainer import TaskTrainer, contrastive_entailment_loss, run_continual_task
 
 __all__ = [
     "DEFAULT_ROTATION",

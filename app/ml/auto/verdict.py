@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from app.ml.auto import PRIMARY_METRIC
+from app.ml.auto.candidates import PRIMARY_METRIC
 
 # Below this ARR on the objective's metric a bridge keeps too little of what re-embedding the
 # gallery would give: the measured Procrustes bridge keeps 0.77 of R@10 on public text search

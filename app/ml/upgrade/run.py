@@ -4,27 +4,27 @@
 about them), trains the requested method on the rest — or, for ``auto``, tunes and picks among
 candidates on a validation split carved from the training part — and reports on held-out data
 every alternative in every view that applies (instance, query→document, class; see
-``app.ml.evaluation``), ARR against reindexing, P_com/P_up against the stronger new reference,
-and a recommendation (bridge, stay or reindex; ``app.ml.recommend``).
+``app.ml.evaluation.retrieval``), ARR against reindexing, P_com/P_up against the stronger new reference,
+and a recommendation (bridge, stay or reindex; ``app.ml.auto.verdict``).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from app.ml.auto import OBJECTIVES, AutoParams, default_objective, objective_problem
-from app.ml.compat import BACKBONE_METHODS as COMPAT_METHODS
-from app.ml.compat import LABELLED_ONLY_METHODS, CompatParams
-from app.ml.space import EuclideanLift
-from app.ml.training import NO_HOOKS, TrainingHooks
-from app.ml.upgrade_data import (
+from app.ml.auto.candidates import OBJECTIVES, AutoParams, default_objective, objective_problem
+from app.ml.geometry.space import EuclideanLift
+from app.ml.methods.compat import BACKBONE_METHODS as COMPAT_METHODS
+from app.ml.methods.compat import LABELLED_ONLY_METHODS, CompatParams
+from app.ml.methods.training import NO_HOOKS, TrainingHooks
+from app.ml.upgrade.data import (
     QueryLog,
     UpgradeData,
     UpgradeOutcome,
     split_for_evaluation,
     split_queries,
 )
-from app.ml.upgrade_run import UpgradeContext, run_auto, run_explicit
+from app.ml.upgrade.pipeline import UpgradeContext, run_auto, run_explicit
 
 __all__ = [
     "BACKBONE_METHODS",

@@ -11,9 +11,9 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from app.ml.lorentz import time_component
-from app.ml.models import EmbeddingModel
-from app.ml.space import EuclideanLift
+from app.ml.geometry.lorentz import time_component
+from app.ml.geometry.space import EuclideanLift
+from app.ml.methods.models import EmbeddingModel
 
 STATE_FORMAT = 1
 STATE_TYPE = "nobackfill-continual-state"

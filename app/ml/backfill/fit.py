@@ -7,21 +7,19 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from app.ml.backfill import (
+from app.ml.backfill.mixed import (
     COSINE_END,
-    MAX_FIT_ITEMS,
-    MAX_FIT_QUERIES,
     SCORE_BUDGET,
-    FitView,
     lorentz_end,
     pick_reference,
     reference_fit,
     unit_rows,
 )
-from app.ml.lorentz import uncertainty as norm_uncertainty
-from app.ml.models import EmbeddingModel
-from app.ml.space import EuclideanLift
-from app.ml.upgrade_data import UpgradeData
+from app.ml.backfill.plan import MAX_FIT_ITEMS, MAX_FIT_QUERIES, FitView
+from app.ml.geometry.lorentz import uncertainty as norm_uncertainty
+from app.ml.geometry.space import EuclideanLift
+from app.ml.methods.models import EmbeddingModel
+from app.ml.upgrade.data import UpgradeData
 
 
 def lorentz_scores(queries: np.ndarray, points: np.ndarray, curv: float) -> np.ndarray:

@@ -12,7 +12,7 @@ Every function is pure. Rankings are computed in float64 in chunks of queries, s
 - **Class view**: the evaluation set is query and gallery, each query's own item excluded,
   relevant = same label. CMC@1 and mAP@100; mAP's average precision is divided by
   min(relevant items in the gallery, 100) (``map_normalisation="relevant"``, the usual one) or by
-  the relevant items found in the top 100 (``"found"``, what ``app.ml.metrics`` reports and the
+  the relevant items found in the top 100 (``"found"``, what ``app.ml.evaluation.metrics`` reports and the
   older figures use).
 
 Spaces: ``"lorentz"`` ranks space components of points in one Lorentz frame by the Lorentz inner
@@ -29,7 +29,7 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from app.ml.lorentz import pairwise_lorentz_inner
+from app.ml.geometry.lorentz import pairwise_lorentz_inner
 
 Space = Literal["lorentz", "cosine"]
 RANK_DEPTH = 100

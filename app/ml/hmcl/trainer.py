@@ -14,7 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from app.ml.hmcl_geometry import (
+from app.ml.geometry.lorentz import entailment_violation, pairwise_lorentz_distance
+from app.ml.hmcl.geometry import (
     ProtectedGeometry,
     SkewGenerator,
     anchor_to_task_start,
@@ -22,19 +23,18 @@ from app.ml.hmcl_geometry import (
     minimal_rotation_correction,
     protected_geometry,
 )
-from app.ml.hmcl_metrics import (
+from app.ml.hmcl.metrics import (
     class_accuracy,
     class_pairing,
     drift_measures,
     paired_recall_at_k,
     symmetric_recall_at_k,
 )
-from app.ml.hmcl_model import ContinualResult, ContinualState, LorentzLinearHeads
-from app.ml.hmcl_params import DEFAULT_ROTATION, METHODS, ContinualParams
-from app.ml.hmcl_rotations import OutputMoments, map_query_to_ancestor
-from app.ml.hmcl_warnings import report_warnings
-from app.ml.lorentz import entailment_violation, pairwise_lorentz_distance
-from app.ml.training import NO_HOOKS, TrainingHooks
+from app.ml.hmcl.model import ContinualResult, ContinualState, LorentzLinearHeads
+from app.ml.hmcl.params import DEFAULT_ROTATION, METHODS, ContinualParams
+from app.ml.hmcl.report_warnings import report_warnings
+from app.ml.hmcl.rotations import OutputMoments, map_query_to_ancestor
+from app.ml.methods.training import NO_HOOKS, TrainingHooks
 
 # The report's own-task recall uses at most this many pairs (its cost grows with the square).
 OWN_RECALL_ROWS = 2000

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from app.ml.compat import CompatParams
+from app.ml.methods.compat import CompatParams
 
 OBJECTIVES = ("query", "class", "instance")
 # The view and metric each objective selects and recommends by.

@@ -16,8 +16,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from app.ml.lorentz import uncertainty as norm_uncertainty
-from app.ml.metrics import ranked_neighbours
+from app.ml.evaluation.metrics import ranked_neighbours
+from app.ml.geometry.lorentz import uncertainty as norm_uncertainty
 
 UncertaintySource = Literal["norm", "knn", "none"]
 UNCERTAINTY_SOURCES: tuple[str, ...] = ("auto", "norm", "knn", "none")

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from app.ml.lorentz import (
+from app.ml.geometry.lorentz import (
     DEFAULT_CONE_MIN_RADIUS,
     entailment_violation,
     pairwise_lorentz_distance,

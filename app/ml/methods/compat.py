@@ -37,12 +37,12 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from app.ml import losses
-from app.ml.heads import AdapterHead, LorentzHead, _TangentHead, orthogonal_procrustes
-from app.ml.lorentz import exp_map0, log_map0
-from app.ml.models import EmbeddingModel
-from app.ml.training import NO_HOOKS, TrainingHooks
-from app.ml.uncertainty import UNCERTAINTY_SOURCES, old_uncertainty
+from app.ml.geometry.lorentz import exp_map0, log_map0
+from app.ml.methods import losses
+from app.ml.methods.heads import AdapterHead, LorentzHead, _TangentHead, orthogonal_procrustes
+from app.ml.methods.models import EmbeddingModel
+from app.ml.methods.training import NO_HOOKS, TrainingHooks
+from app.ml.methods.uncertainty import UNCERTAINTY_SOURCES, old_uncertainty
 
 HYPERBOLIC_METHODS = ("hbct", "hbct-noentail")
 EUCLIDEAN_METHODS = ("l2", "bct", "contrastive")

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from app.ml.lorentz import lorentz_distance, pairwise_lorentz_distance, time_component
+from app.ml.geometry.lorentz import lorentz_distance, pairwise_lorentz_distance, time_component
 
 ArrayLike = np.ndarray | Tensor
 DRIFT_MEASURES = ("radial", "angular", "cross_modal", "paired_distance")

@@ -15,8 +15,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from app.ml.lorentz import exp_map0
-from app.ml.models import EmbeddingModel
+from app.ml.geometry.lorentz import exp_map0
+from app.ml.methods.models import EmbeddingModel
 
 # The learnable scale α lives in [e^-6, e^3]: the lower bound keeps the head from collapsing every
 # point onto the origin (where cones are widest and carry no information); the upper bound keeps

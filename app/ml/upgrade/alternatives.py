@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from app.ml.evaluation import (
+from app.ml.evaluation.retrieval import (
     RANK_DEPTH,
     arr,
     class_metrics,
@@ -24,7 +24,7 @@ from app.ml.evaluation import (
     query_metrics,
     top_k,
 )
-from app.ml.models import EmbeddingModel
+from app.ml.methods.models import EmbeddingModel
 
 
 @dataclass

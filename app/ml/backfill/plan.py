@@ -1,0 +1,260 @@
+"""The plan of a partial backfill: which items to re-embed first, and the quality expected at each
+re-embedded fraction. Pure: arrays in, arrays out. (The mixed search it simulates is
+``app.ml.backfill.mixed``.)
+
+Which items gain most from re-embedding cannot be measured on the gallery (their
+new features are what is missing), so it is learned on the upgrade's held-out items, where both
+sides exist: each held-out item's gain is the change of a rank discount, 1/log₂(2 + rank), of
+its queries' (or, without a query log, its own new features') rank when the item is scored
+natively instead of bridged; a ridge regression from the item's old point (its gallery-frame
+coordinates and its cosine to the mean direction) predicts it for every gallery item in one
+matrix–vector product (a million items in well under a second). The alternative the issue names,
+uncertainty (HBCT's norm uncertainty, or the share of an item's old neighbours with another
+label), is scored on the same held-out data by cross-fitting; ``fit_planner`` keeps whichever
+estimator's simulated curve is higher, and reports both. The curve is the simulated quality at
+each re-embedded fraction on the held-out queries, with the fit gallery re-embedded in the
+estimator's order (cross-fitted predictions for the held-out items).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from app.ml.backfill.mixed import MERGE_RULE, merged_ranks, unit_rows
+
+# Fractions the expected curve always reports (plus the request's own).
+CURVE_FRACTIONS: tuple[float, ...] = (0.0, 0.05, 0.1, 0.25, 0.5, 1.0)
+RIDGE_LAMBDA = 10.0
+# Held-out queries and fit-gallery items a planner fit uses at most (seeded samples beyond).
+MAX_FIT_QUERIES = 2000
+MAX_FIT_ITEMS = 50_000
+ESTIMATORS = ("expected_gain", "uncertainty", "random")
+
+
+def discount(ranks: np.ndarray) -> np.ndarray:
+    return 1.0 / np.log2(2.0 + np.asarray(ranks, dtype=np.float64))
+
+
+def gain_features(points: np.ndarray, mean_direction: np.ndarray) -> np.ndarray:
+    """Per item: its unit old point, its cosine to the gallery's mean direction, and 1."""
+    x = unit_rows(points)
+    return np.concatenate(
+        [x, (x @ mean_direction.astype(np.float32))[:, None], np.ones((len(x), 1), np.float32)],
+        axis=1,
+    )
+
+
+@dataclass
+class GainModel:
+    """Ridge weights over ``gain_features`` and the mean direction they use."""
+
+    weights: np.ndarray
+    mean_direction: np.ndarray
+
+    def predict(self, points: np.ndarray, block: int = 262_144) -> np.ndarray:
+        out = np.empty(len(points), dtype=np.float32)
+        w = self.weights.astype(np.float32)
+        for start in range(0, len(points), block):
+            out[start : start + block] = (
+                gain_features(points[start : start + block], self.mean_direction) @ w
+            )
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"weights": self.weights.tolist(), "mean_direction": self.mean_direction.tolist()}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> GainModel:
+        return cls(
+            np.asarray(data["weights"], dtype=np.float64),
+            np.asarray(data["mean_direction"], dtype=np.float64),
+        )
+
+
+def fit_gain_model(
+    points: np.ndarray, gains: np.ndarray, mean_direction: np.ndarray, lam: float = RIDGE_LAMBDA
+) -> GainModel:
+    x = gain_features(points, mean_direction).astype(np.float64)
+    a = x.T @ x + lam * np.eye(x.shape[1])
+    return GainModel(np.linalg.solve(a, x.T @ np.asarray(gains, np.float64)), mean_direction)
+
+
+def plan_order(priority: np.ndarray, exclude: np.ndarray | None = None) -> np.ndarray:
+    """Positions by descending priority (ties by position), without the excluded ones."""
+    priority = np.asarray(priority, dtype=np.float64)
+    keep = np.arange(len(priority)) if exclude is None else np.flatnonzero(~exclude)
+    return keep[np.argsort(-priority[keep], kind="stable")]
+
+
+@dataclass
+class FitView:
+    """Held-out data of one upgrade in the gallery's frame, as the planner needs it.
+
+    ``native``/``bridged``: nq × n scores of held-out queries against the fit gallery (the
+    upgrade's paired items: their new features, and their old points); ``relevant``: per query
+    the rows it is about; ``old_points``: n × d gallery-frame points of the fit gallery;
+    ``held_out``: rows of the held-out items; ``view``: "query" or "instance"."""
+
+    native: np.ndarray
+    bridged: np.ndarray
+    relevant: list[np.ndarray]
+    old_points: np.ndarray
+    held_out: np.ndarray
+    view: str
+    # The two lists' reference tails (``reference_fit`` over the reference columns).
+    fits: tuple[tuple[np.ndarray, ...], tuple[np.ndarray, ...]]
+    uncertainty: np.ndarray | None = None  # n, larger = less certain old embedding
+
+
+def item_gains(view: FitView, rule: str = MERGE_RULE) -> tuple[np.ndarray, np.ndarray]:
+    """(gain per fit-gallery row, mask of rows the gain is measured for)."""
+    n = view.native.shape[1]
+    gains = np.zeros(n)
+    seen = np.zeros(n, dtype=bool)
+    none = np.zeros(n, dtype=bool)
+    all_new = np.ones(n, dtype=bool)
+    r_native = merged_ranks(view.native, view.bridged, all_new, view.relevant, view.fits, rule)
+    r_bridged = merged_ranks(view.native, view.bridged, none, view.relevant, view.fits, rule)
+    delta = discount(r_native) - discount(r_bridged)
+    for q, rel in enumerate(view.relevant):
+        gains[rel] += delta[q] / len(rel)
+        seen[rel] = True
+    return gains, seen
+
+
+def curve(
+    view: FitView,
+    order: np.ndarray,
+    fractions: Sequence[float],
+    ks: Sequence[int] = (1, 10),
+    rule: str = MERGE_RULE,
+) -> list[dict[str, Any]]:
+    """Recall@k of the held-out queries with the first ``fraction`` of ``order`` re-embedded."""
+    n = view.native.shape[1]
+    out = []
+    for fraction in fractions:
+        mask = np.zeros(n, dtype=bool)
+        mask[order[: round(fraction * n)]] = True
+        ranks = merged_ranks(view.native, view.bridged, mask, view.relevant, view.fits, rule)
+        out.append(
+            {"fraction": float(fraction), **{f"recall@{k}": float((ranks < k).mean()) for k in ks}}
+        )
+    return out
+
+
+def area(points: list[dict[str, Any]], metric: str) -> float:
+    """Trapezoid area under metric(fraction): one number to compare orders by."""
+    xs = np.array([p["fraction"] for p in points])
+    ys = np.array([p[metric] for p in points])
+    return float(np.sum((xs[1:] - xs[:-1]) * (ys[1:] + ys[:-1]) / 2))
+
+
+@dataclass
+class PlannerFit:
+    """What planning needs: the chosen estimator, its gain model, and the expected curve."""
+
+    estimator: str
+    gain_model: GainModel
+    view: str
+    metric: str
+    expected: list[dict[str, Any]]
+    validation: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "estimator": self.estimator,
+            "gain_model": self.gain_model.to_dict(),
+            "view": self.view,
+            "metric": self.metric,
+            "expected": self.expected,
+            "validation": self.validation,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> PlannerFit:
+        return cls(
+            estimator=data["estimator"],
+            gain_model=GainModel.from_dict(data["gain_model"]),
+            view=data["view"],
+            metric=data["metric"],
+            expected=list(data["expected"]),
+            validation=dict(data.get("validation", {})),
+        )
+
+
+def fit_planner(
+    view: FitView,
+    seed: int = 0,
+    fractions: Sequence[float] = CURVE_FRACTIONS,
+    rule: str = MERGE_RULE,
+):
+    """Learn the per-item gain on the held-out items, compare estimators by cross-fitting, and
+    estimate the curve of the chosen one. Returns a ``PlannerFit``."""
+    rng = np.random.default_rng([seed, 12])
+    gains, seen = item_gains(view, rule)
+    measured = view.held_out[seen[view.held_out]]
+    if len(measured) < 4:
+        raise ValueError("too few held-out items with queries to learn which items gain most")
+    mean_direction = unit_rows(view.old_points.mean(axis=0, keepdims=True))[0].astype(np.float64)
+    folds = rng.permutation(measured)
+    halves = (np.sort(folds[: len(folds) // 2]), np.sort(folds[len(folds) // 2 :]))
+    # Cross-fitted predictions: each half scored by the model fitted on the other half, the rest
+    # of the fit gallery by the model fitted on all held-out items.
+    full = fit_gain_model(view.old_points[measured], gains[measured], mean_direction)
+    predicted = full.predict(view.old_points).astype(np.float64)
+    for train, test in ((halves[0], halves[1]), (halves[1], halves[0])):
+        part = fit_gain_model(view.old_points[train], gains[train], mean_direction)
+        predicted[test] = part.predict(view.old_points[test])
+    metric = "recall@10"
+    orders = {
+        "expected_gain": plan_order(predicted),
+        "random": rng.permutation(view.native.shape[1]),
+    }
+    if view.uncertainty is not None and np.ptp(view.uncertainty) > 1e-6:
+        orders["uncertainty"] = plan_order(view.uncertainty)
+    curves = {name: curve(view, order, fractions, rule=rule) for name, order in orders.items()}
+    areas = {name: area(points, metric) for name, points in curves.items()}
+    learned = [name for name in orders if name != "random"]
+    chosen = max(learned, key=lambda name: areas[name])
+    correlation = float(np.corrcoef(predicted[measured], gains[measured])[0, 1])
+    expected = [
+        {"fraction": p["fraction"], "metric": key, "value": p[key]}
+        for p in curves[chosen]
+        for key in ("recall@1", "recall@10")
+    ]
+    validation = {
+        "view": view.view,
+        "held_out_items": len(measured),
+        "queries": len(view.relevant),
+        "gain_correlation": correlation,
+        "area": areas,
+        "curves": curves,
+        "chosen": chosen,
+    }
+    return PlannerFit(chosen, full, view.view, metric, expected, validation)
+
+
+def plan_priority(fit: PlannerFit, points: np.ndarray, uncertainty: np.ndarray | None = None):
+    """Per gallery item, how much re-embedding it is expected to buy (larger first)."""
+    if fit.estimator == "uncertainty":
+        if uncertainty is None:
+            raise ValueError("the uncertainty estimator needs the items' uncertainty")
+        return np.asarray(uncertainty, dtype=np.float64)
+    return fit.gain_model.predict(points)
+
+
+def expected_at(fit: PlannerFit, fraction: float) -> list[dict[str, Any]]:
+    """The fitted curve at its own fractions plus ``fraction`` (linear between neighbours)."""
+    out = [dict(p) for p in fit.expected]
+    known = {p["fraction"] for p in out}
+    if fraction not in known:
+        for metric in sorted({p["metric"] for p in out}):
+            pts = sorted((p["fraction"], p["value"]) for p in out if p["metric"] == metric)
+            xs, ys = zip(*pts, strict=True)
+            value = float(np.interp(fraction, xs, ys))
+            out.append({"fraction": float(fraction), "metric": metric, "value": value})
+    return sorted(out, key=lambda p: (p["fraction"], p["metric"]))
