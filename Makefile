@@ -27,7 +27,7 @@ test: $(STAMP) lint
 # Rebuild the WordNet benchmark data into data/wordnet from public sources (bench/README.md).
 data: $(STAMP)
 	$(BIN)/python -m pip install -q -e '.[data]'
-	$(BIN)/python -m bench.build_wordnet
+	$(BIN)/python -m bench.data.build_wordnet
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

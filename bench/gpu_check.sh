@@ -97,11 +97,11 @@ run_step() {
     echo >> "$REPORT"
 }
 
-run_step 200 search_1m "$PY" -m bench.search --device "$DEVICE" "${SEARCH_FAST[@]}" \
+run_step 200 search_1m "$PY" -m bench.perf.search --device "$DEVICE" "${SEARCH_FAST[@]}" \
     --no-markdown --out "$OUT_DIR/search_fast.json"
-run_step 130 search_http "$PY" -m bench.search --device "$DEVICE" "${SEARCH_HTTP[@]}" \
+run_step 130 search_http "$PY" -m bench.perf.search --device "$DEVICE" "${SEARCH_HTTP[@]}" \
     --no-markdown --out "$OUT_DIR/search_http.json"
-run_step 130 training "$PY" -m bench.training --device "$DEVICE" "${TRAINING[@]}" \
+run_step 130 training "$PY" -m bench.perf.training --device "$DEVICE" "${TRAINING[@]}" \
     --no-markdown --out "$OUT_DIR/training.json"
 
 say "gpu_check: $(( $(date +%s) - START )) s in all; figures in $REPORT"

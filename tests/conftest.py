@@ -34,7 +34,7 @@ FIXTURES = Path(__file__).parent / "fixtures"
 def _data_lookup_stays_empty(monkeypatch: pytest.MonkeyPatch) -> None:
     """Undo, after each test, a ``--quick`` run in-process pointing the lookup at the mini fixture.
 
-    ``bench.wordnet.quick_data_dir`` sets the variable for the rest of its process (the CLI's
+    ``bench.common.wordnet.quick_data_dir`` sets the variable for the rest of its process (the CLI's
     loaders read it); in the test process that would leak into later tests and their subprocesses.
     """
     monkeypatch.setenv("NOBACKFILL_WORDNET_DIR", NO_DATA_DIR)
@@ -42,7 +42,7 @@ def _data_lookup_stays_empty(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.fixture(scope="session")
 def wordnet_small() -> dict[str, np.ndarray]:
-    """800 real WordNet synsets (16 fine classes × 50), cut by ``python -m bench.make_fixtures``.
+    """800 real WordNet synsets (16 fine classes × 50), cut by ``python -m bench.data.make_fixtures``.
 
     Keys: ``synset_id``, ``lexname``, ``label``, ``classes``, ``{gloss,lemma}.<model>`` (800×d) and
     ``class_{gloss,lemma}.<model>`` (16×d, the class names' embeddings); features as float32.

@@ -26,7 +26,7 @@ from app.ml.upgrade.run import (
     run_backbone_upgrade,
     split_queries,
 )
-from bench.wordnet import NEW_MODEL, OLD_MODEL
+from bench.common.wordnet import NEW_MODEL, OLD_MODEL
 
 TEST_PARAMS = {"epochs": 3}
 

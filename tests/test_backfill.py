@@ -160,7 +160,7 @@ def test_the_planner_learns_a_gain_that_depends_on_the_old_point() -> None:
 
 
 def test_bench_quick(tmp_path) -> None:
-    from bench.backfill import main
+    from bench.quality.backfill import main
 
     out = main(["--quick", "--out", str(tmp_path / "backfill.json")])
     payload = json.loads(out.read_text())

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bench.build_wordnet import (
+from bench.data.build_wordnet import (
     FIELDS,
     MODELS,
     MPNET_PART_PACKAGES,

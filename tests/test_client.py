@@ -15,7 +15,7 @@ import pytest
 
 from app.client import ApiError, Client, InputError, UploadInterrupted
 from app.client.uploads import BatchLimits, RowParts
-from bench.service import BENCH_KEY, RunningService, start_service
+from bench.common.service import BENCH_KEY, RunningService, start_service
 
 OLD, NEW = "gloss.all-MiniLM-L6-v2", "gloss.all-mpnet-base-v2"
 MAX_ROWS = 300

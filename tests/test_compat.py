@@ -14,7 +14,7 @@ from app.ml.methods.compat import BACKBONE_METHODS, CompatParams, train_compatib
 from app.ml.methods.models import model_from_bytes, model_to_bytes
 from app.ml.methods.training import TrainingCancelled, TrainingHooks
 from app.ml.upgrade.run import UpgradeData, run_backbone_upgrade
-from bench.wordnet import NEW_MODEL, OLD_MODEL
+from bench.common.wordnet import NEW_MODEL, OLD_MODEL
 
 FAST = {"epochs": 25, "hidden_dim": 128}
 

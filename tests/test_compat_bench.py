@@ -1,4 +1,4 @@
-"""bench.compat: equal trial budgets, edge flags, instance metrics and the auto row in every
+"""bench.quality.compat: equal trial budgets, edge flags, instance metrics and the auto row in every
 scenario, the query→document part, and the targets — on the committed fixture."""
 
 import dataclasses
@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bench import compat, compat_grid, compat_report, compat_widen, querydoc
+from bench.quality import compat, compat_grid, compat_report, compat_widen, querydoc
 
 
 def test_every_method_gets_the_same_number_of_trials() -> None:
@@ -76,7 +76,7 @@ def test_bridge_score_ranks_by_new_to_old_when_the_reference_is_below_stay() -> 
 @pytest.fixture(scope="module")
 def quick_payload(tmp_path_factory: pytest.TempPathFactory) -> dict:
     """Two seeds of the external scenario run as units (as the full run spreads them over
-    processes), then combined with the query→document part read from bench.querydoc's file."""
+    processes), then combined with the query→document part read from bench.quality.querydoc's file."""
     folder = tmp_path_factory.mktemp("compat")
     base = ["--quick", "--scenarios", "external"]
     # The methods in two halves, as the full run spreads them.
@@ -136,7 +136,7 @@ def test_quick_run_renders_targets_and_the_query_document_part(quick_payload: di
     assert ours and all(
         line.endswith("met") or "missed by" in line or "missed for" in line for line in ours
     )
-    # bench.querydoc's own target lines, carried over as it words them.
+    # bench.quality.querydoc's own target lines, carried over as it words them.
     assert len(lines) - len(ours) == len(qd["targets"])
     text = compat_report.render_markdown(quick_payload)
     assert "| **auto** |" in text and "### query → document" in text
@@ -216,7 +216,7 @@ def test_merge_keeps_the_benchmark_order(tmp_path: Path) -> None:
     assert merged["units"] == 2
     compat_report.merge_runs(paths, out, order, markdown=False, note="every scenario run")
     assert json.loads(out.read_text())["note"] == "every scenario run"
-    # A query→document part read again (bench.querydoc rerun since) replaces the files' own.
+    # A query→document part read again (bench.quality.querydoc rerun since) replaces the files' own.
     fresh = {"targets": ["- with query log: auto ARR(R@10) 0.9 (target ≥ 0.87) — met"]}
     compat_report.merge_runs(paths, out, order, markdown=False, querydoc_part=fresh)
     assert json.loads(out.read_text())["querydoc"] == fresh

@@ -9,9 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import bench.reference_figures
-from bench.continual_stream import CLASSES_PER_TASK, CLASSIFICATION_TASKS, stream_classes
-from bench.wordnet import (
+import bench.data.reference_figures
+from bench.common.wordnet import (
     FIXTURE_DATA_DIR,
     OLD_MODEL,
     default_data_dir,
@@ -19,6 +18,7 @@ from bench.wordnet import (
     load_wordnet,
     quick_data_dir,
 )
+from bench.quality.continual_stream import CLASSES_PER_TASK, CLASSIFICATION_TASKS, stream_classes
 from tests.conftest import NO_DATA_DIR
 
 
@@ -60,7 +60,7 @@ def test_the_mini_fixture_holds_the_continual_stream() -> None:
 
 def test_the_reference_check_fails_on_a_figure_that_differs(monkeypatch, capsys) -> None:
     checks = {"x": lambda _dir: [("agrees", 0.5, 0.5, 1e-3), ("differs", 0.5, 0.6, 1e-3)]}
-    monkeypatch.setattr(bench.reference_figures, "CHECKS", checks)
-    assert bench.reference_figures.main([]) == 1
+    monkeypatch.setattr(bench.data.reference_figures, "CHECKS", checks)
+    assert bench.data.reference_figures.main([]) == 1
     out = capsys.readouterr().out
     assert "ok   x: agrees" in out and "FAIL x: differs" in out

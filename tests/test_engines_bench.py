@@ -1,11 +1,11 @@
-"""bench.engines: one engine alone (``--engines``), as a 1M-row run needs on 24 GB."""
+"""bench.perf.engines: one engine alone (``--engines``), as a 1M-row run needs on 24 GB."""
 
 import json
 from pathlib import Path
 
 import pytest
 
-from bench import engines
+from bench.perf import engines
 
 
 def test_one_engine_alone_writes_its_figures_only(tmp_path: Path) -> None:

@@ -21,7 +21,7 @@ from app.ml.evaluation.retrieval import (
 )
 from app.ml.geometry.space import EuclideanLift
 from app.ml.methods.heads import orthogonal_procrustes
-from bench.wordnet import NEW_MODEL, OLD_MODEL
+from bench.common.wordnet import NEW_MODEL, OLD_MODEL
 
 
 def _line(positions: list[float]) -> np.ndarray:

@@ -12,15 +12,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bench.continual import (
+from bench.quality.continual import (
     Config,
     kind_figures,
     quick_config,
     run_benchmark,
     selection_score,
 )
-from bench.continual_report import render_markdown, targets
-from bench.continual_stream import CLASSIFICATION, RETRIEVAL, Task, carve_validation
+from bench.quality.continual_report import render_markdown, targets
+from bench.quality.continual_stream import CLASSIFICATION, RETRIEVAL, Task, carve_validation
 
 MINILM = "all-MiniLM-L6-v2"
 REPO = Path(__file__).resolve().parent.parent
@@ -177,7 +177,7 @@ def test_the_quick_run_on_real_data(tmp_path: Path) -> None:
     out = tmp_path / "continual_quick.json"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     done = subprocess.run(
-        [sys.executable, "-m", "bench.continual", "--quick", "--out", str(out)],
+        [sys.executable, "-m", "bench.quality.continual", "--quick", "--out", str(out)],
         cwd=REPO,
         env=env,
         capture_output=True,

@@ -1,5 +1,5 @@
 """Compatibility metrics: hand-checked cases and the real fixture (the data README's full-size
-figures are checked by `python -m bench.reference_figures`)."""
+figures are checked by `python -m bench.data.reference_figures`)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from app.ml.evaluation.metrics import (
     uncertainty_calibration,
 )
 from app.ml.geometry.space import EuclideanLift
-from bench.wordnet import OLD_MODEL
+from bench.common.wordnet import OLD_MODEL
 
 
 def _line(positions: list[float]) -> np.ndarray:

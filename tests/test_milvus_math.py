@@ -14,7 +14,7 @@ from app.vectors.milvus_math import (
     points_from_search_vectors,
     radii,
 )
-from bench.engines import spread_points
+from bench.perf.engines import spread_points
 
 OLD = "all-MiniLM-L6-v2"
 

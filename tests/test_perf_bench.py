@@ -9,13 +9,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import bench.api_memory
-import bench.indexes
-import bench.ingest
-import bench.search
-import bench.training
-from bench.report import replace_section
-from bench.tiled import WordNetRows, tiled
+import bench.perf.api_memory
+import bench.perf.indexes
+import bench.perf.ingest
+import bench.perf.search
+import bench.perf.training
+from bench.common.report import replace_section
+from bench.common.tiled import WordNetRows, tiled
 
 MINILM, MPNET = "all-MiniLM-L6-v2", "all-mpnet-base-v2"
 
@@ -27,7 +27,7 @@ def fixture_rows(wordnet_small: dict, monkeypatch) -> WordNetRows:
         old=np.concatenate([wordnet_small[f"{f}.{MINILM}"] for f in ("gloss", "lemma")]),
         new=np.concatenate([wordnet_small[f"{f}.{MPNET}"] for f in ("gloss", "lemma")]),
     )
-    for module in (bench.search, bench.indexes, bench.ingest, bench.api_memory):
+    for module in (bench.perf.search, bench.perf.indexes, bench.perf.ingest, bench.perf.api_memory):
         monkeypatch.setattr(module, "wordnet_rows", lambda with_new=True: rows)
     return rows
 
@@ -43,17 +43,19 @@ def test_tiled_rows_repeat_the_base_with_small_noise(fixture_rows: WordNetRows) 
 @pytest.mark.slow
 def test_search_benchmark_runs(fixture_rows: WordNetRows, tmp_path: Path) -> None:
     out = tmp_path / "search.json"
-    result = bench.search.main(
+    result = bench.perf.search.main(
         ["--quick", "--sizes", "3000", "--batches", "1", "4", "--no-markdown", "--out", str(out)]
     )
     entry = result["sizes"][0]["batches"]["4"]
-    assert set(bench.search.RAW + bench.search.LIBRARY + bench.search.HTTP) <= set(entry)
+    assert set(bench.perf.search.RAW + bench.perf.search.LIBRARY + bench.perf.search.HTTP) <= set(
+        entry
+    )
     assert entry["http_agrees"] is True
     assert json.loads(out.read_text())["sizes"][0]["size"] == 3000
 
 
 def test_indexes_benchmark_runs(fixture_rows: WordNetRows, tmp_path: Path) -> None:
-    result = bench.indexes.main(
+    result = bench.perf.indexes.main(
         [
             "--quick",
             "--sizes",
@@ -71,25 +73,25 @@ def test_indexes_benchmark_runs(fixture_rows: WordNetRows, tmp_path: Path) -> No
 
 @pytest.mark.slow
 def test_ingest_benchmark_runs(fixture_rows: WordNetRows, tmp_path: Path) -> None:
-    result = bench.ingest.main(
+    result = bench.perf.ingest.main(
         ["--rows", "2000", "--batch", "500", "--no-markdown", "--out", str(tmp_path / "ingest")]
     )
-    assert set(result["paths"]) == set(bench.ingest.PATHS)
+    assert set(result["paths"]) == set(bench.perf.ingest.PATHS)
     assert all(len(p["batch_ms"]) == 4 for p in result["paths"].values())
 
 
 def test_training_epoch_times_skip_the_first_epoch(wordnet_small: dict) -> None:
-    from bench.tiled import lift_points
+    from bench.common.tiled import lift_points
 
-    old = lift_points(wordnet_small[f"gloss.{MINILM}"][:200], bench.training.EuclideanLift())
+    old = lift_points(wordnet_small[f"gloss.{MINILM}"][:200], bench.perf.training.EuclideanLift())
     labels = np.unique(wordnet_small["label"][:200], return_inverse=True)[1]
-    times = bench.training.epoch_times(
+    times = bench.perf.training.epoch_times(
         "l2",
         wordnet_small[f"gloss.{MPNET}"][:200],
         old,
         labels,
         3,
-        bench.training.resolve_device("cpu"),
+        bench.perf.training.resolve_device("cpu"),
     )
     assert len(times) == 2 and all(t > 0 for t in times)
 
@@ -106,9 +108,9 @@ def test_sections_are_replaced_in_place(tmp_path: Path) -> None:
 
 def test_api_memory_benchmark_runs(fixture_rows: WordNetRows, tmp_path: Path) -> None:
     out = tmp_path / "api_memory.json"
-    result = bench.api_memory.main(["--quick", "--no-markdown", "--out", str(out)])
-    sizes = sorted(bench.api_memory.QUICK_SIZES)
-    assert set(result["engines"]) == set(bench.api_memory.ENGINES)
+    result = bench.perf.api_memory.main(["--quick", "--no-markdown", "--out", str(out)])
+    sizes = sorted(bench.perf.api_memory.QUICK_SIZES)
+    assert set(result["engines"]) == set(bench.perf.api_memory.ENGINES)
     for engine, run in result["engines"].items():
         assert [step["rows"] for step in run["steps"]] == sizes
         assert all(step["api_mib"] > 0 for step in run["steps"])
@@ -119,7 +121,7 @@ def test_api_memory_benchmark_runs(fixture_rows: WordNetRows, tmp_path: Path) ->
     saved = json.loads(out.read_text())
     assert saved["sizes"] == sizes
     # A saved run republished: the same growth from its steps, the command line kept.
-    again = bench.api_memory.republish(out, no_markdown=True)
+    again = bench.perf.api_memory.republish(out, no_markdown=True)
     assert again["command"] == saved["command"]
     for engine, run in again["engines"].items():
         assert run["growth"] == result["engines"][engine]["growth"]
@@ -131,25 +133,25 @@ def test_api_memory_growth_is_the_slope_and_the_verdict_compares_it() -> None:
     base = 300.0
     # The first size is the warm-up: a one-off jump there does not count as growth.
     slopes = [
-        bench.api_memory.slope_per_100k(
+        bench.perf.api_memory.slope_per_100k(
             rows, [base - 50.0 * (r == rows[0]) + g * r / 100_000 for r in rows]
         )
         for g in per_row
     ]
     np.testing.assert_allclose(slopes, per_row)
-    assert bench.api_memory.slope_per_100k(rows[:2], [base, base]) is None
+    assert bench.perf.api_memory.slope_per_100k(rows[:2], [base, base]) is None
     # The slope's standard error: none on a straight line, some once the points scatter.
     line = [base + r / 100_000 for r in rows]
-    assert bench.api_memory.slope_error_per_100k(rows, line) < 1e-9
+    assert bench.perf.api_memory.slope_error_per_100k(rows, line) < 1e-9
     scattered = [m + (20.0 if i % 2 else -20.0) for i, m in enumerate(line)]
-    assert bench.api_memory.slope_error_per_100k(rows, scattered) > 1.0
-    assert bench.api_memory.slope_error_per_100k(rows[:3], line[:3]) is None
+    assert bench.perf.api_memory.slope_error_per_100k(rows, scattered) > 1.0
+    assert bench.perf.api_memory.slope_error_per_100k(rows[:3], line[:3]) is None
     engines = {
         "faiss": {"growth": {"api_mib_per_100k": slopes[0]}},
         "milvus": {"growth": {"api_mib_per_100k": slopes[1]}},
     }
-    check = bench.api_memory.verdict({"engines": engines})
-    assert check["met"] == (per_row[1] <= bench.api_memory.TARGET_FRACTION * per_row[0])
+    check = bench.perf.api_memory.verdict({"engines": engines})
+    assert check["met"] == (per_row[1] <= bench.perf.api_memory.TARGET_FRACTION * per_row[0])
     np.testing.assert_allclose(check["milvus_over_faiss"], per_row[1] / per_row[0])
     engines["milvus"]["growth"]["api_mib_per_100k"] = per_row[0]
-    assert bench.api_memory.verdict({"engines": engines})["met"] is False
+    assert bench.perf.api_memory.verdict({"engines": engines})["met"] is False

@@ -1,11 +1,11 @@
-"""bench.querydoc --quick: the lemma → gloss scenario end to end on the committed fixture."""
+"""bench.quality.querydoc --quick: the lemma → gloss scenario end to end on the committed fixture."""
 
 import json
 from pathlib import Path
 
 import pytest
 
-from bench import querydoc
+from bench.quality import querydoc
 
 
 @pytest.mark.slow

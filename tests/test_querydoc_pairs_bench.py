@@ -1,8 +1,8 @@
-"""bench.querydoc_pairs: the logged-query pair ablation reads only the training synsets."""
+"""bench.quality.querydoc_pairs: the logged-query pair ablation reads only the training synsets."""
 
 import numpy as np
 
-from bench import querydoc, querydoc_pairs
+from bench.quality import querydoc, querydoc_pairs
 
 
 def test_validation_synsets_come_from_the_training_part_only() -> None:

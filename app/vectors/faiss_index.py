@@ -43,7 +43,7 @@ LIFT_BLOCK = 65536
 # than FAISS_BELOW_BATCH queries and torch the rest: on the quiet 2-core benchmark machine, at 100k
 # and 1M rows, FAISS scanned 1 and 2 queries 1.5–3× faster than torch (whose matrix-vector path
 # reads the gallery once per query), the two were about even at 4, and torch won from 8 up, 3–4×
-# at 256 (`python -m bench.search --batches 1 2 4 8`, BENCHMARKS.md). A GPU's torch scan takes
+# at 256 (`python -m bench.perf.search --batches 1 2 4 8`, BENCHMARKS.md). A GPU's torch scan takes
 # every batch.
 FAISS_BELOW_BATCH = 4
 SearchEngine = Literal["auto", "torch", "faiss"]

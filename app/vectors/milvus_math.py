@@ -1,7 +1,7 @@
 """What a vector engine indexes for a Lorentz gallery, and the exact float64 re-rank after it.
 
 Pure and I/O-free (numpy and ``app.ml.geometry.lorentz``): the Milvus engine and the engine benchmark both
-use it. Three layouts, chosen per gallery from measured facts (issue 14, ``bench.engines``):
+use it. Three layouts, chosen per gallery from measured facts (issue 14, ``bench.perf.engines``):
 
 * ``cosine`` — every point at one radius r (cosine-lifted external galleries). Then
   ⟨q,x⟩_L = q·x − q₀x₀ with x₀ and ‖x‖ the same for every x, so the Lorentz ranking is the

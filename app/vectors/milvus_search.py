@@ -32,8 +32,8 @@ if TYPE_CHECKING:
 # search-time ef as a multiple of k′ (ef = factor × k′; ef < k′ would cap the candidate list).
 # Chosen on two validation galleries of the benchmark's size, never the benchmark's (seeds 7 and
 # 8, 100k rows, radii 1 / 3 / 6):
-#   python -m bench.engines --validate --rows 100000 --seed 7   → bench/results/engines_validation.json
-#   python -m bench.engines --validate --rows 100000 --seed 8   → …/engines_validation_seed8.json
+#   python -m bench.perf.engines --validate --rows 100000 --seed 7   → bench/results/engines_validation.json
+#   python -m bench.perf.engines --validate --rows 100000 --seed 8   → …/engines_validation_seed8.json
 # the only grid point with tangent recall@10 ≥ 0.95 at every radius on both (0.959 / 0.989 /
 # 0.991 and 0.954 / 0.991 / 0.983). Radius 6 is limited by the tangent ordering (k′ = 100 stays
 # below 0.88 at any ef; k′ = 200 gave 0.942 on seed 8), radius 1 by the graph walk (recall rose

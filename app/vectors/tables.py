@@ -27,7 +27,7 @@ class GalleryVector(Base):
     vector: Mapped[bytes] = mapped_column(LargeBinary)
     label: Mapped[str | None] = mapped_column(Text)
     # none_as_null: an item without metadata is SQL NULL, not the JSON text 'null' (which cost
-    # a json.dumps per row: a third of an upload's insert time, measured with bench.profile).
+    # a json.dumps per row: a third of an upload's insert time, measured with bench.perf.profile).
     item_metadata: Mapped[dict[str, Any] | None] = mapped_column(
         "metadata", JSON(none_as_null=True)
     )

@@ -20,8 +20,8 @@ import numpy as np
 import pytest
 
 from app.cli import main
-from bench.service import BENCH_KEY, RunningService, start_service
-from bench.wordnet import REPO_ROOT
+from bench.common.service import BENCH_KEY, RunningService, start_service
+from bench.common.wordnet import REPO_ROOT
 
 OLD, NEW = "gloss.all-MiniLM-L6-v2", "gloss.all-mpnet-base-v2"
 QUICK = '{"epochs": 2, "hidden_dim": 32}'

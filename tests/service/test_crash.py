@@ -22,7 +22,7 @@ import httpx
 import numpy as np
 import pytest
 
-from bench.service import RunningService, create_gallery, start_service
+from bench.common.service import RunningService, create_gallery, start_service
 
 DIM = 8
 BATCH = 40

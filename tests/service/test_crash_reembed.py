@@ -16,7 +16,7 @@ import httpx
 import numpy as np
 import pytest
 
-from bench.service import RunningService, start_service
+from bench.common.service import RunningService, start_service
 
 OLD_DIM, NEW_DIM, ITEMS, BATCH, ROUNDS = 8, 6, 4000, 40, 3
 

@@ -1,4 +1,4 @@
-"""bench.load's quick path: searches and ingests run concurrently against a real server for a
+"""bench.perf.load's quick path: searches and ingests run concurrently against a real server for a
 short time without a single error, and the figures it reports are consistent."""
 
 from __future__ import annotations
@@ -6,13 +6,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import bench.load
+import bench.perf.load
 
 
 def test_load_smoke(tmp_path: Path) -> None:
     out = tmp_path / "load.json"
     argv = ["--quick", "--duration", "3", "--rows", "500", "--out", str(out)]
-    result = bench.load.main(argv)
+    result = bench.perf.load.main(argv)
     search, ingest = result["results"]["search"], result["results"]["ingest"]
     assert search["errors"] == 0 and ingest["errors"] == 0, result
     assert search["requests"] > 0 and ingest["requests"] > 0

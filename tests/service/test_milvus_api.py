@@ -20,7 +20,7 @@ from app.galleries import service as gallery_service
 from app.galleries.models import Gallery
 from app.vectors.milvus_storage import collection_name, engine_for
 from app.vectors.tables import GalleryVector
-from bench.service import create_gallery, start_service
+from bench.common.service import create_gallery, start_service
 from tests.service.conftest import problem, stop_client
 from tests.service.test_crash import check_all_or_nothing, kill_mid_ingest, nearest
 from tests.service.test_galleries_api import make_gallery, seed_vectors

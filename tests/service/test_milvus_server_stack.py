@@ -20,8 +20,8 @@ from app.core.settings import Settings
 from app.galleries.models import Gallery
 from app.vectors.milvus_storage import collection_name
 from app.vectors.tables import GalleryVector
-from bench.api_memory import milvus_server
-from bench.service import free_port
+from bench.common.service import free_port
+from bench.perf.api_memory import milvus_server
 from tests.service.celery_worker import (
     celery_overrides,
     celery_worker,

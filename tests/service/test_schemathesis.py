@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis.errors import Unsatisfiable
 from schemathesis import GenerationMode
 
-from bench.service import BENCH_KEY, RunningService, create_gallery, start_service
+from bench.common.service import BENCH_KEY, RunningService, create_gallery, start_service
 from tests.service.conftest import (
     create_postgres_database,
     drop_postgres_database,

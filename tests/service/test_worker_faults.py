@@ -20,7 +20,7 @@ from sqlalchemy import select
 
 from app.core.files import sha256_hex
 from app.models.models import TrainedModel
-from bench.service import free_port
+from bench.common.service import free_port
 from tests.service.celery_worker import celery_overrides, celery_worker, require_redis, wait_for_job
 from tests.service.test_upgrades_api import paired_setup, quick_upgrade
 

@@ -27,7 +27,7 @@ the plain exponential one. Why this and not a fitted mapping:
   everywhere, a specific one a sharp peak), which one global map fitted at upgrade time cannot
   follow; on the public lemma→gloss task a per-query z-score merged 5–10 % of the gallery at
   *below* the bridge's own R@10 and ~0.02 below the linear interpolation at 25–50 %, the tail
-  estimate lands on the interpolation (see bench.backfill);
+  estimate lands on the interpolation (see bench.quality.backfill);
 - within a list c is increasing in the score, so at 100 % re-embedded the order *is* the native
   order: a full reindex exactly (and at 0 % exactly the bridge), whatever the calibration's error;
 - it needs nothing stored with the model and no held-out data at search time.
@@ -35,9 +35,9 @@ the plain exponential one. Why this and not a fitted mapping:
 A re-embedded item is scored by its native calibrated score alone (``MERGE_RULE``). The
 alternatives — also letting its bridged score vouch for it (the max of the two), or averaging the
 two estimates of the same −ln share — were compared on a validation carve of the training synsets
-(``python -m bench.backfill --validation --merge native,max,mean``): none was better by more than
+(``python -m bench.quality.backfill --validation --merge native,max,mean``): none was better by more than
 the benchmark's resolution, and only ``native`` keeps 100 % exactly a reindex and needs no
-bridged score for re-embedded items (BENCHMARKS.md, bench.backfill).
+bridged score for re-embedded items (BENCHMARKS.md, bench.quality.backfill).
 
 Both lists' tails are fitted per query on the same reference documents (a seeded sample of the
 upgrade's paired items, both sides: ``REFERENCE_SIZE``), so both estimate a share of one
@@ -66,7 +66,7 @@ COSINE_END = 1.0
 SCORE_BUDGET = 2**26
 # How a re-embedded item is scored in a mixed gallery: its native calibrated score alone, or
 # combined with its bridged one (max: either list may vouch for it; mean: two estimates of the
-# same −ln share averaged). bench.backfill --validation compares them on training data.
+# same −ln share averaged). bench.quality.backfill --validation compares them on training data.
 MERGE_RULES = ("native", "max", "mean")
 MERGE_RULE = "native"
 

@@ -18,7 +18,7 @@ from torch import Tensor
 from app.ml.geometry.lorentz import exp_map0
 
 Metric = Literal["cosine", "dot"]
-# Radius of lifted unit vectors. Measured in bench.compat (see BENCHMARKS.md): large enough that
+# Radius of lifted unit vectors. Measured in bench.quality.compat (see BENCHMARKS.md): large enough that
 # entailment cones of radius-κ=0.1 apexes are informative, small enough for exact float32 search.
 DEFAULT_LIFT_SCALE = 1.0
 DEFAULT_CURVATURE = 1.0

@@ -64,7 +64,7 @@ class CompatParams:
     """Hyper-parameters. Where each served default comes from (validation splits only):
 
     - ``epochs`` 15, ``hidden_dim`` 0 (a linear head), ``base_temperature`` 0.05,
-      ``old_proto_temperature`` 0.05, ``compat_weight`` 1.0: what the earlier ``bench.compat``
+      ``old_proto_temperature`` 0.05, ``compat_weight`` 1.0: what the earlier ``bench.quality.compat``
       protocol (commit 7acf9f5, five scenarios, a 2×2 base grid) chose on its validation split
       for the ``external`` scenario; the previous 40 / 1024 / 0.1 had never been measured. The
       current protocol (3 trials per method, ``bench/results/compat.json``, "selection") chose
@@ -72,15 +72,15 @@ class CompatParams:
       its trials, so the default is kept and ``auto`` re-tunes per upgrade.
     - ``old_proto_weight`` 0.0 (the paper's loss): the prototype term collapses instances within
       a class (own-item R@1 0.61 vs Procrustes 0.97, docs/algorithms.md §5); ``auto`` tunes it per
-      upgrade over (0, 1, 3) under an own-item floor, and ``bench.querydoc`` records the
+      upgrade over (0, 1, 3) under an own-item floor, and ``bench.quality.querydoc`` records the
       validation figures of each value (``bench/results/querydoc.json``, "candidates").
     - ``class_weight`` 0.3: the first of ``auto``'s trials (0.3 / 1.0 / 3.0), which re-tunes it per
-      upgrade under the instance floor; on ``bench.compat``'s external scenario auto chose 1.0 on
+      upgrade under the instance floor; on ``bench.quality.compat``'s external scenario auto chose 1.0 on
       every seed (``bench/results/compat.json``, "auto").
     - ``instance_temperature`` 0.05: best on the lemma → gloss validation split with a query log
       (R@10 0.476 / 0.523 / 0.522 at τ 0.02 / 0.05 / 0.1); auto re-tunes it per upgrade.
     - the rest are unchanged from the first implementation (RINCE λ 0.01 and row normalisation as
-      measured in ``bench.compat``'s ablations; adapters' rank 64 / hidden 256 as in Drift-Adapter).
+      measured in ``bench.quality.compat``'s ablations; adapters' rank 64 / hidden 256 as in Drift-Adapter).
     """
 
     epochs: int = 15

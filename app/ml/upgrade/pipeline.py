@@ -138,7 +138,7 @@ class UpgradeContext:
         relevant item among ``item_rows`` (the items this model trains on; others are held out).
 
         Both, not one or the other: on the lemma → gloss validation split (seeds 0 and 1, the
-        test part untouched; ``python -m bench.querydoc_pairs``) a map trained on both reached
+        test part untouched; ``python -m bench.quality.querydoc_pairs``) a map trained on both reached
         R@10 0.502 / 0.505 against 0.482 / 0.482 with the old-vector pairs alone."""
         q = self.data.queries
         if q is None or query_rows.size == 0:

@@ -1,10 +1,10 @@
 """Index choices on lifted vectors: flat against IVF and HNSW, recall@10 and speed by radius.
 
-    python -m bench.indexes           # galleries of 10k and 100k rows at radii 1, 3 and 6:
+    python -m bench.perf.indexes           # galleries of 10k and 100k rows at radii 1, 3 and 6:
                                       # bench/results/indexes.json and its BENCHMARKS.md section
-    python -m bench.indexes --quick   # 5k rows, radii 1 and 6
+    python -m bench.perf.indexes --quick   # 5k rows, radii 1 and 6
 
-Gallery: the WordNet-noun MiniLM rows tiled with small noise (``bench.tiled``), lifted as a
+Gallery: the WordNet-noun MiniLM rows tiled with small noise (``bench.common.tiled``), lifted as a
 cosine gallery whose lift scale is the radius (every row at that hyperbolic radius; the service
 refuses radii above 6 by default). Queries: 200 MiniLM rows with fresh noise, lifted the same
 way. Truth: the exact top-10 by the Lorentz inner product in float64 over the whole gallery.
@@ -26,13 +26,13 @@ import torch
 
 from app.ml.geometry.space import EuclideanLift
 from app.vectors.faiss_index import LorentzIndex, lifted_queries
-from bench.machine import facts_markdown, load_average, run_record
-from bench.report import command_line, publish
-from bench.tiled import lift_points, tiled, wordnet_rows
-from bench.wordnet import REPO_ROOT
+from bench.common.machine import facts_markdown, load_average, run_record
+from bench.common.report import command_line, publish
+from bench.common.tiled import lift_points, tiled, wordnet_rows
+from bench.common.wordnet import REPO_ROOT
 
 RESULTS = REPO_ROOT / "bench/results"
-SECTION = "bench.indexes"
+SECTION = "bench.perf.indexes"
 K = 10
 QUERIES = 200
 # (label, kind, params, engine): the defaults of each kind and one larger setting of each.
@@ -181,7 +181,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     rows = wordnet_rows()
     cases = [bench_case(rows, n, r, args.quick, args.seed) for n in sizes for r in radii]
     result = {
-        **run_record(command_line("bench.indexes", argv), tic, load_start),
+        **run_record(command_line("bench.perf.indexes", argv), tic, load_start),
         "recall_target": RECALL_TARGET,
         "cases": cases,
     }
@@ -192,7 +192,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         Path(out),
         render_markdown(result),
         section,
-        "Index choices on lifted vectors (bench.indexes)",
+        "Index choices on lifted vectors (bench.perf.indexes)",
     )
     return result
 

@@ -1,22 +1,22 @@
 """Backward-compatibility benchmark on real data: every method and ``auto``, side by side.
 
-    python -m bench.compat                     # class scenarios, 3 seeds, + query→document
-    python -m bench.compat --scenarios external,new-architecture
-    python -m bench.compat --quick             # the committed 800-synset fixture, seconds
+    python -m bench.quality.compat                     # class scenarios, 3 seeds, + query→document
+    python -m bench.quality.compat --scenarios external,new-architecture
+    python -m bench.quality.compat --quick             # the committed 800-synset fixture, seconds
 
 Spread over processes (how the committed results were made, see BENCHMARKS.md): per scenario
 ``--unit select --methods A`` and ``--methods B`` (two groups of methods), per seed ``--unit auto
 --seed K`` and ``--unit methods --seed K --methods A|B --selection <select files>``, then
 ``--combine <unit files>``; each unit writes its own JSON file. ``--widen FILE --scenarios A,B``
 applies the current selection rule to a finished results file (its trials reused, only new ones
-trained, moved choices retrained per seed; ``bench.compat_widen``) and writes the widened
+trained, moved choices retrained per seed; ``bench.quality.compat_widen``) and writes the widened
 scenarios alone, for ``--merge FILE <widened files>``.
 
 Data: WordNet noun glosses embedded by all-MiniLM-L6-v2 (old backbone, 384-d) and
 all-mpnet-base-v2 (new backbone, 768-d); 147 fine classes (lexname + depth-4 ancestor, classes
 with ≥ 12 members); the data README's 60/40 split (train / evaluation). Settings are chosen on a
 validation split carved from the training part (20 %, seed 1) and never look at the evaluation
-part; every method gets the same validation trials rule (``bench.compat_grid``). Scenarios,
+part; every method gets the same validation trials rule (``bench.quality.compat_grid``). Scenarios,
 at head level (every "model" is a head on frozen backbone features):
 
 - ``extended-data``: old head on MiniLM trained on 50 % of the training items; new on MiniLM.
@@ -25,7 +25,7 @@ at head level (every "model" is a head on frozen backbone features):
 - ``both``: old head on MiniLM with 50 % of the classes; new on MPNet.
 - ``external``: old = the raw MiniLM vectors (a gallery nobody trained here, lifted as the
   service lifts it); new on MPNet — the production case.
-- query → document (lemma → gloss, with and without a query log): ``bench.querydoc``'s scenario,
+- query → document (lemma → gloss, with and without a query log): ``bench.quality.querydoc``'s scenario,
   its figures read from ``bench/results/querydoc.json`` or rerun (``--querydoc run``).
 
 Measured on the evaluation part with ``app.ml.upgrade.alternatives`` (what a served upgrade's report
@@ -64,9 +64,7 @@ from app.ml.upgrade.alternatives import (
 )
 from app.ml.upgrade.data import UpgradeData
 from app.ml.upgrade.pipeline import UpgradeContext, run_auto
-from bench import compat_grid, compat_report
-from bench.compat_widen import widen_scenario
-from bench.wordnet import (
+from bench.common.wordnet import (
     NEW_MODEL,
     OLD_MODEL,
     REPO_ROOT,
@@ -75,6 +73,8 @@ from bench.wordnet import (
     load_wordnet,
     split_indices,
 )
+from bench.quality import compat_grid, compat_report
+from bench.quality.compat_widen import widen_scenario
 
 CURV = 1.0
 RESULTS = REPO_ROOT / "bench/results/compat.json"
@@ -412,7 +412,7 @@ def widen(args: argparse.Namespace, split: Split, cfg: RunConfig) -> Path:
         **previous,
         "extend_rounds": cfg.extend_rounds,
         "scenarios": widened,
-        "command": f"python -m bench.compat --widen {args.widen.name}"
+        "command": f"python -m bench.quality.compat --widen {args.widen.name}"
         + (f" --scenarios {args.scenarios}" if args.scenarios else ""),
         "elapsed_minutes": (time.time() - started) / 60,
         "units": 1,
@@ -433,8 +433,8 @@ def main(argv: list[str] | None = None) -> Path:
         "--querydoc",
         choices=("reuse", "run", "skip"),
         default="reuse",
-        help="query→document figures: read bench.querydoc's results (reuse), rerun them with "
-        "bench.querydoc's functions (run; about 22 min a seed on the full data), or leave out "
+        help="query→document figures: read bench.quality.querydoc's results (reuse), rerun them with "
+        "bench.quality.querydoc's functions (run; about 22 min a seed on the full data), or leave out "
         "(skip); with --merge, reuse reads them again and skip keeps the merged files' own",
     )
     parser.add_argument("--note", default=None, help="why scenarios were left out (shown)")
@@ -514,7 +514,7 @@ def main(argv: list[str] | None = None) -> Path:
     if args.combine:
         payload = combine_units(args.combine, split, cfg, args.quick)
         payload["command"] = (
-            f"python -m bench.compat --unit … ({payload['units']} units: per scenario one "
+            f"python -m bench.quality.compat --unit … ({payload['units']} units: per scenario one "
             "select, and per seed one methods and one auto), then --combine"
         )
     else:
@@ -531,7 +531,7 @@ def main(argv: list[str] | None = None) -> Path:
             scenarios.append(run_scenario(sc, split, seeds, cfg))
         payload = _payload(split, cfg, args.quick, len(seeds), scenarios)
         payload["elapsed_minutes"] = (time.time() - started) / 60
-        payload["command"] = "python -m bench.compat" + (" --quick" if args.quick else "")
+        payload["command"] = "python -m bench.quality.compat" + (" --quick" if args.quick else "")
         for flag, value, default in (
             ("--scenarios", args.scenarios, None),
             ("--seeds", args.seeds, 3),

@@ -1,13 +1,13 @@
 """Load: concurrent searching clients while one client ingests, for a fixed time, against a real
 uvicorn server on loopback (embedded mode: SQLite, index files flushed in the background).
 
-    python -m bench.load               # 8 searchers + 1 ingester for 45 s on a 20k-row gallery:
-                                       # bench/results/load.json and the bench.load section
-    python -m bench.load --quick       # 4 searchers for 5 s on 2k rows, results not published
+    python -m bench.perf.load               # 8 searchers + 1 ingester for 45 s on a 20k-row gallery:
+                                       # bench/results/load.json and the bench.perf.load section
+    python -m bench.perf.load --quick       # 4 searchers for 5 s on 2k rows, results not published
 
 Rows are real-data-derived: the WordNet-noun MiniLM rows (gloss and lemma texts; the committed
 800-synset test fixture when the shared data is absent), drawn at random, each draw plus Gaussian
-noise of norm 0.1 (``bench.tiled``'s recipe), in a cosine gallery. The figures measure the service
+noise of norm 0.1 (``bench.common.tiled``'s recipe), in a cosine gallery. The figures measure the service
 under concurrency, not search quality. Each searcher sends one JSON request of ``--queries``
 rows at a time and waits for the answer (closed loop); the ingester uploads batches of
 ``--batch`` new rows back to back. Every non-2xx answer and every transport error counts as an
@@ -28,15 +28,15 @@ from typing import Any
 import httpx
 import numpy as np
 
-from bench.machine import facts_markdown, load_average, machine_facts
-from bench.report import command_line, publish
-from bench.service import BENCH_KEY, create_gallery, start_service
-from bench.tiled import DEFAULT_NOISE
-from bench.wordnet import FIELDS, OLD_MODEL, REPO_ROOT, load_wordnet, quick_data_dir
+from bench.common.machine import facts_markdown, load_average, machine_facts
+from bench.common.report import command_line, publish
+from bench.common.service import BENCH_KEY, create_gallery, start_service
+from bench.common.tiled import DEFAULT_NOISE
+from bench.common.wordnet import FIELDS, OLD_MODEL, REPO_ROOT, load_wordnet, quick_data_dir
 
 RESULTS = REPO_ROOT / "bench/results"
-SECTION = "bench.load"
-TITLE = "Load (bench.load)"
+SECTION = "bench.perf.load"
+TITLE = "Load (bench.perf.load)"
 FIXTURE = REPO_ROOT / "tests/fixtures/wordnet_small.npz"
 
 
@@ -202,7 +202,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--no-markdown", action="store_true")
     args = parser.parse_args(argv)
     if args.quick:
-        quick_data_dir("bench.load")
+        quick_data_dir("bench.perf.load")
     args.clients = args.clients or (4 if args.quick else 8)
     args.duration = args.duration or (5.0 if args.quick else 45.0)
     args.rows = args.rows if args.rows is not None else (2000 if args.quick else 20_000)
@@ -226,7 +226,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         service.stop()
         shutil.rmtree(workdir, ignore_errors=True)
     result = {
-        "command": command_line("bench.load", argv),
+        "command": command_line("bench.perf.load", argv),
         "machine": machine_facts(),
         "load_start": load_start,
         "load_end": load_end,

@@ -1,7 +1,7 @@
 """Where the server spends its time: py-spy samples a uvicorn server during one workload.
 
-    python -m bench.profile ingest --rows 100000 --batch 10000
-    python -m bench.profile search --rows 100000 --batch 256
+    python -m bench.perf.profile ingest --rows 100000 --batch 10000
+    python -m bench.perf.profile search --rows 100000 --batch 256
 
 Writes the collapsed stacks (``bench/results/profile_<workload>.txt``, flame-graph input) and
 prints the functions under ``app/`` with the largest share of samples (inclusive: a function's
@@ -24,9 +24,9 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.service import create_gallery, npy_bytes, start_service
-from bench.tiled import tiled, wordnet_rows
-from bench.wordnet import REPO_ROOT
+from bench.common.service import create_gallery, npy_bytes, start_service
+from bench.common.tiled import tiled, wordnet_rows
+from bench.common.wordnet import REPO_ROOT
 
 RESULTS = REPO_ROOT / "bench/results"
 

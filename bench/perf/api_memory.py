@@ -2,9 +2,9 @@
 process) and a Milvus server (``NOBACKFILL_VECTOR_ENGINE=milvus``, the collections in another
 process), one run per engine.
 
-    python -m bench.api_memory                          # 10k … 250k rows + BENCHMARKS.md
-    python -m bench.api_memory --sizes 10000 100000 250000 500000
-    python -m bench.api_memory --quick                  # 1k / 2k / 4k rows, no BENCHMARKS section
+    python -m bench.perf.api_memory                          # 10k … 250k rows + BENCHMARKS.md
+    python -m bench.perf.api_memory --sizes 10000 100000 250000 500000
+    python -m bench.perf.api_memory --quick                  # 1k / 2k / 4k rows, no BENCHMARKS section
 
 Per engine: a fresh data directory, the API as a real server process (``uvicorn
 app.main:create_app``: embedded SQLite, thread runner, OMP_NUM_THREADS=1) and, for Milvus, a
@@ -17,7 +17,7 @@ the one-off costs (imports, the first requests and searches, the allocator's per
 the server's threads take their first requests). Growth per 100k rows is the least-squares slope
 of RSS over rows from the second size to the last.
 
-Data: the WordNet-noun MiniLM rows tiled with small noise (``bench.tiled``; real-data-derived).
+Data: the WordNet-noun MiniLM rows tiled with small noise (``bench.common.tiled``; real-data-derived).
 """
 
 from __future__ import annotations
@@ -39,15 +39,15 @@ from typing import Any
 import httpx
 import numpy as np
 
-from bench.machine import facts_markdown, load_average, run_record
-from bench.report import command_line, publish
-from bench.service import RunningService, free_port, npy_bytes, start_service, stop_process
-from bench.tiled import tiled, wordnet_rows
-from bench.wordnet import REPO_ROOT, quick_data_dir
+from bench.common.machine import facts_markdown, load_average, run_record
+from bench.common.report import command_line, publish
+from bench.common.service import RunningService, free_port, npy_bytes, start_service, stop_process
+from bench.common.tiled import tiled, wordnet_rows
+from bench.common.wordnet import REPO_ROOT, quick_data_dir
 
 RESULTS = REPO_ROOT / "bench/results"
-SECTION = "bench.api_memory"
-TITLE = "API process memory against gallery size (bench.api_memory)"
+SECTION = "bench.perf.api_memory"
+TITLE = "API process memory against gallery size (bench.perf.api_memory)"
 SIZES = (10_000, 50_000, 100_000, 150_000, 200_000, 250_000)
 QUICK_SIZES = (1_000, 2_000, 4_000)
 ENGINES = ("faiss", "milvus")
@@ -380,7 +380,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     )
     args = parser.parse_args(argv)
     if args.quick:
-        quick_data_dir("bench.api_memory")
+        quick_data_dir("bench.perf.api_memory")
     if args.render:
         return republish(Path(args.render), args.no_markdown)
     sizes = sorted(QUICK_SIZES if args.quick else args.sizes)
@@ -401,7 +401,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         print(f"{engine}:", flush=True)
         engines[engine] = engine_run(engine, vectors, queries, sizes, batch)
     result = {
-        **run_record(command_line("bench.api_memory", argv), tic, load_start),
+        **run_record(command_line("bench.perf.api_memory", argv), tic, load_start),
         "dim": int(vectors.shape[1]),
         "batch": batch,
         "sizes": sizes,

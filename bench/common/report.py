@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.wordnet import REPO_ROOT
+from bench.common.wordnet import REPO_ROOT
 
 BENCHMARKS = REPO_ROOT / "BENCHMARKS.md"
 HEADER = (

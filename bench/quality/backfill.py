@@ -1,9 +1,9 @@
 """Partial backfill on real text: quality against the share of the gallery re-embedded, for the
 plan, random order and an oracle order.
 
-    python -m bench.backfill                  # all 24,000 WordNet nouns, seeds 0,1,2
-    python -m bench.backfill --quick          # the committed 800-synset fixture, one seed, < 1 min
-    python -m bench.backfill --validation --merge native,max,mean   # choose on training data
+    python -m bench.quality.backfill                  # all 24,000 WordNet nouns, seeds 0,1,2
+    python -m bench.quality.backfill --quick          # the committed 800-synset fixture, one seed, < 1 min
+    python -m bench.quality.backfill --validation --merge native,max,mean   # choose on training data
 
 Per seed: the README's 60/40 split of the synsets. The upgrade's dataset is the 60 % (new gloss
 features paired with the old gloss vectors, and a query log of their lemmas by both models with
@@ -68,12 +68,12 @@ from app.ml.upgrade.run import (
     split_queries,
 )
 from app.upgrades.schemas import UpgradeCreate
-from bench.querydoc import FIXTURE, load_arrays
-from bench.report import replace_section
-from bench.wordnet import REPO_ROOT, encode_labels, fine_labels, load_wordnet
+from bench.common.report import replace_section
+from bench.common.wordnet import REPO_ROOT, encode_labels, fine_labels, load_wordnet
+from bench.quality.querydoc import FIXTURE, load_arrays
 
 RESULTS = REPO_ROOT / "bench/results/backfill.json"
-SECTION = "bench.backfill"
+SECTION = "bench.quality.backfill"
 TRAIN_FRACTION = 0.6
 # Validation (--validation): inside the training synsets, this share trains the upgrade and the
 # rest are the queries.
@@ -501,7 +501,7 @@ def publish_section(payload: dict) -> None:
     validation = json.loads(validation_path.read_text()) if validation_path.exists() else None
     markdown = render_markdown(payload, validation)
     print(markdown)
-    replace_section(SECTION, "Partial backfill (bench.backfill)", markdown)
+    replace_section(SECTION, "Partial backfill (bench.quality.backfill)", markdown)
 
 
 def main(argv: list[str] | None = None) -> Path:
@@ -555,7 +555,7 @@ def main(argv: list[str] | None = None) -> Path:
     else:
         runs = [seed_job(seed, *settings, args.threads, arrays, labels) for seed in seeds]
     plan_items = 20_000 if args.quick else args.plan_items
-    command = "python -m bench.backfill" + (" --quick" if args.quick else "")
+    command = "python -m bench.quality.backfill" + (" --quick" if args.quick else "")
     command += " --validation" if args.validation else ""
     if args.seeds:
         command += f" --seeds {args.seeds}"

@@ -1,5 +1,5 @@
-"""bench.compat's summaries, targets and BENCHMARKS.md section (the query→document part reuses
-``bench.querydoc``'s runs, summaries and targets)."""
+"""bench.quality.compat's summaries, targets and BENCHMARKS.md section (the query→document part reuses
+``bench.quality.querydoc``'s runs, summaries and targets)."""
 
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ import numpy as np
 
 from app.ml.auto.candidates import INSTANCE_FLOOR
 from app.ml.evaluation.retrieval import json_safe
-from bench import compat_grid, querydoc
-from bench.report import replace_section
+from bench.common.report import replace_section
+from bench.quality import compat_grid, querydoc
 
-SECTION = "bench.compat"
+SECTION = "bench.quality.compat"
 TARGET_SCENARIO = "external"
 TARGET_P_COM = 0.70
 P_UP_FLOOR = compat_grid.P_UP_FLOOR
@@ -295,7 +295,7 @@ def querydoc_instance(runs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 
 
 def querydoc_part(run: bool, quick: bool, seeds: list[int]) -> dict[str, Any]:
-    """The query→document scenario through ``bench.querydoc``: rerun (``run``) or read from its
+    """The query→document scenario through ``bench.quality.querydoc``: rerun (``run``) or read from its
     results file."""
     if run:
         arrays = querydoc.load_arrays(quick)
@@ -378,7 +378,7 @@ def render_markdown(payload: dict[str, Any]) -> str:
             else ""
         )
         + "(procrustes: closed form, one fit), the same grids in every scenario "
-        "(`bench/compat_grid.py`); a chosen value still at an end of what was tried is marked "
+        "(`bench/quality/compat_grid.py`); a chosen value still at an end of what was tried is marked "
         "as an edge. "
         "`auto` is the service's (`app/ml/auto/candidates.py`: same candidates and trials, objective "
         f"`class`, params {json.dumps(payload['auto_params'])}), trained on the training part.",
@@ -405,7 +405,7 @@ def write_outputs(payload: dict[str, Any], out: Path, markdown: bool) -> Path:
     out.write_text(json.dumps(json_safe(payload), indent=1))
     if markdown:
         quick = payload["quick"]
-        title = "Backward compatibility (`bench.compat`" + (", quick)" if quick else ")")
+        title = "Backward compatibility (`bench.quality.compat`" + (", quick)" if quick else ")")
         replace_section(SECTION + (".quick" if quick else ""), title, render_markdown(payload))
     return out
 

@@ -1,11 +1,11 @@
 """Search speed at scale: the library and the HTTP endpoint against raw FAISS and raw torch.
 
-    python -m bench.search            # galleries of 100k and 1M rows: bench/results/search.json
-                                      # and the bench.search section of BENCHMARKS.md
-    python -m bench.search --quick    # a 20k gallery, batches 1 and 16 (about a minute)
+    python -m bench.perf.search            # galleries of 100k and 1M rows: bench/results/search.json
+                                      # and the bench.perf.search section of BENCHMARKS.md
+    python -m bench.perf.search --quick    # a 20k gallery, batches 1 and 16 (about a minute)
 
 Gallery: WordNet-noun MiniLM features (48,000 real rows) tiled with small noise to N rows
-(``bench.tiled``), lifted as a cosine gallery (curvature 1, scale 1). Queries: MPNet features of
+(``bench.common.tiled``), lifted as a cosine gallery (curvature 1, scale 1). Queries: MPNet features of
 WordNet rows (the "new" model) embedded into the gallery's frame by a Procrustes adapter fitted
 on the 48,000 pairs (``train_compatible_model("procrustes", …)``), or MiniLM rows with fresh
 noise for searches in the gallery's own space (what the HTTP endpoint is sent).
@@ -43,7 +43,7 @@ import torch
 from app.ml.geometry.space import EuclideanLift
 from app.ml.methods.compat import train_compatible_model
 from app.vectors.faiss_index import LorentzIndex, lifted_queries
-from bench.machine import (
+from bench.common.machine import (
     facts_markdown,
     gemm_flops,
     load_average,
@@ -51,18 +51,18 @@ from bench.machine import (
     run_record,
     synchronize,
 )
-from bench.report import command_line, publish
-from bench.service import (
+from bench.common.report import command_line, publish
+from bench.common.service import (
     create_gallery,
     npy_bytes,
     seed_gallery_rows,
     start_service,
 )
-from bench.tiled import lift_points, tiled, wordnet_rows
-from bench.wordnet import REPO_ROOT
+from bench.common.tiled import lift_points, tiled, wordnet_rows
+from bench.common.wordnet import REPO_ROOT
 
 RESULTS = REPO_ROOT / "bench/results"
-SECTION = "bench.search"
+SECTION = "bench.perf.search"
 K = 10
 LIFT = EuclideanLift(curv=1.0, scale=1.0, metric="cosine")
 RAW = ("faiss", "torch")
@@ -320,7 +320,7 @@ def render_markdown(result: dict[str, Any]) -> str:
         "queries. Throughput = batch / median call time; engines interleaved round by round. "
         "HTTP: one uvicorn worker on this machine, client in the benchmark process; the gallery "
         "was written into its database directly (N rows through upload requests would time the "
-        "ingest, `bench.ingest` does that) and indexed by the server's startup check.",
+        "ingest, `bench.perf.ingest` does that) and indexed by the server's startup check.",
         "",
     ]
     for size in result["sizes"]:
@@ -423,7 +423,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         for size in sizes
     ]
     result = {
-        **run_record(command_line("bench.search", argv), tic, load_start),
+        **run_record(command_line("bench.perf.search", argv), tic, load_start),
         "device": str(device),
         "noise": 0.1,
         "k": K,
@@ -431,7 +431,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     }
     out = args.out or RESULTS / ("search_quick.json" if args.quick else "search.json")
     section = None if args.no_markdown else args.section
-    publish(result, Path(out), render_markdown(result), section, "Search speed (bench.search)")
+    publish(result, Path(out), render_markdown(result), section, "Search speed (bench.perf.search)")
     return result
 
 

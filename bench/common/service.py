@@ -18,7 +18,7 @@ import httpx
 import numpy as np
 from sqlalchemy import select
 
-from bench.wordnet import REPO_ROOT
+from bench.common.wordnet import REPO_ROOT
 
 BENCH_KEY = "nbk_benchmark_key_" + "b" * 32
 

@@ -1,9 +1,9 @@
 """Query → document benchmark on real text: lemma (query) → gloss (document), as users search.
 
-    python -m bench.querydoc                 # all 24,000 WordNet nouns, seed 0
-    python -m bench.querydoc --seeds 0,1,2   # several seeds, mean ± sd
-    python -m bench.querydoc --quick         # the committed 800-synset fixture, test-sized params
-    python -m bench.querydoc --seeds 1 --out a.json; …; python -m bench.querydoc --merge a.json …
+    python -m bench.quality.querydoc                 # all 24,000 WordNet nouns, seed 0
+    python -m bench.quality.querydoc --seeds 0,1,2   # several seeds, mean ± sd
+    python -m bench.quality.querydoc --quick         # the committed 800-synset fixture, test-sized params
+    python -m bench.quality.querydoc --seeds 1 --out a.json; …; python -m bench.quality.querydoc --merge a.json …
                                              # seeds in parallel processes, then one results file
                                              # and the BENCHMARKS.md section
 
@@ -38,11 +38,14 @@ import torch
 
 from app.ml.geometry.space import EuclideanLift
 from app.ml.upgrade.run import QueryLog, UpgradeData, run_backbone_upgrade
-from bench.report import replace_section
-from bench.wordnet import FIELDS, NEW_MODEL, OLD_MODEL, REPO_ROOT, load_wordnet
+from bench.common.report import replace_section
+from bench.common.wordnet import FIELDS, NEW_MODEL, OLD_MODEL, REPO_ROOT, load_wordnet
 
 RESULTS = REPO_ROOT / "bench/results/querydoc.json"
-SECTION, TITLE = "bench.querydoc", "Query → document search, every alternative (bench.querydoc)"
+SECTION, TITLE = (
+    "bench.quality.querydoc",
+    "Query → document search, every alternative (bench.quality.querydoc)",
+)
 FIXTURE = REPO_ROOT / "tests/fixtures/wordnet_small.npz"
 EVAL_FRACTION = 0.4
 QUICK_PARAMS = {"epochs": 5}
@@ -233,7 +236,7 @@ def merge(paths: list[Path], out: Path, markdown: bool) -> dict[str, Any]:
     seed_list = ",".join(map(str, seeds))
     payload = {
         **first,
-        "command": f"python -m bench.querydoc{' --quick' if first['quick'] else ''} "
+        "command": f"python -m bench.quality.querydoc{' --quick' if first['quick'] else ''} "
         f"--seeds {seed_list} (one process per seed, then --merge)",
         "seeds": seeds,
         "elapsed_minutes": sum(part["elapsed_minutes"] for part in parts),
@@ -279,7 +282,7 @@ def main(argv: list[str] | None = None) -> Path:
                 flush=True,
             )
             runs.append(run)
-    command = "python -m bench.querydoc" + (" --quick" if args.quick else "")
+    command = "python -m bench.quality.querydoc" + (" --quick" if args.quick else "")
     if args.seeds != "0":
         command += f" --seeds {args.seeds}"
     payload = {

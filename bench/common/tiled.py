@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from app.ml.geometry.space import EuclideanLift
-from bench.wordnet import FIELDS, NEW_MODEL, OLD_MODEL, load_wordnet
+from bench.common.wordnet import FIELDS, NEW_MODEL, OLD_MODEL, load_wordnet
 
 DEFAULT_NOISE = 0.1
 BLOCK = 65536

@@ -19,7 +19,7 @@ from functools import cached_property
 
 import numpy as np
 
-from bench.wordnet import OLD_MODEL, WordNetData, load_wordnet
+from bench.common.wordnet import OLD_MODEL, WordNetData, load_wordnet
 
 TEXT, GLOSS = "text", "gloss"
 MODALITIES = (TEXT, GLOSS)  # text first: the name is the entailment apex
@@ -86,7 +86,7 @@ class Corpus:
 
 
 def load_corpus(encoder: str = OLD_MODEL) -> Corpus:
-    """Lemma and gloss features by ``encoder`` (``bench.training`` also times the 768-d
+    """Lemma and gloss features by ``encoder`` (``bench.perf.training`` also times the 768-d
     all-mpnet-base-v2), with the ancestor rows that name the classes."""
     data = load_wordnet(fields=("lemma", "gloss"), models=(encoder,))
     ancestors = load_wordnet(fields=("lemma",), models=(encoder,), prefix="ancestors.")

@@ -1,6 +1,6 @@
 """Why the Milvus engine indexes Poincaré-ball coordinates, and where its search time goes.
 
-    python -m bench.milvus_layouts   # bench/results/milvus_layouts.json (about 5 min on 2 cores)
+    python -m bench.perf.milvus_layouts   # bench/results/milvus_layouts.json (about 5 min on 2 cores)
 
 Two measurements behind BENCHMARKS.md's prose under "Vector engines":
 
@@ -30,10 +30,10 @@ import torch
 from app.vectors.milvus_engine import ID_BATCH, MilvusEngine, ids_filter
 from app.vectors.milvus_math import exact_top_k, gallery_search_vectors, query_search_vectors
 from app.vectors.milvus_search import POINCARE_EF_FACTOR, POINCARE_OVERFETCH
-from bench.engines import Data, ingest, milvus_gallery
-from bench.machine import load_average, run_record
-from bench.report import command_line
-from bench.wordnet import REPO_ROOT
+from bench.common.machine import load_average, run_record
+from bench.common.report import command_line
+from bench.common.wordnet import REPO_ROOT
+from bench.perf.engines import Data, ingest, milvus_gallery
 
 OUT = REPO_ROOT / "bench/results/milvus_layouts.json"
 K = 10
@@ -132,7 +132,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         }
     finally:
         shutil.rmtree(store, ignore_errors=True)
-    record = {**run_record(command_line("bench.milvus_layouts", argv), tic, load_start), **result}
+    record = {
+        **run_record(command_line("bench.perf.milvus_layouts", argv), tic, load_start),
+        **result,
+    }
     OUT.write_text(json.dumps(record, indent=2) + "\n")
     return record
 

@@ -1,9 +1,9 @@
 """Which logged-query pairs should train the map: a validation-only ablation on lemma → gloss.
 
-    python -m bench.querydoc_pairs                # seeds 0 and 1, about 2 min per seed
-    python -m bench.querydoc_pairs --seeds 0 --quick
+    python -m bench.quality.querydoc_pairs                # seeds 0 and 1, about 2 min per seed
+    python -m bench.quality.querydoc_pairs --seeds 0 --quick
 
-The split is ``bench.querydoc``'s (40 % of synsets held out by the seed's permutation) and the
+The split is ``bench.quality.querydoc``'s (40 % of synsets held out by the seed's permutation) and the
 held-out part is never read: the training synsets are carved again by ``auto``'s own
 ``split_for_validation`` into fit and validation parts. ``instance-map`` (served defaults) is
 trained on the fit glosses plus, per variant, the fit synsets' logged lemmas paired with
@@ -31,7 +31,7 @@ from app.ml.auto.candidates import split_for_validation
 from app.ml.geometry.lorentz import log_map0
 from app.ml.geometry.space import EuclideanLift
 from app.ml.methods.compat import train_compatible_model
-from bench.querydoc import EVAL_FRACTION, QUICK_PARAMS, load_arrays
+from bench.quality.querydoc import EVAL_FRACTION, QUICK_PARAMS, load_arrays
 
 VARIANTS = ("none", "old vectors", "relevance", "both")
 
@@ -45,7 +45,7 @@ def recall_at(model, queries: np.ndarray, relevant: np.ndarray, gallery: torch.T
 
 
 def split(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """(fit, validation) synsets: ``bench.querydoc``'s training part, carved as ``auto`` does."""
+    """(fit, validation) synsets: ``bench.quality.querydoc``'s training part, carved as ``auto`` does."""
     perm = np.random.default_rng(seed).permutation(n)
     train_idx = np.sort(perm[: n - int(np.floor(n * EVAL_FRACTION))])
     parts = split_for_validation(train_idx, seed)

@@ -1,7 +1,7 @@
 """Training cost: HBCT epochs against the Euclidean baselines, HMCL steps against plain AdamW.
 
-    python -m bench.training          # bench/results/training.json and its BENCHMARKS.md section
-    python -m bench.training --quick  # 1,000 rows, fewer steps (about a minute)
+    python -m bench.perf.training          # bench/results/training.json and its BENCHMARKS.md section
+    python -m bench.perf.training --quick  # 1,000 rows, fewer steps (about a minute)
 
 HBCT and baselines: ``train_compatible_model`` on the WordNet-noun gloss rows with a fine label
 (new model = all-mpnet-base-v2 features, 768-d; old space = all-MiniLM-L6-v2 lifted, 384-d),
@@ -9,7 +9,7 @@ each method for a few epochs in turn, two rounds in a fresh random order; epoch 
 the per-epoch wall times (from the trainer's progress hook), first epoch of each run dropped
 (warm-up). Device: CUDA when torch sees one, else the CPU.
 
-HMCL: ``bench.continual.time_steps`` (one AdamW step on a mini-batch of task 2 of the continual
+HMCL: ``bench.quality.continual.time_steps`` (one AdamW step on a mini-batch of task 2 of the continual
 stream, task 1 protected; methods interleaved round by round) with both modalities embedded by
 the 384-d MiniLM and by the 768-d MPNet encoder. Ratio = median over rounds of method step /
 plain-AdamW ("finetune") step; the paper reports 1.02× (MR) and 1.04× (CA).
@@ -31,14 +31,21 @@ from app.ml.geometry.space import EuclideanLift
 from app.ml.hmcl import METHODS
 from app.ml.methods.compat import resolve_device, train_compatible_model
 from app.ml.methods.training import TrainingHooks
-from bench.continual import build_tasks, load_corpus, time_steps
-from bench.machine import facts_markdown, load_average, run_record
-from bench.report import command_line, publish
-from bench.tiled import lift_points
-from bench.wordnet import NEW_MODEL, OLD_MODEL, REPO_ROOT, encode_labels, fine_labels, load_wordnet
+from bench.common.machine import facts_markdown, load_average, run_record
+from bench.common.report import command_line, publish
+from bench.common.tiled import lift_points
+from bench.common.wordnet import (
+    NEW_MODEL,
+    OLD_MODEL,
+    REPO_ROOT,
+    encode_labels,
+    fine_labels,
+    load_wordnet,
+)
+from bench.quality.continual import build_tasks, load_corpus, time_steps
 
 RESULTS = REPO_ROOT / "bench/results"
-SECTION = "bench.training"
+SECTION = "bench.perf.training"
 COMPAT_METHODS = ("hbct", "hbct-noentail", "independent", "l2", "bct", "contrastive")
 EUCLIDEAN = ("l2", "bct", "contrastive")
 
@@ -125,7 +132,7 @@ def render_markdown(result: dict[str, Any]) -> str:
         "",
         f"HBCT ÷ fastest Euclidean baseline: {c['hbct_vs_fastest_euclidean']:.2f}.",
         "",
-        "**HMCL steps against plain AdamW** (`bench.continual.time_steps`: one AdamW step on a "
+        "**HMCL steps against plain AdamW** (`bench.quality.continual.time_steps`: one AdamW step on a "
         "mini-batch of task 2's pairs, task 1 protected; ratio = median over interleaved rounds; CPU):",
         "",
         "| d | encoder | rows | method | step ms (median) | correction ms | ratio to AdamW "
@@ -159,13 +166,15 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     print("HMCL steps:", flush=True)
     hmcl = bench_hmcl(args.quick, args.seed)
     result = {
-        **run_record(command_line("bench.training", argv), tic, load_start),
+        **run_record(command_line("bench.perf.training", argv), tic, load_start),
         "compat": compat,
         "hmcl": hmcl,
     }
     out = args.out or RESULTS / ("training_quick.json" if args.quick else "training.json")
     section = None if args.no_markdown else SECTION
-    publish(result, Path(out), render_markdown(result), section, "Training cost (bench.training)")
+    publish(
+        result, Path(out), render_markdown(result), section, "Training cost (bench.perf.training)"
+    )
     return result
 
 

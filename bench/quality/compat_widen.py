@@ -1,6 +1,6 @@
-"""Widening a finished ``bench.compat`` run's selection without rerunning what it measured.
+"""Widening a finished ``bench.quality.compat`` run's selection without rerunning what it measured.
 
-``widen_scenario(run, previous)`` applies the current selection rule (``bench.compat_grid``: the
+``widen_scenario(run, previous)`` applies the current selection rule (``bench.quality.compat_grid``: the
 base trials, then trials one grid step past an end the best sits on) to a scenario of an earlier
 results file: the trials it already holds are reused (training is seeded, so retraining them
 would give the same figures; ``check_reuse`` verifies one first), only the new ones are trained,
@@ -14,7 +14,7 @@ from typing import Any
 
 from app.ml.evaluation.retrieval import json_safe
 from app.ml.upgrade.alternatives import assemble, measure_bridge, measure_reindex, measure_stay
-from bench import compat_grid, compat_report
+from bench.quality import compat_grid, compat_report
 
 # Keys ``assemble`` adds to a bridge's measured views (everything else is ``measure_bridge``'s).
 _ASSEMBLED = ("arr", "class_own_space", "p_com", "p_up", "reference")

@@ -1,6 +1,6 @@
 """Cut the small real-data fixtures the tests use from the WordNet-noun data.
 
-    python -m bench.make_fixtures   # writes tests/fixtures/wordnet_small.npz and wordnet-mini/
+    python -m bench.data.make_fixtures   # writes tests/fixtures/wordnet_small.npz and wordnet-mini/
 
 Deterministic: the same data gives the same files.
 
@@ -10,7 +10,7 @@ Deterministic: the same data gives the same files.
 - ``wordnet-mini/`` is a data folder in the full data's own layout (``meta.jsonl.gz``,
   ``<field>.<model>.f16.npy``, ``ancestors.*``) with the old model's rows only: every class of the
   continual stream cut to its minimum size and a slice of each retrieval group. The benchmarks'
-  ``--quick`` modes run on it when the full data is absent (``bench.wordnet.quick_data_dir``).
+  ``--quick`` modes run on it when the full data is absent (``bench.common.wordnet.quick_data_dir``).
 """
 
 from __future__ import annotations
@@ -23,13 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.continual_stream import (
-    CLASS_DEPTH,
-    MIN_CLASS_ITEMS,
-    RETRIEVAL_GROUPS,
-    stream_classes,
-)
-from bench.wordnet import (
+from bench.common.wordnet import (
     FIELDS,
     FIXTURE_DATA_DIR,
     MODELS,
@@ -37,6 +31,12 @@ from bench.wordnet import (
     REPO_ROOT,
     fine_labels,
     load_wordnet,
+)
+from bench.quality.continual_stream import (
+    CLASS_DEPTH,
+    MIN_CLASS_ITEMS,
+    RETRIEVAL_GROUPS,
+    stream_classes,
 )
 
 N_CLASSES = 16

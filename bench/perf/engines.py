@@ -1,19 +1,19 @@
 """Vector engines side by side: Milvus (``app.vectors.milvus_engine``) and FAISS
 (``app.vectors.faiss_index``), each against its raw engine, in one run per engine.
 
-    python -m bench.engines                 # 100k rows: bench/results/engines.json + BENCHMARKS.md
-    python -m bench.engines --rows 1000000 --radii 1  # the issue's size: about an hour a radius
+    python -m bench.perf.engines                 # 100k rows: bench/results/engines.json + BENCHMARKS.md
+    python -m bench.perf.engines --rows 1000000 --radii 1  # the issue's size: about an hour a radius
                                             # on 2 cores; on 24 GB its FAISS stage ran out of
                                             # memory after the Milvus ones (bench/results/
-                                            # engines_1m.json; FAISS at 1M: bench.search);
+                                            # engines_1m.json; FAISS at 1M: bench.perf.search);
                                             # --engines milvus (or faiss) runs one engine in its
                                             # own process: JSON only, no BENCHMARKS section
-    python -m bench.engines --quick         # 5k rows, no BENCHMARKS section
-    python -m bench.engines --validate --rows 100000 --seed 7   # poincare ef/k′ grid (validation;
+    python -m bench.perf.engines --quick         # 5k rows, no BENCHMARKS section
+    python -m bench.perf.engines --validate --rows 100000 --seed 7   # poincare ef/k′ grid (validation;
                                                                 # also --seed 8; --layout tangent
                                                                 # for the older layout's grid)
 
-Data: the WordNet-noun MiniLM rows tiled with small noise to N rows (``bench.tiled``; real-data-
+Data: the WordNet-noun MiniLM rows tiled with small noise to N rows (``bench.common.tiled``; real-data-
 derived), 256 queries = random gallery rows with fresh noise. Galleries at radius R: the cosine lift
 at scale R (every point at radius R: the cosine layout) and ``spread_points`` (radii spread over
 [0.2 R, R] by each row's specificity: the poincare layout, or ``--layout tangent``). Truth: brute-force float64 Lorentz top-10
@@ -56,13 +56,13 @@ from app.vectors.milvus_engine import (
 )
 from app.vectors.milvus_math import exact_top_k, recall_within
 from app.vectors.milvus_search import DEFAULT_OVERFETCH, SearchHits, search_defaults
-from bench.machine import facts_markdown, load_average, run_record
-from bench.report import command_line, publish
-from bench.tiled import lift_points, tiled, wordnet_rows
-from bench.wordnet import REPO_ROOT, quick_data_dir
+from bench.common.machine import facts_markdown, load_average, run_record
+from bench.common.report import command_line, publish
+from bench.common.tiled import lift_points, tiled, wordnet_rows
+from bench.common.wordnet import REPO_ROOT, quick_data_dir
 
 RESULTS = REPO_ROOT / "bench/results"
-SECTION = "bench.engines"
+SECTION = "bench.perf.engines"
 K = 10
 QUERIES = 256
 BATCHES = (1, 16, 256)
@@ -461,7 +461,7 @@ def render_markdown(result: dict[str, Any]) -> str:
         f"Command: `{result['command']}` ({result['seconds'] / 60:.1f} min), {result['rows']:,} "
         f"rows, {QUERIES} queries, k = {K}, {spread} layout k′ = {overfetch}, search ef = "
         f"{result['ef_factor'] * overfetch} (k′ and ef chosen on validation galleries: "
-        f"`python -m bench.engines --validate --rows 100000 --seed 7 --layout {spread}` and "
+        f"`python -m bench.perf.engines --validate --rows 100000 --seed 7 --layout {spread}` and "
         "`--seed 8`), HNSW M "
         f"{DEFAULT_HNSW['m']} efConstruction {DEFAULT_HNSW['ef_construction']}. "
         + facts_markdown(result["machine"], result["load_start"], result["load_end"]),
@@ -548,7 +548,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     )
     args = parser.parse_args(argv)
     if args.quick:
-        quick_data_dir("bench.engines")
+        quick_data_dir("bench.perf.engines")
     if not args.engines or set(args.engines) - set(ENGINES):
         parser.error(f"--engines: a comma-separated subset of {','.join(ENGINES)}")
     hnsw = {"m": args.hnsw_m, "ef_construction": args.ef_construction}
@@ -564,7 +564,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         finally:
             shutil.rmtree(store, ignore_errors=True)
         record = {
-            **run_record(command_line("bench.engines", argv), tic, load_start),
+            **run_record(command_line("bench.perf.engines", argv), tic, load_start),
             "rows": rows,
             "seed": args.seed,
             "layout": args.layout,
@@ -583,7 +583,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     if "faiss" in args.engines:
         measured["faiss"] = faiss_run(data, args.radii)
     result = {
-        **run_record(command_line("bench.engines", argv), tic, load_start),
+        **run_record(command_line("bench.perf.engines", argv), tic, load_start),
         "rows": rows,
         "queries": QUERIES,
         "k": K,
@@ -600,7 +600,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         out.write_text(json.dumps(result, indent=2) + "\n")
         return result
     section = None if (args.no_markdown or args.quick) else SECTION
-    publish(result, out, render_markdown(result), section, "Vector engines (bench.engines)")
+    publish(result, out, render_markdown(result), section, "Vector engines (bench.perf.engines)")
     return result
 
 

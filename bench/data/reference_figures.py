@@ -1,6 +1,6 @@
 """Check the metric code against the reference figures of the WordNet-noun data's README.
 
-    python -m bench.reference_figures          # needs the full data (make data, or ../shared)
+    python -m bench.data.reference_figures          # needs the full data (make data, or ../shared)
 
 The data README gives figures computed outside this project: class-level CMC@1 / mAP@100 (both
 normalisations) and lemma → gloss R@1 / R@10 for stay, reindex and a Procrustes bridge. This
@@ -24,7 +24,7 @@ from app.ml.evaluation.metrics import retrieval_metrics
 from app.ml.evaluation.retrieval import class_metrics, query_metrics, top_k
 from app.ml.geometry.space import EuclideanLift
 from app.ml.methods.heads import orthogonal_procrustes
-from bench.wordnet import (
+from bench.common.wordnet import (
     NEW_MODEL,
     OLD_MODEL,
     encode_labels,

@@ -1,12 +1,12 @@
 """Continual upgrades on real data: HMCL (CA, MR) against fine-tuning and EWC, on a stream that
-interleaves classification-style and retrieval tasks (``bench.continual_stream``).
+interleaves classification-style and retrieval tasks (``bench.quality.continual_stream``).
 
-    python -m bench.continual --quick   # one seed, small tasks, two settings per method (< 2 min)
-    python -m bench.continual           # 5 seeds, full tasks, four settings per method (≈ 18 min)
-    python -m bench.continual --params '{"energy": 0.6}' --methods hmcl-ca finetune \
+    python -m bench.quality.continual --quick   # one seed, small tasks, two settings per method (< 2 min)
+    python -m bench.quality.continual           # 5 seeds, full tasks, four settings per method (≈ 18 min)
+    python -m bench.quality.continual --params '{"energy": 0.6}' --methods hmcl-ca finetune \
         --out bench/results/continual_energy0.6.json           # a variant: overrides for every method
-    python -m bench.continual --timing-only --batch-size 1024   # only the per-step times
-    python -m bench.continual --render bench/results/continual.json   # only the tables
+    python -m bench.quality.continual --timing-only --batch-size 1024   # only the per-step times
+    python -m bench.quality.continual --render bench/results/continual.json   # only the tables
 
 Each method gets its own settings (lr × min_steps), chosen on validation rows carved from every
 task's **training** rows (``carve_validation``) of the first seed's stream: the same grid, so the
@@ -23,7 +23,7 @@ the final model's text embeddings — lemma queries for retrieval, class-name te
 classification — with and without the recorded rotations, as a fraction of the task-end figure.
 Also the four drift measures and the per-step time of each method over plain AdamW at the
 stream's d = 384 and at d = 768 (all-mpnet-base-v2). The results go to ``bench/results``; the
-markdown is printed (``bench.continual_report``) for BENCHMARKS.md.
+markdown is printed (``bench.quality.continual_report``) for BENCHMARKS.md.
 """
 
 from __future__ import annotations
@@ -50,8 +50,10 @@ from app.ml.hmcl.metrics import (
     paired_recall_at_k,
     symmetric_recall_at_k,
 )
-from bench.continual_report import render_markdown, targets, timing_lines
-from bench.continual_stream import (
+from bench.common.report import command_line
+from bench.common.wordnet import NEW_MODEL, REPO_ROOT, quick_data_dir
+from bench.quality.continual_report import render_markdown, targets, timing_lines
+from bench.quality.continual_stream import (
     CLASS_DEPTH,
     CLASSES_PER_TASK,
     GLOSS,
@@ -68,8 +70,6 @@ from bench.continual_stream import (
     carve_validation,
     load_corpus,
 )
-from bench.report import command_line
-from bench.wordnet import NEW_MODEL, REPO_ROOT, quick_data_dir
 
 __all__ = ["Corpus", "Task", "build_tasks", "load_corpus", "run_method", "time_steps"]
 
@@ -517,7 +517,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     )
     args = parser.parse_args(argv)
     if args.quick:
-        quick_data_dir("bench.continual")
+        quick_data_dir("bench.quality.continual")
     if args.render is not None:
         result = json.loads(args.render.read_text())
         print(render_markdown(result))
@@ -529,7 +529,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         if "finetune" not in args.methods:
             parser.error("--methods must include finetune (the reference of every ratio)")
         config.methods = tuple(args.methods)
-    command = command_line("bench.continual", argv)
+    command = command_line("bench.quality.continual", argv)
     if args.timing_only:
         return timing_only(config, command, args.batch_size, args.out)
     out = args.out or RESULTS / ("continual_quick.json" if args.quick else "continual.json")
