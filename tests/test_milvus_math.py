@@ -14,7 +14,7 @@ from app.vectors.milvus_math import (
     points_from_search_vectors,
     radii,
 )
-from bench.perf.engines import spread_points
+from bench.perf.engine_workload import spread_points
 
 OLD = "all-MiniLM-L6-v2"
 

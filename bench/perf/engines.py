@@ -44,8 +44,7 @@ import faiss
 import numpy as np
 import torch
 
-from app.ml.geometry.space import EuclideanLift
-from app.vectors.faiss_index import LorentzIndex, exact_distances, lifted_gallery, lifted_queries
+from app.vectors.faiss_index import LorentzIndex, lifted_gallery, lifted_queries
 from app.vectors.milvus_engine import (
     DEFAULT_HNSW,
     GalleryLayout,
@@ -54,116 +53,25 @@ from app.vectors.milvus_engine import (
     drop_collection,
     seal_collection,
 )
-from app.vectors.milvus_math import exact_top_k, recall_within
 from app.vectors.milvus_search import DEFAULT_OVERFETCH, SearchHits, search_defaults
-from bench.common.machine import facts_markdown, load_average, run_record
+from bench.common.machine import load_average, run_record
 from bench.common.report import command_line, publish
-from bench.common.tiled import lift_points, tiled, wordnet_rows
 from bench.common.wordnet import REPO_ROOT, quick_data_dir
+from bench.perf.engine_workload import (
+    QUERIES,
+    Data,
+    K,
+    hits_recall,
+    queries_per_s,
+    resident_mib,
+    timed_writes,
+)
+from bench.perf.engines_report import TARGETS, render_markdown
 
 RESULTS = REPO_ROOT / "bench/results"
 SECTION = "bench.perf.engines"
-K = 10
-QUERIES = 256
-BATCHES = (1, 16, 256)
 RADII = (1.0, 3.0, 6.0)
 ENGINES = ("milvus", "faiss")
-# Rows per write call: one upload request's worth.
-WRITE_ROWS = 2048
-# Calls timed per batch size (the median is reported).
-CALLS = {1: 20, 16: 8, 256: 3}
-TARGETS = {
-    "cosine_recall": 0.99,
-    "tangent_recall": 0.95,
-    "ingest_ratio": 0.5,
-    "search_ratio_256": 0.8,
-}
-# Fraction of the radius where the most generic rows sit (the most specific sit at the radius).
-INNER_FRACTION = 0.2
-
-
-def spread_points(
-    features: np.ndarray, radius: float, reference: np.ndarray, curv: float = 1.0
-) -> np.ndarray:
-    """Space components of ``features`` at radii in [0.2·radius, radius], float32.
-
-    A row's genericity is its cosine to the mean direction of ``reference`` (the gallery's own
-    rows): general concepts sit near the centre of an embedding cloud, specific ones at its rim,
-    as hierarchy-aware models place them near and far from the origin. The radius is the
-    genericity's rank among the reference rows, mapped linearly (most generic → 0.2·radius).
-    Point = exp₀(ρ·f/‖f‖): space part sinh(√c·ρ)/√c · f/‖f‖.
-    """
-    unit = _unit(np.asarray(features, dtype=np.float64))
-    reference_unit = _unit(np.asarray(reference, dtype=np.float64))
-    centre = reference_unit.mean(axis=0)
-    reference_scores = np.sort(reference_unit @ centre)
-    rank = np.searchsorted(reference_scores, unit @ centre) / max(len(reference_scores), 1)
-    rho = radius * (INNER_FRACTION + (1.0 - INNER_FRACTION) * (1.0 - rank))
-    scale = np.sinh(np.sqrt(curv) * rho) / np.sqrt(curv)
-    return (scale[:, None] * unit).astype(np.float32)
-
-
-def _unit(x: np.ndarray) -> np.ndarray:
-    # A zero row has no direction; the floor keeps it at the origin instead of NaN.
-    return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
-
-
-def resident_mib() -> float:
-    with open("/proc/self/status") as fh:
-        for line in fh:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return float("nan")
-
-
-def queries_per_s(search: Callable[[np.ndarray], object], queries: np.ndarray) -> dict[str, float]:
-    out = {}
-    for batch in BATCHES:
-        search(queries[:batch])
-        times = []
-        for call in range(CALLS[batch]):
-            start = (call * batch) % len(queries)
-            part = queries[start : start + batch]
-            tic = time.perf_counter()
-            search(part)
-            times.append(time.perf_counter() - tic)
-        out[str(batch)] = batch / float(np.median(times))
-    return out
-
-
-def timed_writes(write: Callable[[slice], object], n: int) -> float:
-    tic = time.perf_counter()
-    for start in range(0, n, WRITE_ROWS):
-        write(slice(start, min(n, start + WRITE_ROWS)))
-    return time.perf_counter() - tic
-
-
-def hits_recall(hits: SearchHits, points: np.ndarray, queries: np.ndarray) -> float:
-    _, true_dist = exact_top_k(queries, points, K, 1.0)
-    positions = np.array([[int(i) if i else -1 for i in row] for row in hits.item_ids])
-    found = exact_distances(queries[:, None, :], points[np.maximum(positions, 0)], 1.0)
-    return recall_within(np.where(positions >= 0, found, np.inf), true_dist)
-
-
-class Data:
-    """The tiled gallery (Euclidean rows), its item ids and the noisy queries."""
-
-    def __init__(self, rows: int, seed: int) -> None:
-        base = wordnet_rows(with_new=False).old
-        self.vectors = tiled(base, rows, seed=seed)
-        rng = np.random.default_rng(seed + 1)
-        picks = rng.integers(0, rows, QUERIES)
-        noisy = self.vectors[picks] + 0.05 * rng.standard_normal((QUERIES, base.shape[1]))
-        self.queries = noisy.astype(np.float32)
-        self.ids = [str(i) for i in range(rows)]
-
-    def cosine(self, radius: float) -> tuple[np.ndarray, np.ndarray]:
-        lift = EuclideanLift(curv=1.0, scale=radius, metric="cosine")
-        return lift_points(self.vectors, lift), lift_points(self.queries, lift).astype(np.float64)
-
-    def spread(self, radius: float) -> tuple[np.ndarray, np.ndarray]:
-        points = spread_points(self.vectors, radius, self.vectors)
-        return points, spread_points(self.queries, radius, self.vectors).astype(np.float64)
 
 
 # -- Milvus ---------------------------------------------------------------------------------------
@@ -405,115 +313,6 @@ def faiss_run(data: Data, radii: Sequence[float]) -> dict[str, Any]:
     out["rss_mib"] = {"start": rss_start, "peak": peak}
     print(f"  faiss: {out}", flush=True)
     return out
-
-
-# -- report ---------------------------------------------------------------------------------------
-def verdict(value: float, target: float) -> str:
-    return "met" if value >= target else f"missed by {target - value:.3f}"
-
-
-def targets(result: dict[str, Any]) -> list[str]:
-    m, f = result["milvus"], result["faiss"]
-    lines = []
-    for name, e in m["layouts"].items():
-        kind = name.rsplit("_r", 1)[0]
-        target = TARGETS["cosine_recall" if kind == "cosine" else "tangent_recall"]
-        lines.append(
-            f"- Milvus {kind} layout, radius {e['radius']:g}: recall@10 {e['recall_at_10']:.3f} "
-            f"(target ≥ {target}): {verdict(e['recall_at_10'], target)}."
-        )
-    first = next(iter(m["layouts"].values()))
-    ratio = first["ingest_per_s"] / m["raw"]["ingest_per_s"]
-    lines.append(
-        f"- Milvus ingest, cosine layout: {first['ingest_per_s']:.0f} vectors/s = {ratio:.2f} × "
-        f"raw pymilvus (target ≥ {TARGETS['ingest_ratio']}): "
-        f"{verdict(ratio, TARGETS['ingest_ratio'])}."
-    )
-    ratio = f["engine"]["ingest_per_s"] / f["raw"]["ingest_per_s"]
-    lines.append(
-        f"- FAISS ingest: {f['engine']['ingest_per_s']:.0f} vectors/s = {ratio:.2f} × raw faiss "
-        f"(target ≥ {TARGETS['ingest_ratio']}): {verdict(ratio, TARGETS['ingest_ratio'])}."
-    )
-    for name, e in m["layouts"].items():
-        if "queries_per_s" not in e:
-            continue
-        ratio = e["queries_per_s"]["256"] / m["raw"]["queries_per_s"]["256"]
-        lines.append(
-            f"- Milvus search, {name} at batch 256: {e['queries_per_s']['256']:.0f} q/s = "
-            f"{ratio:.2f} × raw pymilvus top-10 (target ≥ {TARGETS['search_ratio_256']}): "
-            f"{verdict(ratio, TARGETS['search_ratio_256'])}."
-        )
-    ratio = f["engine"]["queries_per_s"]["256"] / f["raw"]["queries_per_s"]["256"]
-    lines.append(
-        f"- FAISS search at batch 256: {f['engine']['queries_per_s']['256']:.0f} q/s = "
-        f"{ratio:.2f} × raw faiss (target ≥ {TARGETS['search_ratio_256']}): "
-        f"{verdict(ratio, TARGETS['search_ratio_256'])}."
-    )
-    return lines
-
-
-def render_markdown(result: dict[str, Any]) -> str:
-    m, f = result["milvus"], result["faiss"]
-    speeds = " / ".join(str(b) for b in BATCHES)
-    spread = result.get("spread_layout", "tangent")
-    overfetch = result["overfetch"]
-    lines = [
-        f"Command: `{result['command']}` ({result['seconds'] / 60:.1f} min), {result['rows']:,} "
-        f"rows, {QUERIES} queries, k = {K}, {spread} layout k′ = {overfetch}, search ef = "
-        f"{result['ef_factor'] * overfetch} (k′ and ef chosen on validation galleries: "
-        f"`python -m bench.perf.engines --validate --rows 100000 --seed 7 --layout {spread}` and "
-        "`--seed 8`), HNSW M "
-        f"{DEFAULT_HNSW['m']} efConstruction {DEFAULT_HNSW['ef_construction']}. "
-        + facts_markdown(result["machine"], result["load_start"], result["load_end"]),
-        "",
-        "Gallery: WordNet-noun MiniLM rows tiled with noise (real-data-derived); cosine layout = "
-        f"cosine lift at scale R (one radius); {spread} layout = radii spread over [0.2 R, R] by "
-        "specificity (`spread_points`). Truth: brute-force float64 top-10, ties counted. Milvus "
-        "is a milvus-lite file served inside the benchmark process (pure Python over FAISS), "
-        "so its speeds are milvus-lite's, not a Milvus cluster's. Raw engines: pymilvus insert "
-        "of (id, vector) and top-10 search on a COSINE HNSW at the layer's ef; faiss "
-        "`IndexFlatIP` add and search of lifted rows (no re-rank).",
-        "",
-        f"| engine | ingest vectors/s | ready s | q/s at batch {speeds} | recall@10 | "
-        "recall@10 with k′ = k |",
-        "|---|---|---|---|---|---|",
-    ]
-    raw = m["raw"]
-    lines.append(
-        f"| pymilvus raw (COSINE HNSW) | {raw['ingest_per_s']:.0f} | {raw['ready_s']:.1f} | "
-        + " / ".join(f"{raw['queries_per_s'][str(b)]:.0f}" for b in BATCHES)
-        + " | – | – |"
-    )
-    for name, e in m["layouts"].items():
-        speed = (
-            " / ".join(f"{e['queries_per_s'][str(b)]:.0f}" for b in BATCHES)
-            if "queries_per_s" in e
-            else "–"
-        )
-        without = e.get("recall_at_10_without_overfetch")
-        lines.append(
-            f"| Milvus engine, {name} | {e['ingest_per_s']:.0f} | {e['ready_s']:.1f} | {speed} | "
-            f"{e['recall_at_10']:.3f} | {'–' if without is None else f'{without:.3f}'} |"
-        )
-    for label, e in (("faiss raw (IndexFlatIP)", f["raw"]), ("FAISS engine (flat)", f["engine"])):
-        lines.append(
-            f"| {label} | {e['ingest_per_s']:.0f} | – | "
-            + " / ".join(f"{e['queries_per_s'][str(b)]:.0f}" for b in BATCHES)
-            + " | – | – |"
-        )
-    recalls = ", ".join(f"{k} {v:.3f}" for k, v in f["recall_at_10"].items())
-    lines += [
-        "",
-        f"FAISS engine recall@10 (flat scan + float64 re-rank): {recalls}.",
-        f"Resident memory of the benchmark process: Milvus run {m['rss_mib']['start']:.0f} → "
-        f"peak {m['rss_mib']['peak']:.0f} MiB (milvus-lite holds the collections in this "
-        f"process; a Milvus server would hold them instead), FAISS run "
-        f"{f['rss_mib']['start']:.0f} → {f['rss_mib']['peak']:.0f} MiB.",
-        "",
-        "Targets (issue 14):",
-        *targets(result),
-    ]
-    return "\n".join(lines) + "\n"
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:

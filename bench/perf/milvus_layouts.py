@@ -33,7 +33,8 @@ from app.vectors.milvus_search import POINCARE_EF_FACTOR, POINCARE_OVERFETCH
 from bench.common.machine import load_average, run_record
 from bench.common.report import command_line
 from bench.common.wordnet import REPO_ROOT
-from bench.perf.engines import Data, ingest, milvus_gallery
+from bench.perf.engine_workload import Data
+from bench.perf.engines import ingest, milvus_gallery
 
 OUT = REPO_ROOT / "bench/results/milvus_layouts.json"
 K = 10

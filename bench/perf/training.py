@@ -9,7 +9,7 @@ each method for a few epochs in turn, two rounds in a fresh random order; epoch 
 the per-epoch wall times (from the trainer's progress hook), first epoch of each run dropped
 (warm-up). Device: CUDA when torch sees one, else the CPU.
 
-HMCL: ``bench.quality.continual.time_steps`` (one AdamW step on a mini-batch of task 2 of the continual
+HMCL: ``bench.quality.continual_timing.time_steps`` (one AdamW step on a mini-batch of task 2 of the continual
 stream, task 1 protected; methods interleaved round by round) with both modalities embedded by
 the 384-d MiniLM and by the 768-d MPNet encoder. Ratio = median over rounds of method step /
 plain-AdamW ("finetune") step; the paper reports 1.02× (MR) and 1.04× (CA).
@@ -42,7 +42,8 @@ from bench.common.wordnet import (
     fine_labels,
     load_wordnet,
 )
-from bench.quality.continual import build_tasks, load_corpus, time_steps
+from bench.quality.continual import build_tasks, load_corpus
+from bench.quality.continual_timing import time_steps
 
 RESULTS = REPO_ROOT / "bench/results"
 SECTION = "bench.perf.training"
@@ -132,7 +133,7 @@ def render_markdown(result: dict[str, Any]) -> str:
         "",
         f"HBCT ÷ fastest Euclidean baseline: {c['hbct_vs_fastest_euclidean']:.2f}.",
         "",
-        "**HMCL steps against plain AdamW** (`bench.quality.continual.time_steps`: one AdamW step on a "
+        "**HMCL steps against plain AdamW** (`bench.quality.continual_timing.time_steps`: one AdamW step on a "
         "mini-batch of task 2's pairs, task 1 protected; ratio = median over interleaved rounds; CPU):",
         "",
         "| d | encoder | rows | method | step ms (median) | correction ms | ratio to AdamW "
