@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request, Response, status
 from fastapi.responses import JSONResponse
+from starlette.concurrency import run_in_threadpool
 
 from app.api.deps import IdempotencyDep, SessionDep, StateDep, TenantDep
 from app.core.errors import invalid
@@ -92,7 +93,9 @@ async def upload_items(
     )
     if "ids" not in fields:
         raise invalid("ids", "required")
-    upserted, count = service.upsert_items(
+    # The write waits for locks: in the thread pool, never on the event loop.
+    upserted, count = await run_in_threadpool(
+        service.upsert_items,
         session,
         state.settings,
         dataset,
@@ -126,7 +129,8 @@ async def upload_queries(
     for required in ("ids", "features"):
         if required not in fields:
             raise invalid(required, "required")
-    upserted = queries.upsert_queries(
+    upserted = await run_in_threadpool(
+        queries.upsert_queries,
         session,
         state.settings,
         dataset,

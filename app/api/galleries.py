@@ -9,11 +9,12 @@ import numpy as np
 from fastapi import APIRouter, Header, Query, Request, Response, status
 from fastapi.responses import JSONResponse
 from sqlalchemy.orm import Session
+from starlette.concurrency import run_in_threadpool
 
 from app.api.deps import IdempotencyDep, SessionDep, StateDep, TenantDep
 from app.core.errors import FieldError, invalid, invalid_fields
 from app.core.idempotency import StoredResponse, create_once, stored_json
-from app.core.schemas import LimitQuery, PageTokenQuery, openapi_body
+from app.core.schemas import CascadeQuery, LimitQuery, PageTokenQuery, openapi_body
 from app.core.tenancy import tenant_page
 from app.core.uploads import read_body
 from app.datasets.service import refuse_while_paired
@@ -24,7 +25,9 @@ from app.galleries.schemas import (
     BackfillPlanOut,
     BackfillPlanRequest,
     DeleteResult,
+    GalleryCascade,
     GalleryCreate,
+    GalleryDeleted,
     GalleryList,
     GalleryOut,
     UpsertResult,
@@ -79,14 +82,31 @@ def get_gallery(gallery_id: str, session: SessionDep, tenant_id: TenantDep) -> d
     return _gallery_out(session, gallery)
 
 
-@router.delete("/{gallery_id}", status_code=204)
+@router.delete(
+    "/{gallery_id}",
+    status_code=204,
+    responses={
+        200: {"model": GalleryDeleted, "description": "deleted with ?cascade=true"},
+        409: {"description": "still in use"},
+    },
+)
 def delete_gallery(
-    gallery_id: str, state: StateDep, session: SessionDep, tenant_id: TenantDep
+    gallery_id: str,
+    state: StateDep,
+    session: SessionDep,
+    tenant_id: TenantDep,
+    cascade: CascadeQuery = False,
 ) -> Response:
+    """Delete a gallery and every vector stored for it. 409 while datasets pair with it, an
+    upgrade trains on it, or it holds re-embedded items (``?cascade=true`` deletes those with it
+    and answers 200 with how many)."""
     gallery = service.get_gallery(session, tenant_id, gallery_id)
     refuse_while_paired(session, gallery)
-    service.delete_gallery(session, state.indexes, gallery)
-    return Response(status_code=status.HTTP_204_NO_CONTENT)
+    cascaded = service.delete_gallery(session, state.indexes, gallery, cascade=cascade)
+    if not cascade:
+        return Response(status_code=status.HTTP_204_NO_CONTENT)
+    body = GalleryDeleted(id=gallery_id, cascaded=GalleryCascade(**cascaded))
+    return JSONResponse(body.model_dump(mode="json"))
 
 
 @router.post(
@@ -110,6 +130,14 @@ async def upsert_vectors(
     )
     if "ids" not in fields:
         raise invalid("ids", "required")
+    # The write waits for row (or SQLite's database) locks: in the thread pool, never on the
+    # event loop, which every other request needs meanwhile.
+    return await run_in_threadpool(_store_vectors, gallery, fields, state, session, tenant_id)
+
+
+def _store_vectors(
+    gallery: Gallery, fields: dict, state: StateDep, session: SessionDep, tenant_id: str
+) -> dict:
     if "model_id" in fields:
         return _store_reembedded(gallery, fields, state, session, tenant_id)
     if "vectors" in fields and "features" in fields:

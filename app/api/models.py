@@ -6,19 +6,33 @@ import base64
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Query, Request, Response, status
+from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
 from app.api.deps import SessionDep, StateDep, TenantDep
 from app.core.arrays import check_batch_size, load_npy
 from app.core.errors import Problem, invalid
-from app.core.schemas import LimitQuery, NpyModalityQuery, PageTokenQuery, openapi_body
+from app.core.schemas import (
+    CascadeQuery,
+    LimitQuery,
+    NpyModalityQuery,
+    PageTokenQuery,
+    openapi_body,
+)
 from app.core.tenancy import tenant_page
 from app.core.uploads import read_json_model
 from app.galleries.service import refuse_while_bound
 from app.models import service
 from app.models.export import EXPORT_FORMATS
 from app.models.models import TrainedModel
-from app.models.schemas import EmbedRequest, EmbedResponse, ModelList, ModelOut
+from app.models.schemas import (
+    EmbedRequest,
+    EmbedResponse,
+    ModelCascade,
+    ModelDeleted,
+    ModelList,
+    ModelOut,
+)
 from app.search.schemas import NPY_MEDIA_TYPE
 
 router = APIRouter(prefix="/v1/models", tags=["models"])
@@ -69,16 +83,32 @@ def get_model(model_id: str, session: SessionDep, tenant_id: TenantDep) -> dict:
     return model_out(service.get_model(session, tenant_id, model_id))
 
 
-@router.delete("/{model_id}", status_code=204, responses={409: {"description": "still in use"}})
+@router.delete(
+    "/{model_id}",
+    status_code=204,
+    responses={
+        200: {"model": ModelDeleted, "description": "deleted with ?cascade=true"},
+        409: {"description": "still in use"},
+    },
+)
 def delete_model(
-    model_id: str, state: StateDep, session: SessionDep, tenant_id: TenantDep
+    model_id: str,
+    state: StateDep,
+    session: SessionDep,
+    tenant_id: TenantDep,
+    cascade: CascadeQuery = False,
 ) -> Response:
     """Delete a model and its artifact files. 409 while a model-bound gallery holds its vectors,
-    a newer continual version continues from it, or an upgrade is training from it."""
+    a newer continual version continues from it, an upgrade is training from it, or galleries
+    hold items re-embedded for it (``?cascade=true`` deletes those with it and answers 200 with
+    how many)."""
     row = service.get_model(session, tenant_id, model_id)
     refuse_while_bound(session, row.id)
-    service.delete_model(session, state.settings, state.models, row)
-    return Response(status_code=status.HTTP_204_NO_CONTENT)
+    cascaded = service.delete_model(session, state.settings, state.models, row, cascade=cascade)
+    if not cascade:
+        return Response(status_code=status.HTTP_204_NO_CONTENT)
+    body = ModelDeleted(id=model_id, cascaded=ModelCascade(**cascaded))
+    return JSONResponse(body.model_dump(mode="json"))
 
 
 @router.get(

@@ -40,6 +40,12 @@ NpyModalityQuery = Annotated[
         description="application/x-npy bodies only",
     ),
 ]
+# DELETE's consent to drop the acknowledged data that depends on what is deleted (re-embedded
+# items): without it such a delete answers 409 naming them.
+CascadeQuery = Annotated[
+    bool,
+    Query(description="also delete the re-embedded items that depend on it (200: how many)"),
+]
 # Strict: JSON numbers only; true, null or "1" in a vector is a client bug, not a 1.0.
 Matrix = list[list[StrictFloat]]
 PageTokenQuery = Annotated[

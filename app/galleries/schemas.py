@@ -185,6 +185,18 @@ class BackfillPlanOut(BaseModel):
     validation: dict[str, Any]
 
 
+class GalleryCascade(BaseModel):
+    reembedded_items: int = Field(description="re-embedded items deleted with the gallery")
+    by_model: dict[str, int] = Field(description="of them, per model they were re-embedded for")
+
+
+class GalleryDeleted(BaseModel):
+    """``DELETE /v1/galleries/{id}?cascade=true``: what went with the gallery."""
+
+    id: str
+    cascaded: GalleryCascade
+
+
 class DeleteResult(BaseModel):
     deleted: int
     count: int

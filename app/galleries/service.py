@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from sqlalchemy import delete, select, update
+from sqlalchemy import delete, func, select, update
 from sqlalchemy.orm import Session
 
 from app.core.arrays import as_matrix, check_batch_size, check_count, check_ids, check_labels
@@ -351,9 +351,23 @@ def refuse_while_bound(session: Session, model_id: str) -> None:
         )
 
 
-def delete_gallery(session: Session, store: IndexStore, gallery: Gallery) -> None:
-    """Deletes the gallery and everything stored for it; 409 while an upgrade trains on it. (The
-    datasets that pair their items with it are checked first by the caller,
+def reembedded_by_model(session: Session, gallery_id: str) -> dict[str, int]:
+    """Items of the gallery re-embedded, per model (acknowledged uploads a delete would drop)."""
+    rows = session.execute(
+        select(ReembeddedVector.model_id, func.count())
+        .where(ReembeddedVector.gallery_id == gallery_id)
+        .group_by(ReembeddedVector.model_id)
+        .order_by(ReembeddedVector.model_id)
+    )
+    return {model_id: int(count) for model_id, count in rows}
+
+
+def delete_gallery(
+    session: Session, store: IndexStore, gallery: Gallery, cascade: bool = False
+) -> dict[str, Any]:
+    """Deletes the gallery and everything stored for it; 409 while an upgrade trains on it, and
+    while it holds re-embedded items unless ``cascade`` (then they go too); returns what was
+    cascaded. (The datasets that pair their items with it are checked first by the caller,
     ``app.datasets.service.refuse_while_paired``: datasets lie above galleries.)"""
     from app.jobs.models import QUEUED, RUNNING, UpgradeJob
 
@@ -366,12 +380,21 @@ def delete_gallery(session: Session, store: IndexStore, gallery: Gallery) -> Non
     )
     if active:
         raise conflict(f"upgrades {active} are training against this gallery; cancel them first")
+    reembedded = reembedded_by_model(session, gallery.id)
+    if reembedded and not cascade:
+        listed = ", ".join(f"{model_id}: {n}" for model_id, n in reembedded.items())
+        raise conflict(
+            f"the gallery holds {sum(reembedded.values())} items re-embedded by new models "
+            f"({listed}); deleting it would delete them: repeat with ?cascade=true to delete "
+            "them with it"
+        )
     with store.lock(gallery.id):
         storage = storage_for(session, gallery)
         session.delete(gallery)
         session.commit()
         storage.drop(gallery.id)
         store.drop(gallery.id)
+    return {"reembedded_items": sum(reembedded.values()), "by_model": reembedded}
 
 
 def index_for(

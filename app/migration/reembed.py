@@ -36,7 +36,7 @@ from app.ml.backfill.mixed import Candidates, merge, pick_reference, top_of, uni
 from app.ml.backfill.plan import PlannerFit, expected_at, fit_planner, plan_order, plan_priority
 from app.ml.geometry.lorentz import uncertainty as norm_uncertainty
 from app.models.models import TrainedModel
-from app.models.service import BACKBONE, ModelCache, get_model, resolve_modality
+from app.models.service import BACKBONE, ModelCache, get_model, lock_model, resolve_modality
 from app.vectors.index_store import IndexStore
 from app.vectors.points import lift_of
 from app.vectors.storage import storage_for
@@ -81,6 +81,9 @@ def store_reembedded(
     blobs = [np.ascontiguousarray(r, dtype="<f4").tobytes() for r in matrix]
     with store.lock(gallery.id):
         gallery = _lock_gallery(session, gallery)
+        # The model's row too (shared): a delete of the model either sees these rows and refuses,
+        # or has committed first and this upload answers 404 — never drops an acknowledged batch.
+        lock_model(session, row.id, shared=True)
         existing = {
             item_id: vector_id
             for item_id, (vector_id, _) in storage_for(session, gallery)

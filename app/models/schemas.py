@@ -47,3 +47,15 @@ class EmbedResponse(BaseModel):
     modality: str
     embeddings: list[list[float]] = Field(description="space components on the hyperboloid")
     uncertainty: list[float] = Field(description="1 − tanh(√c·d(o, x)); near the origin = vague")
+
+
+class ModelCascade(BaseModel):
+    reembedded_items: int = Field(description="items re-embedded for the model, deleted with it")
+    by_gallery: dict[str, int] = Field(description="of them, per gallery")
+
+
+class ModelDeleted(BaseModel):
+    """``DELETE /v1/models/{id}?cascade=true``: what went with the model."""
+
+    id: str
+    cascaded: ModelCascade

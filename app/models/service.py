@@ -6,14 +6,15 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
-from sqlalchemy import select
+from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from app.core.arrays import as_matrix
-from app.core.errors import Problem, conflict, invalid
+from app.core.errors import Problem, conflict, invalid, not_found
 from app.core.files import ChecksumMismatch, read_verified, sha256_hex, write_atomically
 from app.core.settings import Settings
 from app.core.tenancy import get_owned
@@ -22,6 +23,7 @@ from app.ml.hmcl import map_query_to_ancestor
 from app.ml.methods.models import EmbeddingModel, model_from_bytes
 from app.models.export import EXPORT_FORMATS, ExportTarget, export_onnx
 from app.models.models import TrainedModel
+from app.vectors.tables import ReembeddedVector
 
 BACKBONE, CONTINUAL = "backbone", "continual"
 # Maps embeddings of a model (N×d) into a gallery's frame.
@@ -160,15 +162,57 @@ def remove_orphan_artifacts(session: Session, settings: Settings, min_age_s: flo
         logging.getLogger(__name__).warning("removed orphan artifact %s", file.name)
 
 
+def lock_model(session: Session, model_id: str, shared: bool = False) -> TrainedModel:
+    """Re-read the model's row under a row lock, 404 if it is gone: ``shared`` for a write that
+    depends on the model (an upload of items re-embedded for it), exclusive for its delete, so
+    the two are ordered. SQLite has no row locks: a no-op UPDATE takes the database's write lock
+    (writers in other processes wait here too)."""
+    if session.get_bind().dialect.name == "sqlite":
+        session.execute(
+            update(TrainedModel)
+            .where(TrainedModel.id == model_id)
+            .values(method=TrainedModel.method)
+            .execution_options(synchronize_session=False)
+        )
+    locked = session.scalar(
+        select(TrainedModel)
+        .where(TrainedModel.id == model_id)
+        .with_for_update(read=shared)
+        .execution_options(populate_existing=True)
+    )
+    if locked is None:
+        raise not_found("model", model_id)
+    return locked
+
+
+def reembedded_by_gallery(session: Session, model_id: str) -> dict[str, int]:
+    """Items re-embedded for ``model_id``, per gallery (acknowledged uploads a delete would drop)."""
+    rows = session.execute(
+        select(ReembeddedVector.gallery_id, func.count())
+        .where(ReembeddedVector.model_id == model_id)
+        .group_by(ReembeddedVector.gallery_id)
+        .order_by(ReembeddedVector.gallery_id)
+    )
+    return {gallery_id: int(count) for gallery_id, count in rows}
+
+
 def delete_model(
-    session: Session, settings: Settings, cache: ModelCache, row: TrainedModel
-) -> None:
+    session: Session,
+    settings: Settings,
+    cache: ModelCache,
+    row: TrainedModel,
+    cascade: bool = False,
+) -> dict[str, Any]:
     """Delete a model nothing depends on, then its files (after the commit: a crash in between
     leaves orphan files, which ``remove_orphan_artifacts`` collects, never a row without them).
     The galleries bound to it are checked first by the caller
-    (``app.galleries.service.refuse_while_bound``: galleries lie above models)."""
+    (``app.galleries.service.refuse_while_bound``: galleries lie above models).
+
+    Items re-embedded for the model are the user's uploads: 409 naming them unless ``cascade``,
+    which deletes them with the model; returns what was cascaded."""
     from app.jobs.models import QUEUED, RUNNING, UpgradeJob
 
+    row = lock_model(session, row.id)
     children = list(
         session.scalars(select(TrainedModel.id).where(TrainedModel.parent_id == row.id))
     )
@@ -185,12 +229,22 @@ def delete_model(
     )
     if active:
         raise conflict(f"upgrades {sorted(active)} are training from model {row.id}; cancel them")
+    reembedded = reembedded_by_gallery(session, row.id)
+    if reembedded and not cascade:
+        listed = ", ".join(f"{gallery_id}: {n}" for gallery_id, n in reembedded.items())
+        raise conflict(
+            f"galleries hold {sum(reembedded.values())} items re-embedded for model {row.id} "
+            f"({listed}); deleting the model would delete them: repeat with ?cascade=true to "
+            "delete them with it"
+        )
     files = [name for name in (row.artifact_path, row.state_path) if name]
     session.delete(row)
     session.commit()
     cache.forget(row.id)
     for name in files:
         artifact_file(settings, name).unlink(missing_ok=True)
+    # The rows went with the model (their foreign key cascades).
+    return {"reembedded_items": sum(reembedded.values()), "by_gallery": reembedded}
 
 
 def export_target(row: TrainedModel, modality: str | None) -> ExportTarget:

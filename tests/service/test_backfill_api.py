@@ -198,3 +198,67 @@ def test_mixed_search_above_the_milvus_top_k_cap(
         np.testing.assert_allclose(
             [h["score"] for h in got], [h["score"] for h in expected], rtol=1e-6
         )
+
+
+def test_deleting_a_model_with_reembedded_items_is_refused_unless_cascaded(
+    client: TestClient, wordnet_small
+) -> None:
+    """Re-embedded features are acknowledged data: deleting the model they were uploaded for
+    must not drop them silently (issue 29)."""
+    setup = upgraded(client, wordnet_small)
+    gallery_url = f"/v1/galleries/{setup['gallery_id']}"
+    model_url = f"/v1/models/{setup['model_id']}"
+    ids = wordnet_small["synset_id"][:30].tolist()
+    assert reembed(client, setup, wordnet_small, ids).status_code == 200
+    before = snapshot(client)
+
+    body = problem(client.delete(model_url), 409)
+    assert setup["gallery_id"] in body["detail"] and "30" in body["detail"]
+    assert "cascade=true" in body["detail"]
+    assert snapshot(client) == before
+    assert client.get(gallery_url).json()["reembedded"][0]["reembedded"] == 30
+
+    cascaded = client.delete(model_url, params={"cascade": "true"})
+    assert cascaded.status_code == 200, cascaded.text
+    assert cascaded.json() == {
+        "id": setup["model_id"],
+        "cascaded": {"reembedded_items": 30, "by_gallery": {setup["gallery_id"]: 30}},
+    }
+    assert client.get(model_url).status_code == 404
+    assert client.get(gallery_url).json()["reembedded"] == []
+    assert client.get(gallery_url).json()["count"] == N_GALLERY  # the old vectors stay
+
+
+def test_deleting_a_gallery_with_reembedded_items_is_refused_unless_cascaded(
+    client: TestClient, wordnet_small
+) -> None:
+    setup = upgraded(client, wordnet_small)
+    gallery_url = f"/v1/galleries/{setup['gallery_id']}"
+    ids = wordnet_small["synset_id"][:12].tolist()
+    assert reembed(client, setup, wordnet_small, ids).status_code == 200
+    # The dataset pairs with the gallery: it goes first, as before.
+    assert client.delete(f"/v1/datasets/{setup['dataset_id']}").status_code == 204
+    before = snapshot(client)
+
+    body = problem(client.delete(gallery_url), 409)
+    assert setup["model_id"] in body["detail"] and "12" in body["detail"]
+    assert snapshot(client) == before
+
+    cascaded = client.delete(gallery_url, params={"cascade": True})
+    assert cascaded.status_code == 200, cascaded.text
+    assert cascaded.json() == {
+        "id": setup["gallery_id"],
+        "cascaded": {"reembedded_items": 12, "by_model": {setup["model_id"]: 12}},
+    }
+    assert client.get(gallery_url).status_code == 404
+
+
+def test_cascade_on_a_delete_with_nothing_to_cascade_is_plain(
+    client: TestClient, wordnet_small
+) -> None:
+    setup = upgraded(client, wordnet_small)
+    assert client.delete(f"/v1/datasets/{setup['dataset_id']}").status_code == 204
+    gone = client.delete(f"/v1/models/{setup['model_id']}", params={"cascade": "true"})
+    assert gone.status_code == 200, gone.text
+    assert gone.json()["cascaded"] == {"reembedded_items": 0, "by_gallery": {}}
+    problem(client.delete(f"/v1/galleries/{setup['gallery_id']}", params={"cascade": "x"}), 422)

@@ -135,3 +135,73 @@ def test_acknowledged_reembedded_features_survive_kill_9(tmp_path: Path) -> None
             assert len(pending) == ITEMS - len(acked) - stored_cut_off
     service.stop()
     assert len(acked) >= 2 * BATCH, "too few acknowledged batches to test anything"
+
+
+def delete_until_killed(service: RunningService, model: str) -> list[int]:
+    """DELETE the model (no cascade) again and again; the status of every answer received."""
+    statuses: list[int] = []
+    with service.client(timeout=30) as client:
+        while True:
+            try:
+                statuses.append(client.delete(f"/v1/models/{model}").status_code)
+            except httpx.HTTPError:
+                return statuses
+            time.sleep(0.02)
+
+
+@pytest.mark.slow
+def test_a_model_delete_never_drops_acknowledged_reembedded_items_across_kill_9(
+    tmp_path: Path,
+) -> None:
+    """Uploads of re-embedded items race refused deletes of their model, then the server is
+    killed; afterwards a cascaded delete is cut off by a kill. Every acknowledged batch survives
+    every refused delete, and the cascaded one happened entirely or not at all."""
+    data_dir = tmp_path / "data"
+    env = {"NOBACKFILL_LOG_LEVEL": "info"}
+    service = start_service(data_dir, env, startup_timeout=120)
+    gallery, model, new, _ = prepare(service)
+    order = np.random.default_rng(3).permutation(np.arange(400, ITEMS)).tolist()
+    batches = [order[i : i + BATCH] for i in range(0, len(order), BATCH)]
+    first, in_flight = reembed_until_killed(service, gallery, model, batches[:1], new)
+    assert len(first) == BATCH and not in_flight
+    with ThreadPoolExecutor(2) as pool:
+        uploads = pool.submit(reembed_until_killed, service, gallery, model, batches[1:], new)
+        deletes = pool.submit(delete_until_killed, service, model)
+        time.sleep(4.0)
+        os.kill(service.process.pid, signal.SIGKILL)
+        service.process.wait()
+        acked, cut_off = uploads.result(timeout=60)
+        statuses = deletes.result(timeout=60)
+    assert statuses and set(statuses) == {409}, statuses
+    acked = first + acked
+
+    service = start_service(data_dir, env, startup_timeout=120)
+    with service.client(timeout=120) as client:
+        assert client.get(f"/v1/models/{model}").status_code == 200
+        pending = not_yet_reembedded(client, gallery, model)
+        assert not pending & set(acked)
+        stored = reembedded_count(client, gallery, model)
+        assert stored in (len(acked), len(acked) + len(cut_off))
+        # A cascaded delete, killed as soon as it is sent: all of it or none of it.
+        with ThreadPoolExecutor(1) as pool:
+            sent = pool.submit(
+                lambda: client.delete(f"/v1/models/{model}", params={"cascade": "true"})
+            )
+            time.sleep(float(np.random.default_rng(4).uniform(0.0, 0.05)))
+            os.kill(service.process.pid, signal.SIGKILL)
+            service.process.wait()
+            try:
+                answer = sent.result(timeout=60).status_code
+            except httpx.HTTPError:
+                answer = None
+    service = start_service(data_dir, env, startup_timeout=120)
+    with service.client(timeout=120) as client:
+        present = client.get(f"/v1/models/{model}").status_code
+        assert answer in (None, 200) and (answer != 200 or present == 404)
+        progress = client.get(f"/v1/galleries/{gallery}").json()
+        assert progress["count"] == ITEMS  # the old vectors are never part of the cascade
+        if present == 200:
+            assert reembedded_count(client, gallery, model) == stored
+        else:
+            assert present == 404 and progress["reembedded"] == []
+    service.stop()
