@@ -2,7 +2,8 @@
 datasets, upgrades, search, export, reports) against a running server.
 
 Client commands talk HTTP only: they import neither torch nor the service, so they start fast.
-The server is --url (or NOBACKFILL_URL, default http://127.0.0.1:8000), the API key --key (or
+The server is --url (or NOBACKFILL_URL; by default the URL `nobackfill serve` recorded in
+$NOBACKFILL_DATA_DIR/server_url, else http://127.0.0.1:8000), the API key --key (or
 NOBACKFILL_KEY; for a server on this machine, by default the key `nobackfill serve` stored in
 $NOBACKFILL_DATA_DIR/api_key, ./data/api_key)."""
 
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 SERVER_COMMANDS = ("serve", "migrate", "create-key")
 
@@ -182,6 +184,18 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _record_url(path: Path, host: str, port: int) -> None:
+    """Beside the key: the URL a client on this machine reaches this server at (a server bound to
+    every interface is reached on the loopback), so ``nobackfill …`` finds a server started on
+    another port. NOBACKFILL_URL and --url still win."""
+    if host in ("0.0.0.0", "::", ""):
+        host = "127.0.0.1"
+    if ":" in host:
+        host = f"[{host}]"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f"http://{host}:{port}\n", encoding="utf-8")
+
+
 def _server_command(args: argparse.Namespace) -> int:
     from app.core.settings import get_settings
 
@@ -191,12 +205,9 @@ def _server_command(args: argparse.Namespace) -> int:
 
         from app.main import create_app
 
-        uvicorn.run(
-            create_app(settings),
-            host=args.host or settings.host,
-            port=args.port or settings.port,
-            log_level=settings.log_level,
-        )
+        host, port = args.host or settings.host, args.port or settings.port
+        _record_url(settings.local_url_file, host, port)
+        uvicorn.run(create_app(settings), host=host, port=port, log_level=settings.log_level)
         return 0
 
     import app.db_models  # noqa: F401  (the table registry: Database needs every mapped class)

@@ -317,3 +317,40 @@ def test_the_local_key_file_is_used_for_a_server_on_this_machine_only(
     monkeypatch.setenv("NOBACKFILL_URL", "http://localhost:9000/")
     with Client() as configured:
         assert (configured.url, configured.key) == ("http://localhost:9000", "nbk_from_env")
+
+
+def test_the_client_finds_the_server_nobackfill_serve_started(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``NOBACKFILL_PORT=8100 make serve`` then ``nobackfill …``: the CLI reaches that server
+    (it once sent the key to 127.0.0.1:8000); NOBACKFILL_URL and --url still win."""
+    import uvicorn
+
+    from app import cli
+    from app.core import settings as settings_module
+
+    monkeypatch.setenv("NOBACKFILL_DATA_DIR", str(tmp_path))
+    monkeypatch.setenv("NOBACKFILL_PORT", "8100")
+    monkeypatch.setenv("NOBACKFILL_HOST", "0.0.0.0")
+    monkeypatch.delenv("NOBACKFILL_URL", raising=False)
+    monkeypatch.delenv("NOBACKFILL_KEY", raising=False)
+    settings_module.get_settings.cache_clear()
+    started: dict = {}
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: started.update(kw))
+    monkeypatch.setattr("app.main.create_app", lambda settings: object())
+    try:
+        assert cli.main(["serve"]) == 0
+    finally:
+        settings_module.get_settings.cache_clear()
+    assert started["port"] == 8100
+    # Bound to every interface: the client on this machine reaches it on the loopback.
+    assert (tmp_path / "server_url").read_text().strip() == "http://127.0.0.1:8100"
+    (tmp_path / "api_key").write_text("nbk_local_key_from_the_data_dir\n")
+    with Client() as local:
+        assert local.url == "http://127.0.0.1:8100"
+        assert local.key == "nbk_local_key_from_the_data_dir"
+    with Client("http://127.0.0.1:9999") as explicit:
+        assert explicit.url == "http://127.0.0.1:9999"
+    monkeypatch.setenv("NOBACKFILL_URL", "http://localhost:9000")
+    with Client() as configured:
+        assert configured.url == "http://localhost:9000"

@@ -38,12 +38,24 @@ LOOPBACK = ("127.0.0.1", "localhost", "::1", "[::1]")
 Progress = Callable[[int, int], None]
 
 
+def _local_dir() -> Path:
+    return Path(os.environ.get("NOBACKFILL_DATA_DIR", "data"))
+
+
+def _local_url() -> str | None:
+    """The URL ``nobackfill serve`` recorded in its data directory (a server on this machine)."""
+    try:
+        return (_local_dir() / "server_url").read_text().strip() or None
+    except OSError:
+        return None
+
+
 def _local_key(url: str) -> str | None:
     """The key ``nobackfill serve`` stores in its data directory, for a server on this machine
     only (a local key is never sent elsewhere)."""
     if urlsplit(url).hostname not in LOOPBACK:
         return None
-    path = Path(os.environ.get("NOBACKFILL_DATA_DIR", "data")) / "api_key"
+    path = _local_dir() / "api_key"
     try:
         return path.read_text().strip() or None
     except OSError:
@@ -55,8 +67,8 @@ def _drop_none(values: Mapping[str, Any]) -> dict[str, Any]:
 
 
 class Client:
-    """A nobackfill server. ``url`` defaults to ``$NOBACKFILL_URL`` (else
-    http://127.0.0.1:8000), ``key`` to ``$NOBACKFILL_KEY`` (else, for a server on this machine,
+    """A nobackfill server. ``url`` defaults to ``$NOBACKFILL_URL`` (else the URL ``nobackfill
+    serve`` recorded in ``$NOBACKFILL_DATA_DIR/server_url``, else http://127.0.0.1:8000), ``key`` to ``$NOBACKFILL_KEY`` (else, for a server on this machine,
     ``$NOBACKFILL_DATA_DIR/api_key`` as ``nobackfill serve`` writes it).
 
     Uploads are cut into batches of at most ``batch_rows`` rows and ``batch_bytes`` bytes (below
@@ -79,7 +91,9 @@ class Client:
         checkpoint_dir: str | Path | None = None,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
-        self.url = (url or os.environ.get("NOBACKFILL_URL") or DEFAULT_URL).rstrip("/")
+        self.url = (url or os.environ.get("NOBACKFILL_URL") or _local_url() or DEFAULT_URL).rstrip(
+            "/"
+        )
         self.key = key or os.environ.get("NOBACKFILL_KEY") or _local_key(self.url)
         self.retries = retries
         self.retry_backoff_s = retry_backoff_s

@@ -158,6 +158,11 @@ class Settings(BaseSettings):
     def local_key_file(self) -> Path:
         return self.data_dir / "api_key"
 
+    @property
+    def local_url_file(self) -> Path:
+        """Where ``nobackfill serve`` records its URL, beside the key, for the CLI to find."""
+        return self.data_dir / "server_url"
+
 
 @lru_cache
 def get_settings() -> Settings:
