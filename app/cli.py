@@ -66,9 +66,14 @@ def _add_client_commands(sub: argparse._SubParsersAction) -> None:
     )
     upload.add_argument("gallery")
     upload.add_argument("--ids", required=True, help=".npy of N strings")
-    upload.add_argument(
-        "--vectors", required=True, help=".npy float N×D (model-bound gallery: features)"
+    rows = upload.add_mutually_exclusive_group(required=True)
+    rows.add_argument("--vectors", help=".npy float N×D (model-bound gallery: features)")
+    rows.add_argument(
+        "--features",
+        help="with --model: .npy float N×D, the new backbone's features of items the gallery "
+        "holds (re-embedded items of a migration; their old vectors stay)",
     )
+    upload.add_argument("--model", help="the backbone model the --features are re-embedded for")
     upload.add_argument("--labels", help=".npy of N strings")
     _add_upload_options(upload)
     upload.set_defaults(handler="gallery_upload")
@@ -141,6 +146,11 @@ def _add_client_commands(sub: argparse._SubParsersAction) -> None:
     search.add_argument("--k", type=int, default=10, help="neighbours per query (10)")
     search.add_argument("--model", help="a trained model: the queries are its input features")
     search.add_argument("--modality", help="the model's modality, when it has several")
+    search.add_argument(
+        "--old-queries",
+        help="with --model: the old model's .npy rows of the same queries (a transition search "
+        "while the gallery is partly re-embedded)",
+    )
     search.add_argument("-o", "--output", help="write the results to .json or .npz")
     search.set_defaults(handler="search")
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request
@@ -11,13 +12,14 @@ from app.api.deps import SessionDep, StateDep, TenantDep
 from app.core.arrays import load_npy
 from app.core.errors import Problem, invalid
 from app.core.schemas import NpyModalityQuery, openapi_body
-from app.core.uploads import read_json_model
+from app.core.uploads import read_body, read_json_model
 from app.galleries.service import get_gallery
 from app.search import service
 from app.search.schemas import NPY_MEDIA_TYPE, SearchRequest, SearchResponse
 
 router = APIRouter(prefix="/v1/galleries", tags=["search"])
 DEFAULT_K = SearchRequest.model_fields["k"].default
+_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 
 
 def _search_openapi() -> dict[str, Any]:
@@ -29,6 +31,27 @@ def _search_openapi() -> dict[str, Any]:
             "description": "the query rows as one float16/32/64 N×D .npy array; k, model_id "
             "and modality as query parameters",
         }
+    }
+    extra["requestBody"]["content"]["multipart/form-data"] = {
+        "schema": {
+            "type": "object",
+            "properties": {
+                **{
+                    name: {"type": "string", "format": "binary", "description": help_text}
+                    for name, help_text in (
+                        ("vectors", "old-space query rows, .npy"),
+                        ("features", "with model_id: the new backbone's query rows, .npy"),
+                        ("old_vectors", "the old model's rows of the same queries, .npy"),
+                    )
+                },
+                "k": {"type": "string", "description": "JSON integer"},
+                "model_id": {"type": "string", "description": "JSON string"},
+                "modality": {"type": "string", "description": "JSON string"},
+            },
+        },
+        "encoding": {
+            name: {"contentType": NPY_MEDIA_TYPE} for name in ("vectors", "features", "old_vectors")
+        },
     }
     return extra
 
@@ -59,19 +82,44 @@ async def search(
     that model's inputs (`vectors` is accepted there too, the former spelling); an incompatible
     model answers 409. The rows come as JSON or, faster for large batches, as one `.npy` body
     (`Content-Type: application/x-npy`) with `k`, `model_id` and `modality` in the query
-    string."""
+    string, or as multipart `.npy` parts (`vectors` or `features`, and `old_vectors`) with `k`,
+    `model_id` and `modality` as JSON parts.
+
+    **Transition search**, while a migration re-embeds the gallery and the old model still
+    runs: `model_id`, `features` and `old_vectors` (the old model's vectors of the same queries).
+    Items re-embedded for the model are scored by `features` natively, the rest by `old_vectors`
+    in the gallery's own space, merged in one list (`space` on each hit); nothing re-embedded is
+    exactly the old model's search, everything exactly a reindex. Row counts that differ: 422,
+    nothing searched."""
     content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if content_type == "application/json":
         given = [n for n, v in (("k", k), ("model_id", model_id), ("modality", modality)) if v]
         if given:
             raise invalid(given[0], "goes in the JSON body (query parameters are for .npy bodies)")
         query = service.SearchQuery.of(await read_json_model(request, SearchRequest))
+    elif content_type == "multipart/form-data":
+        given = [n for n, v in (("k", k), ("model_id", model_id), ("modality", modality)) if v]
+        if given:
+            raise invalid(given[0], "goes in a JSON part (query parameters are for .npy bodies)")
+        query = _multipart_query(
+            await read_body(
+                request,
+                SearchRequest,
+                array_fields={"vectors", "features", "old_vectors"},
+                string_fields=set(),
+                json_fields={"k", "model_id", "modality"},
+            )
+        )
     elif content_type == NPY_MEDIA_TYPE:
         field = "vectors" if model_id is None else "features"
         rows = load_npy(await request.body(), field)
         query = service.SearchQuery(rows, DEFAULT_K if k is None else k, model_id, modality, field)
     else:
-        raise Problem(415, "Unsupported media type", f"send application/json or {NPY_MEDIA_TYPE}")
+        raise Problem(
+            415,
+            "Unsupported media type",
+            f"send application/json, {NPY_MEDIA_TYPE} or multipart/form-data with .npy parts",
+        )
 
     def run() -> dict:
         gallery = get_gallery(session, tenant_id, gallery_id)
@@ -82,3 +130,24 @@ async def search(
 
     # The scan and the re-rank release the GIL: other requests are served meanwhile.
     return await run_in_threadpool(run)
+
+
+def _multipart_query(fields: dict[str, Any]) -> service.SearchQuery:
+    k = fields.get("k", DEFAULT_K)
+    if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+        raise invalid("k", "a JSON integer ≥ 1")
+    for name in ("model_id", "modality"):
+        value = fields.get(name)
+        if value is not None and not (isinstance(value, str) and _NAME.fullmatch(value)):
+            raise invalid(name, "a JSON string of 1–64 letters, digits, '_', '.' or '-'")
+    model_id = fields.get("model_id")
+    if model_id is not None and len(model_id) > 40:
+        raise invalid("model_id", "a model id is at most 40 characters")
+    return service.SearchQuery.build(
+        fields.get("vectors"),
+        fields.get("features"),
+        fields.get("old_vectors"),
+        k,
+        model_id,
+        fields.get("modality"),
+    )

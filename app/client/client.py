@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import time
 import uuid
@@ -219,6 +220,32 @@ class Client:
             path, parts, batch_size, resume, progress, f"/v1/galleries/{gallery_id}"
         )
 
+    def upload_reembedded(
+        self,
+        gallery_id: str,
+        ids: Sequence[str] | np.ndarray,
+        features: np.ndarray | Sequence[Sequence[float]],
+        model_id: str,
+        *,
+        batch_size: int | None = None,
+        resume: bool = True,
+        progress: Progress | None = None,
+    ) -> dict[str, Any]:
+        """Re-embedded items of a migration: the new backbone's ``features`` of items the gallery
+        holds, for backbone model ``model_id`` (their old vectors stay). Batched and resumable like
+        ``upload_vectors``; returns the same summary."""
+        parts = self._rows(ids, {"features": features}, None)
+        path = f"/v1/galleries/{gallery_id}/vectors"
+        return self._upload(
+            path,
+            parts,
+            batch_size,
+            resume,
+            progress,
+            f"/v1/galleries/{gallery_id}",
+            fixed={"model_id": model_id},
+        )
+
     # -- datasets -------------------------------------------------------------------------------
     def create_dataset(
         self,
@@ -397,25 +424,42 @@ class Client:
         *,
         model_id: str | None = None,
         modality: str | None = None,
+        old_queries: np.ndarray | Sequence[Sequence[float]] | None = None,
     ) -> SearchResults:
         """The ``k`` nearest gallery items of each query row (old-space vectors, or with
-        ``model_id`` that model's input features), sent as ``.npy`` bodies in batches."""
+        ``model_id`` that model's input features), sent as ``.npy`` bodies in batches.
+
+        ``old_queries`` with ``model_id``: a transition search — the old model's vectors of the
+        same queries score the items not yet re-embedded for the model (sent as multipart)."""
         matrix = float_matrix(queries, "queries")
-        parts = RowParts({"queries": matrix})
+        old = None if old_queries is None else float_matrix(old_queries, "old_queries")
+        if old is not None and (model_id is None or len(old) != len(matrix)):
+            raise ValueError("old_queries: give model_id, and one row per query row")
+        parts = RowParts({"queries": matrix} | ({} if old is None else {"old": old}))
         params = _drop_none({"k": k, "model_id": model_id, "modality": modality})
         rows: list[list[dict[str, Any]]] = []
         start = 0
         while start < len(matrix):
             batch = self.limits.rows_for(parts)
             stop = min(len(matrix), start + batch)
+            if old is None:
+                body: dict[str, Any] = {
+                    "params": params,
+                    "content": npy_bytes(matrix[start:stop]),
+                    "headers": {"Content-Type": NPY_MEDIA_TYPE},
+                }
+            else:
+                files = {
+                    "features": ("features.npy", npy_bytes(matrix[start:stop]), NPY_MEDIA_TYPE),
+                    "old_vectors": ("old.npy", npy_bytes(old[start:stop]), NPY_MEDIA_TYPE),
+                } | {
+                    name: (None, json.dumps(value), "application/json")
+                    for name, value in params.items()
+                }
+                body = {"files": files}
             try:
                 response = self.request(
-                    "POST",
-                    f"/v1/galleries/{gallery_id}/search",
-                    params=params,
-                    content=npy_bytes(matrix[start:stop]),
-                    headers={"Content-Type": NPY_MEDIA_TYPE},
-                    retry=True,
+                    "POST", f"/v1/galleries/{gallery_id}/search", retry=True, **body
                 )
             except ApiError as exc:
                 if exc.status == 413 and self.limits.lower_from(exc.detail, stop - start, parts):
@@ -475,10 +519,15 @@ class Client:
         resume: bool,
         progress: Progress | None,
         count_from: str | None,
+        fixed: Mapping[str, Any] | None = None,
     ) -> dict[str, Any]:
+        """``fixed``: JSON parts every batch carries (e.g. ``model_id``), part of the checkpoint's
+        fingerprint too."""
         total = len(parts)
+        fixed_parts = {name: json.dumps(value) for name, value in (fixed or {}).items()}
+        target = self.url + path + (json.dumps(fixed_parts, sort_keys=True) if fixed else "")
         checkpoint = Checkpoint.open(
-            self.checkpoint_dir, parts.fingerprint(self.url + path), self.url + path, total
+            self.checkpoint_dir, parts.fingerprint(target), self.url + path, total
         )
         start = checkpoint.rows_done if resume else 0
         resumed_from, batches, last = start, 0, None
@@ -489,7 +538,9 @@ class Client:
             stop = min(total, start + rows)
             files, data = parts.multipart(start, stop)
             try:
-                response = self.request("POST", path, files=files, data=data, retry=True)
+                response = self.request(
+                    "POST", path, files=files, data=data | fixed_parts, retry=True
+                )
             except ApiError as exc:
                 if exc.status == 413 and self.limits.lower_from(exc.detail, stop - start, parts):
                     continue

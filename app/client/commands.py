@@ -167,6 +167,22 @@ def gallery_get(client: Client, args: argparse.Namespace) -> int:
 
 def gallery_upload(client: Client, args: argparse.Namespace) -> int:
     ids = load_npy(args.ids, "--ids")
+    if args.features is not None or args.model is not None:
+        if args.features is None or args.model is None or args.labels is not None:
+            raise CommandError("re-embedded items: give --features and --model (no --labels)")
+        features = load_npy(args.features, "--features")
+        with row_progress(f"gallery {args.gallery} (re-embedded)") as progress:
+            result = client.upload_reembedded(
+                args.gallery,
+                ids,
+                features,
+                args.model,
+                batch_size=args.batch_size,
+                resume=args.resume,
+                progress=progress,
+            )
+        emit(args, result, upload_summary(result, "re-embedded items"))
+        return 0
     vectors = load_npy(args.vectors, "--vectors")
     labels = load_npy(args.labels, "--labels")
     with row_progress(f"gallery {args.gallery}") as progress:
@@ -378,8 +394,23 @@ def search(client: Client, args: argparse.Namespace) -> int:
     output = Path(args.output) if args.output else None
     if output is not None and output.suffix not in (".json", ".npz"):
         raise CommandError(f"-o {output}: write .json or .npz")
+    old_queries = load_npy(args.old_queries, "--old-queries")
+    if old_queries is not None:
+        if args.model is None:
+            raise CommandError("--old-queries: a transition search needs --model too")
+        if old_queries.ndim == 1:
+            old_queries = old_queries[None, :]
+        if len(old_queries) != len(queries):
+            raise CommandError(
+                f"--old-queries has {len(old_queries)} rows, --queries {len(queries)}"
+            )
     found = client.search(
-        args.gallery, queries, args.k, model_id=args.model, modality=args.modality
+        args.gallery,
+        queries,
+        args.k,
+        model_id=args.model,
+        modality=args.modality,
+        old_queries=old_queries,
     )
     if output is not None:
         write_results(found, output)

@@ -33,13 +33,26 @@ class SearchRequest(StrictModel):
     """Without ``model_id``: ``vectors`` of the gallery's own (old) space. With ``model_id``:
     ``features`` of the new backbone, that model's inputs; the service embeds them and maps them
     into the gallery's frame (``vectors`` together with ``model_id`` is still read as features,
-    the former spelling)."""
+    the former spelling).
+
+    **Transition search** (a migration in progress, the old model still running): ``model_id``,
+    ``features`` and ``old_vectors``, the old model's vectors of the same queries (same rows).
+    Items re-embedded for the model are scored by ``features`` natively, every other item by
+    ``old_vectors`` in the gallery's own space; one merged list, each hit's ``space`` says which.
+    With nothing re-embedded it is exactly the old model's search, with everything exactly a
+    reindex. ``old_vectors`` without ``model_id`` is a plain old-space search."""
 
     vectors: Matrix | None = Field(
         default=None, min_length=1, description="old-space vectors (what the gallery stores)"
     )
     features: Matrix | None = Field(
         default=None, min_length=1, description="with model_id: the new backbone's features"
+    )
+    old_vectors: Matrix | None = Field(
+        default=None,
+        min_length=1,
+        description="the old model's vectors of the same queries: with model_id and features, "
+        "a transition search (items not re-embedded are scored by these in the old space)",
     )
     k: int = Field(default=10, ge=1, description="neighbours per query (≤ the configured max_k)")
     model_id: str | None = Field(default=None, min_length=1, max_length=40)
@@ -48,9 +61,10 @@ class SearchRequest(StrictModel):
 
 MIXED_TEXT = (
     "Only in a search with `model_id` of a gallery holding items re-embedded for that model "
-    "(partial backfill): `new` — the item was scored natively, by the cosine of the query's and "
-    "the item's new-backbone features (`distance` is their angle in radians); `old` — by the "
-    "bridged query against its old vector (`distance` as above). `score` is then the calibrated "
+    "(partial backfill), and in every transition search (`old_vectors` with `model_id`): `new` — "
+    "the item was scored natively, by the cosine of the query's and the item's new-backbone "
+    "features (`distance` is their angle in radians); `old` — by the bridged query (a transition "
+    "search: the query's `old_vectors`) against its old vector (`distance` as above). `score` is then the calibrated "
     "−ln of the estimated share of the gallery scoring above the item in its own space, which "
     "ranks both kinds in one order (larger is nearer)."
 )

@@ -9,8 +9,8 @@ from typing import Any
 import numpy as np
 from sqlalchemy.orm import Session
 
-from app.core.arrays import as_matrix, check_batch_size
-from app.core.errors import FieldError, invalid, invalid_fields
+from app.core.arrays import as_matrix, check_batch_size, check_count
+from app.core.errors import FieldError, conflict, invalid, invalid_fields
 from app.core.settings import Settings
 from app.galleries.frames import frame_map, same_space
 from app.galleries.models import Gallery
@@ -30,25 +30,56 @@ class SearchQuery:
     k: int
     model_id: str | None = None
     modality: str | None = None
-    # What the rows are called in errors: "vectors" (old space) or "features" (a model's inputs).
+    # What the rows are called in errors: "vectors" or "old_vectors" (old space), "features" (a
+    # model's inputs).
     field: str = "vectors"
+    # A transition search: the old model's vectors of the same queries (rows of ``vectors``).
+    old_vectors: Sequence[Sequence[float]] | np.ndarray | None = None
 
     @classmethod
     def of(cls, request: SearchRequest) -> SearchQuery:
-        if request.vectors is not None and request.features is not None:
+        return cls.build(
+            request.vectors,
+            request.features,
+            request.old_vectors,
+            request.k,
+            request.model_id,
+            request.modality,
+        )
+
+    @classmethod
+    def build(
+        cls,
+        vectors: Any,
+        features: Any,
+        old_vectors: Any,
+        k: int,
+        model_id: str | None,
+        modality: str | None,
+    ) -> SearchQuery:
+        if vectors is not None and features is not None:
             raise invalid_fields(
                 [
                     FieldError(f, "give vectors (old space) or features, not both")
                     for f in ("vectors", "features")
                 ]
             )
-        if request.features is not None:
-            if request.model_id is None:
+        if model_id is None:
+            if features is not None:
                 raise invalid("features", "a model's inputs: give model_id too, or send vectors")
-            return cls(request.features, request.k, request.model_id, request.modality, "features")
-        if request.vectors is None:
-            raise invalid("vectors", "required (or features together with model_id)")
-        return cls(request.vectors, request.k, request.model_id, request.modality)
+            if vectors is not None and old_vectors is not None:
+                raise invalid("old_vectors", "without model_id, give vectors or old_vectors")
+            if old_vectors is not None:
+                return cls(old_vectors, k, None, modality, "old_vectors")
+            if vectors is None:
+                raise invalid("vectors", "required (or features together with model_id)")
+            return cls(vectors, k, None, modality)
+        if features is not None:
+            return cls(features, k, model_id, modality, "features", old_vectors)
+        if vectors is None:
+            raise invalid("features", "required with model_id: the new backbone's features")
+        # ``vectors`` with ``model_id``: the former spelling of features.
+        return cls(vectors, k, model_id, modality, "vectors", old_vectors)
 
 
 def _queries(
@@ -63,7 +94,9 @@ def _queries(
     if request.model_id is None:
         if request.modality is not None:
             raise invalid("modality", "only applies together with model_id")
-        vectors = as_matrix(request.vectors, "vectors", dim=gallery.dim, max_dim=settings.max_dim)
+        vectors = as_matrix(
+            request.vectors, request.field, dim=gallery.dim, max_dim=settings.max_dim
+        )
         return lifted_points(gallery, vectors)
     row = get_model(session, tenant_id, request.model_id)
     to_gallery = frame_map(session, row, gallery)
@@ -162,6 +195,27 @@ def _mixed_search(
     return results
 
 
+def _transition_queries(
+    session: Session, settings: Settings, tenant_id: str, gallery: Gallery, request: SearchQuery
+) -> np.ndarray:
+    """A transition search's old-model queries as points of the gallery's frame, after checking
+    the request as a whole (nothing is searched when any part is wrong)."""
+    assert request.old_vectors is not None and request.model_id is not None
+    check_count(len(request.old_vectors), "old_vectors", len(request.vectors), request.field)
+    old = as_matrix(request.old_vectors, "old_vectors", dim=gallery.dim, max_dim=settings.max_dim)
+    row = get_model(session, tenant_id, request.model_id)
+    if row.kind != BACKBONE or not same_space(row, gallery):
+        raise conflict(
+            f"a transition search needs a backbone model of this gallery's space; model "
+            f"{row.id} is not one (send features alone for its own search)"
+        )
+    modality = resolve_modality(row, request.modality)
+    as_matrix(
+        request.vectors, request.field, dim=int(row.input_dims[modality]), max_dim=settings.max_dim
+    )
+    return lifted_points(gallery, old)
+
+
 def search_gallery(
     session: Session,
     settings: Settings,
@@ -176,15 +230,32 @@ def search_gallery(
     if request.k > settings.max_k:
         raise invalid("k", f"must be ≤ {settings.max_k}")
     check_batch_size(len(request.vectors), request.field, settings.max_vectors_per_request)
-    queries = _queries(session, settings, cache, tenant_id, gallery, request)
+    transition = request.old_vectors is not None
+    if transition:
+        queries = _transition_queries(session, settings, tenant_id, gallery, request)
+    else:
+        queries = _queries(session, settings, cache, tenant_id, gallery, request)
     if request.model_id is not None:
         mixed = _mixed_search(session, settings, store, cache, tenant_id, gallery, request, queries)
         if mixed is not None:
             return mixed
+    # Nothing re-embedded: a transition search is the old model's own search, exactly.
+    return _plain_search(session, settings, store, gallery, queries, request.k, transition)
+
+
+def _plain_search(
+    session: Session,
+    settings: Settings,
+    store: IndexStore,
+    gallery: Gallery,
+    queries: np.ndarray,
+    k: int,
+    old_space: bool,
+) -> list[list[dict[str, Any]]]:
     index = index_for(session, store, gallery)
     ids, distances, points = index.search_with_points(
         queries,
-        request.k,
+        k,
         overfetch=settings.search_overfetch,
         min_candidates=settings.search_min_candidates,
     )
@@ -201,6 +272,8 @@ def search_gallery(
                 continue
             item_id, label = items[faiss_id]
             hit: dict[str, Any] = {"id": item_id, "distance": distance, "score": score}
+            if old_space:
+                hit["space"] = "old"
             if label is not None:
                 hit["label"] = label
             hits.append(hit)

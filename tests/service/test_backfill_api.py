@@ -262,3 +262,83 @@ def test_cascade_on_a_delete_with_nothing_to_cascade_is_plain(
     assert gone.status_code == 200, gone.text
     assert gone.json()["cascaded"] == {"reembedded_items": 0, "by_gallery": {}}
     problem(client.delete(f"/v1/galleries/{setup['gallery_id']}", params={"cascade": "x"}), 422)
+
+
+def _transition(client: TestClient, url: str, model_id: str, new_q, old_q, k: int = 10):
+    body = {"model_id": model_id, "features": new_q.tolist(), "old_vectors": old_q.tolist()}
+    return client.post(f"{url}/search", json=body | {"k": k})
+
+
+def test_transition_search_from_stay_to_reindex(client: TestClient, wordnet_small) -> None:
+    """Both models' query vectors during a migration (issue 29): nothing re-embedded is exactly
+    the old model's search, everything re-embedded exactly a reindex, and in between one list
+    whose hits say which space scored them."""
+    setup = upgraded(client, wordnet_small)
+    url = f"/v1/galleries/{setup['gallery_id']}"
+    new_q = wordnet_small[f"lemma.{NEW}"][:16]
+    old_q = wordnet_small[f"lemma.{OLD}"][:16]
+    stay = client.post(f"{url}/search", json={"vectors": old_q.tolist(), "k": 10}).json()
+    at_zero = _transition(client, url, setup["model_id"], new_q, old_q)
+    assert at_zero.status_code == 200, at_zero.text
+    for mine, theirs in zip(at_zero.json()["results"], stay["results"], strict=True):
+        assert [h["id"] for h in mine] == [h["id"] for h in theirs]
+        assert {h["space"] for h in mine} == {"old"}
+    # old_vectors alone is a plain old-space search.
+    alone = client.post(f"{url}/search", json={"old_vectors": old_q.tolist(), "k": 10}).json()
+    assert [[h["id"] for h in r] for r in alone["results"]] == [
+        [h["id"] for h in r] for r in stay["results"]
+    ]
+
+    ids = wordnet_small["synset_id"][:N_GALLERY].tolist()
+    assert reembed(client, setup, wordnet_small, ids[::3]).status_code == 200
+    mixed = _transition(client, url, setup["model_id"], new_q, old_q).json()["results"]
+    assert {h["space"] for hits in mixed for h in hits} == {"new", "old"}
+    for hits in mixed:
+        assert len(hits) == 10 and len({h["id"] for h in hits}) == 10
+        scores = [h["score"] for h in hits]
+        assert scores == sorted(scores, reverse=True)
+    # multipart .npy parts answer the same
+    parts = client.post(
+        f"{url}/search",
+        files={
+            "features": npy(new_q),
+            "old_vectors": npy(old_q),
+            "model_id": (None, f'"{setup["model_id"]}"', "application/json"),
+            "k": (None, "10", "application/json"),
+        },
+    )
+    assert parts.status_code == 200, parts.text
+    assert [[h["id"] for h in r] for r in parts.json()["results"]] == [
+        [h["id"] for h in r] for r in mixed
+    ]
+
+    assert reembed(client, setup, wordnet_small, ids).status_code == 200
+    full = _transition(client, url, setup["model_id"], new_q, old_q).json()["results"]
+    docs = wordnet_small[f"gloss.{NEW}"][:N_GALLERY]
+    docs = docs / np.linalg.norm(docs, axis=1, keepdims=True)
+    cos = (new_q / np.linalg.norm(new_q, axis=1, keepdims=True)) @ docs.T
+    for q, hits in enumerate(full):
+        assert [h["id"] for h in hits] == [ids[i] for i in np.argsort(-cos[q])[:10]]
+        assert {h["space"] for h in hits} == {"new"}
+
+
+def test_bad_transition_searches_are_refused_whole(client: TestClient, wordnet_small) -> None:
+    setup = upgraded(client, wordnet_small)
+    url = f"/v1/galleries/{setup['gallery_id']}"
+    new_q = wordnet_small[f"lemma.{NEW}"][:4]
+    old_q = wordnet_small[f"lemma.{OLD}"][:4]
+    model = setup["model_id"]
+    fewer = problem(_transition(client, url, model, new_q, old_q[:3]), 422)
+    assert field_names(fewer) == ["old_vectors"]
+    narrow = problem(_transition(client, url, model, new_q, old_q[:, :5]), 422)
+    assert {f.split("[")[0] for f in field_names(narrow)} == {"old_vectors"}
+    wrong_features = problem(_transition(client, url, model, new_q[:, :5], old_q), 422)
+    assert {f.split("[")[0] for f in field_names(wrong_features)} == {"features"}
+    body = {"model_id": model, "old_vectors": old_q.tolist()}
+    assert field_names(problem(client.post(f"{url}/search", json=body), 422)) == ["features"]
+    both = {"vectors": old_q.tolist(), "old_vectors": old_q.tolist()}
+    assert field_names(problem(client.post(f"{url}/search", json=both), 422)) == ["old_vectors"]
+    bad_k = client.post(
+        f"{url}/search", files={"old_vectors": npy(old_q), "k": (None, "0", "application/json")}
+    )
+    assert field_names(problem(bad_k, 422)) == ["k"]

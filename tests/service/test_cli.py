@@ -166,6 +166,36 @@ def test_walkthrough_on_wordnet(
         "--model", job["model_id"],
     )  # fmt: skip
     assert len(hits["results"]) == 200 and all(len(row) == 3 for row in hits["results"])
+    # A transition search (both models' query vectors): nothing is re-embedded yet, so it is the
+    # old model's own search of the old queries.
+    files["old_queries"] = save(tmp_path / "old_queries.npy", old[held_out])
+    transition = cli_json(
+        capsys, "search", gallery["id"], "--queries", files["queries"], "--k", "5",
+        "--model", job["model_id"], "--old-queries", files["old_queries"],
+    )  # fmt: skip
+    stay = cli_json(capsys, "search", gallery["id"], "--queries", files["old_queries"], "--k", "5")
+    assert [[h["id"] for h in r] for r in transition["results"]] == [
+        [h["id"] for h in r] for r in stay["results"]
+    ]
+    assert {h["space"] for r in transition["results"] for h in r} == {"old"}
+    # Every item re-embedded (resumable batches, like any upload): the new model's own ranking.
+    files["all_new"] = save(tmp_path / "all_new.npy", new)
+    reembedded = cli_json(
+        capsys, "gallery", "upload", gallery["id"], "--ids", files["ids"],
+        "--features", files["all_new"], "--model", job["model_id"],
+    )  # fmt: skip
+    assert reembedded["upserted"] == len(ids) and reembedded["batches"] >= 2
+    shown = cli_json(capsys, "gallery", "get", gallery["id"])
+    assert shown["reembedded"][0]["reembedded"] == len(ids)
+    full = cli_json(
+        capsys, "search", gallery["id"], "--queries", files["queries"], "--k", "5",
+        "--model", job["model_id"], "--old-queries", files["old_queries"],
+    )  # fmt: skip
+    docs = new / np.linalg.norm(new, axis=1, keepdims=True)
+    held = new[held_out] / np.linalg.norm(new[held_out], axis=1, keepdims=True)
+    expected = [[str(ids[i]) for i in np.argsort(-row)[:5]] for row in held @ docs.T]
+    assert [[h["id"] for h in r] for r in full["results"]] == expected
+    assert {h["space"] for r in full["results"] for h in r} == {"new"}
 
     code, out, _ = cli(capsys, "status", job["id"])
     assert code == 0 and job["model_id"] in out and "procrustes" in out
@@ -310,6 +340,8 @@ def test_bad_input_fails_readably_and_changes_nothing(
     assert code == 1 and "Unauthorized (401)" in err and "--key" in err
     code, out, err = cli(capsys, "search", gallery_id, "--queries", good, "--k", "100000")
     assert code == 1 and "422" in err and "k" in err
+    code, out, err = cli(capsys, "search", gallery_id, "--queries", good, "--old-queries", good)
+    assert code == 1 and "--old-queries: a transition search needs --model too" in err
 
 
 def test_cannot_reach_the_server(capsys: pytest.CaptureFixture) -> None:
