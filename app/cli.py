@@ -120,6 +120,12 @@ def _add_client_commands(sub: argparse._SubParsersAction) -> None:
         "--method", default=None, help="see `nobackfill methods` (default: the server's, auto)"
     )
     upgrade.add_argument("--objective", help="what model selection optimises (server's default)")
+    upgrade.add_argument(
+        "--old-model-gone",
+        action="store_true",
+        help="the old model can no longer embed queries: the verdict leaves out stay and "
+        "transition",
+    )
     upgrade.add_argument("--params", help="trainer parameters: JSON text, or @file.json")
     upgrade.add_argument("--gallery", help="the old gallery (default: the dataset's)")
     upgrade.add_argument("--base-model", help="continual upgrades: the version to continue")

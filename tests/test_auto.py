@@ -207,7 +207,8 @@ def test_auto_on_the_fixture_with_a_query_log(wordnet_small: dict) -> None:
     assert report["metrics"][out.method]["p_com"]["cmc1"] is not None
     assert set(report["metric_meanings"]) >= {"instance", "query", "class", "arr"}
     rec = report["recommendation"]
-    assert rec["action"] in ("bridge", "stay", "reindex") and rec["method"] == out.method
+    # Old query vectors are logged: the options are measured, so the verdict is not "measure".
+    assert rec["action"] in ("bridge", "stay", "transition") and rec["method"] == out.method
     assert "recall@10" in rec["why"]
     assert report["auto"]["n_fit"] + report["auto"]["n_validation"] == report["n_train"]
     assert report["auto"]["n_validation_queries"] > 0
@@ -238,7 +239,9 @@ def test_auto_without_labels_or_queries_selects_by_own_item_recall(wordnet_small
     assert next(c for c in report["candidates"] if c["name"] == out.method)["validation"][
         "instance"
     ]["recall@1"] == pytest.approx(best)
-    assert report["recommendation"]["action"] in ("bridge", "reindex")
+    # Neither queries nor labels: nothing measures the user's task, whatever own-item recall says.
+    assert report["recommendation"]["action"] == "measure"
+    assert report["recommendation"]["missing"]
 
 
 def test_auto_with_too_few_items_serves_procrustes() -> None:
@@ -261,17 +264,48 @@ def _metrics(bridge: float, stay: float | None, reindex: float, view: str = "que
 
 
 def test_recommendation_rule() -> None:
-    stay = recommend(_metrics(0.44, 0.49, 0.57), "served", "query")
-    assert stay["action"] == "stay" and "0.440" in stay["why"] and "0.490" in stay["why"]
+    # The new model beats the old one and no bridge does: re-embed while the old model serves.
+    transition = recommend(_metrics(0.44, 0.49, 0.57), "served", "query")
+    assert transition["action"] == "transition" and transition["endpoints"] == {
+        "at_0": 0.49,
+        "at_100": 0.57,
+    }
+    assert "0.440" in transition["why"] and "0.490" in transition["why"]
+    assert "old_vectors" in transition["next_step"]
+    # Neither beats it: stay.
+    stay = recommend(_metrics(0.44, 0.49, 0.48), "served", "query")
+    assert stay["action"] == "stay"
+    # The bridge beats the old model but keeps too little of a reindex: transition too.
     low = 0.57 * (REINDEX_BELOW_ARR - 0.05)
-    reindex = recommend(_metrics(low, 0.30, 0.57), "served", "query")
-    assert reindex["action"] == "reindex" and str(REINDEX_BELOW_ARR) in reindex["why"]
+    assert recommend(_metrics(low, 0.30, 0.57), "served", "query")["action"] == "transition"
     bridge = recommend(_metrics(0.52, 0.49, 0.57), "served", "query")
     assert bridge["action"] == "bridge" and bridge["method"] == "served"
-    # No old query vectors: stay is not measurable, only the ARR rule applies.
-    assert recommend(_metrics(0.52, None, 0.57), "served", "query")["action"] == "bridge"
+    # No old query vectors: staying is not measured, so no bridge is recommended over it.
+    unmeasured = recommend(_metrics(0.52, None, 0.57), "served", "query")
+    assert unmeasured["action"] == "measure" and "old_vectors" in unmeasured["missing"][0]
+    # Own-item recall is fidelity, never the evidence: measure, and say what to upload.
     instance = recommend(_metrics(0.9, None, 1.0, "instance"), "served", "instance")
-    assert instance["action"] == "bridge" and not math.isnan(len(instance["rule"]))
+    assert instance["action"] == "measure" and "relevant_ids" in instance["missing"][0]
+    assert "stay n/a" in instance["why"] and not math.isnan(len(instance["rule"]))
+
+
+def test_without_the_old_model_there_is_no_stay_and_no_transition() -> None:
+    low = 0.57 * (REINDEX_BELOW_ARR - 0.05)
+    for bridge, stay, expected in ((0.44, 0.49, "bridge"), (low, 0.49, "reindex")):
+        verdict = recommend(
+            _metrics(bridge, stay, 0.57), "served", "query", old_model_available=False
+        )
+        assert verdict["action"] == expected and "stay not an option" in verdict["why"]
+    assert (
+        recommend(_metrics(0.52, None, 0.57), "served", "query", old_model_available=False)[
+            "action"
+        ]
+        == "bridge"
+    )
+    gone = recommend(
+        _metrics(0.9, None, 1.0, "instance"), "served", "instance", old_model_available=False
+    )
+    assert gone["action"] == "measure"
 
 
 def test_a_bridge_recommendation_names_the_metrics_where_staying_is_better() -> None:

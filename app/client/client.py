@@ -347,9 +347,12 @@ class Client:
         seed: int | None = None,
         eval_fraction: float | None = None,
         idempotency_key: str | None = None,
+        old_model_available: bool = True,
     ) -> dict[str, Any]:
         """Queue an upgrade job; returns the job (``status`` "queued"). Without ``method`` the
-        server picks (``auto``: several candidates, chosen on validation)."""
+        server picks (``auto``: several candidates, chosen on validation).
+        ``old_model_available=False``: the old model can no longer embed queries (no stay, no
+        transition in the verdict)."""
         body = _drop_none(
             {
                 "dataset_id": dataset_id,
@@ -360,6 +363,7 @@ class Client:
                 "base_model_id": base_model_id,
                 "seed": seed,
                 "eval_fraction": eval_fraction,
+                "old_model_available": None if old_model_available else False,
             }
         )
         return self._create("/v1/upgrades", body, idempotency_key)

@@ -277,6 +277,7 @@ def upgrade_create(client: Client, args: argparse.Namespace) -> int:
         seed=args.seed,
         eval_fraction=args.eval_fraction,
         idempotency_key=args.idempotency_key,
+        old_model_available=not args.old_model_gone,
     )
     if not args.wait:
         emit(args, job, f"{job['id']}\tupgrade {job['method']}: {job['status']}")
@@ -351,6 +352,11 @@ def describe_job(job: dict[str, Any]) -> str:
         lines.append(f"  model: {job['model_id']}")
     if job.get("error"):
         lines.append(f"  error: {job['error']}")
+    verdict = (job.get("report") or {}).get("recommendation")
+    if verdict:
+        lines.append(f"  verdict: {verdict['action']} — {verdict['why']}")
+        if verdict.get("next_step"):
+            lines.append(f"  next step: {verdict['next_step']}")
     metrics = (job.get("report") or {}).get("metrics") or {}
     lines += [f"  {name}: {numbers}" for name, numbers in metric_lines(metrics)]
     return "\n".join(lines)

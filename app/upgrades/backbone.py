@@ -31,6 +31,8 @@ METHODS: tuple[str, ...] = tuple(BACKBONE_METHODS)
 # The job's objective travels in its params (beside the trainer's knobs, shown by GET
 # /v1/upgrades/{id}); it is taken out again before the knobs reach the trainer.
 OBJECTIVE_PARAM = "objective"
+# Likewise the request's old_model_available, stored only when false.
+OLD_MODEL_PARAM = "old_model_available"
 QUERY_SUMMARY = (
     "queries",
     "queries_with_old_vectors",
@@ -171,7 +173,7 @@ def train(
 ) -> TrainedOutput:
     """The trainer's report already sets the ``procrustes`` adapter, fitted on the same split,
     beside the trained model (``report["metrics"]``). ``params`` may hold the job's objective."""
-    knobs = {k: v for k, v in params.items() if k != OBJECTIVE_PARAM}
+    knobs = {k: v for k, v in params.items() if k not in (OBJECTIVE_PARAM, OLD_MODEL_PARAM)}
     lift = lift_of(gallery)
     outcome = run_backbone_upgrade(
         method,
@@ -182,6 +184,7 @@ def train(
         eval_fraction=eval_fraction,
         hooks=hooks,
         objective=params.get(OBJECTIVE_PARAM),
+        old_model_available=bool(params.get(OLD_MODEL_PARAM, True)),
     )
     return TrainedOutput(
         model=outcome.model,

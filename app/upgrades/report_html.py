@@ -27,6 +27,8 @@ ACTION_WORDS = {
     "bridge": "Bridge: search the old gallery with the new model's queries",
     "stay": "Stay: keep the old model for queries",
     "reindex": "Reindex: re-embed the gallery with the new model",
+    "transition": "Transition: re-embed step by step while the old model serves the rest",
+    "measure": "Measure: these figures cannot tell yet — upload what is missing",
 }
 STYLE = """
 body{font:15px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2em auto;

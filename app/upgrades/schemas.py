@@ -31,6 +31,13 @@ class UpgradeCreate(StrictModel):
             "labels, else `instance`"
         ),
     )
+    old_model_available: bool = Field(
+        default=True,
+        description=(
+            "backbone upgrades: whether the old model can still embed queries. False removes "
+            "`stay` and `transition` (both need the old model's query vectors) from the verdict"
+        ),
+    )
     gallery_id: str | None = Field(
         default=None, min_length=1, max_length=40, description="backbone upgrades: the old gallery"
     )

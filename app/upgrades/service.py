@@ -48,8 +48,9 @@ def _validate_backbone(session: Session, tenant_id: str, request: UpgradeCreate,
         raise invalid("gallery_id", "backbone upgrades need an external gallery (old vectors)")
     if len(dataset.modalities) != 1:
         raise invalid("dataset_id", "backbone upgrades take a one-modality dataset")
-    if backbone.OBJECTIVE_PARAM in (request.params or {}):
-        raise invalid("params", "the objective is a field of the request, not a parameter")
+    for name in (backbone.OBJECTIVE_PARAM, backbone.OLD_MODEL_PARAM):
+        if name in (request.params or {}):
+            raise invalid("params", f"{name} is a field of the request, not a parameter")
     backbone.check_request(
         session,
         request.method,
@@ -72,9 +73,13 @@ def create_upgrade(
         gallery_id = _validate_backbone(session, tenant_id, request, dataset)
         if request.objective is not None:
             params[backbone.OBJECTIVE_PARAM] = request.objective
+        if not request.old_model_available:
+            params[backbone.OLD_MODEL_PARAM] = False
     elif request.method in continual.METHODS:
         if request.objective is not None:
             raise invalid("objective", "continual upgrades have no objective to choose")
+        if not request.old_model_available:
+            raise invalid("old_model_available", "continual upgrades have no verdict to shape")
         if request.gallery_id is not None:
             raise invalid("gallery_id", "continual upgrades search galleries of their lineage")
         base = (

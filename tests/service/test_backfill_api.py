@@ -342,3 +342,25 @@ def test_bad_transition_searches_are_refused_whole(client: TestClient, wordnet_s
         f"{url}/search", files={"old_vectors": npy(old_q), "k": (None, "0", "application/json")}
     )
     assert field_names(problem(bad_k, 422)) == ["k"]
+
+
+def test_an_upgrade_without_the_old_model_never_answers_stay_or_transition(
+    client: TestClient, wordnet_small
+) -> None:
+    setup = wordnet_setup(client, wordnet_small, n_gallery=N_GALLERY)
+    body = {"dataset_id": setup["dataset_id"], "method": "procrustes", "objective": "query"}
+    created = client.post("/v1/upgrades", json=body | {"old_model_available": False})
+    assert created.status_code == 202, created.text
+    job = client.get(f"/v1/upgrades/{created.json()['id']}").json()
+    assert job["status"] == "succeeded", job["error"]
+    verdict = job["report"]["recommendation"]
+    assert verdict["old_model_available"] is False
+    assert verdict["action"] in ("bridge", "reindex", "measure")
+    assert "stay not an option" in verdict["why"] and verdict["next_step"]
+    # It is a field of the request, never a trainer parameter.
+    bad = client.post("/v1/upgrades", json=body | {"params": {"old_model_available": False}})
+    assert field_names(problem(bad, 422)) == ["params"]
+    default = client.post("/v1/upgrades", json=body)
+    verdict = client.get(f"/v1/upgrades/{default.json()['id']}").json()["report"]["recommendation"]
+    assert verdict["old_model_available"] is True
+    assert verdict["action"] in ("stay", "bridge", "transition", "measure")

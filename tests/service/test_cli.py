@@ -199,6 +199,8 @@ def test_walkthrough_on_wordnet(
 
     code, out, _ = cli(capsys, "status", job["id"])
     assert code == 0 and job["model_id"] in out and "procrustes" in out
+    verdict = job["report"]["recommendation"]
+    assert f"verdict: {verdict['action']}" in out and f"next step: {verdict['next_step']}" in out
     code, out, _ = cli(capsys, "methods")
     assert code == 0 and "hbct" in out and "procrustes" in out
 

@@ -1,14 +1,20 @@
-"""The verdict an upgrade report ends with: bridge, stay with the old model, or reindex.
+"""The verdict an upgrade report ends with: stay, bridge, transition, reindex, or measure.
 
 Rule, on the held-out figures of the objective's primary metric (``PRIMARY_METRIC``):
-1. **stay** when the old model is measurable on that metric (old query vectors for the query
-   view; the old gallery's own class metrics for the class view) and the served bridge does not
-   beat it;
-2. else **reindex** when the bridge keeps less than ``REINDEX_BELOW_ARR`` of the new model's
-   native quality (ARR = bridged / reindex on that metric);
-3. else **bridge**.
-The instance view has no measurable "stay": there the old model's query is the stored vector
-itself.
+1. **measure** when those figures cannot answer the user's question: the instance view (an
+   item's new features finding its own old vector) is a fidelity figure — "stay" is 1 there by
+   construction — never evidence for or against the old model, and with the old model still
+   running a query view without the old model's query vectors cannot measure staying. The best
+   bridge found is still served; ``missing`` names what to upload.
+2. With the old model available (the default):
+   - **bridge** only when the served bridge beats the old model on held-out data and keeps at
+     least ``REINDEX_BELOW_ARR`` of the new model's quality (ARR = bridged / reindex);
+   - **transition** when the new model beats the old one but the bridge does not (or keeps too
+     little of it): re-embed part of the gallery while the old model serves the rest (transition
+     search sends both models' query vectors) and switch at 100 %;
+   - **stay** when neither the bridge nor the new model beats the old one.
+3. With the old model gone (``old_model_available`` false) there is no stay and no transition:
+   **reindex** when the bridge's ARR is below ``REINDEX_BELOW_ARR``, else **bridge**.
 """
 
 from __future__ import annotations
@@ -23,10 +29,24 @@ from app.ml.auto.candidates import PRIMARY_METRIC
 # (data README), a level users accept as "most of the gain"; 0.75 leaves that just inside.
 REINDEX_BELOW_ARR = 0.75
 RULE = (
-    "stay when the old model is measurable on the objective's metric and the served bridge does "
-    f"not beat it; else reindex when the bridge's ARR on that metric is below {REINDEX_BELOW_ARR}; "
+    "measure when the objective's view cannot compare the options (own-item recall, or no old "
+    "query vectors while the old model runs); with the old model: bridge when the bridge beats "
+    f"it and keeps ≥ {REINDEX_BELOW_ARR} of reindex, transition when the new model beats it "
+    f"otherwise, else stay; without it: reindex when the bridge keeps < {REINDEX_BELOW_ARR}, "
     "else bridge"
 )
+# What to upload so that the next upgrade can answer, by the view that was missing.
+MISSING = {
+    "instance": (
+        "logged queries with both models' vectors and the ids each query should find "
+        "(POST /v1/datasets/{id}/queries: features, old_vectors, relevant_ids; a few hundred "
+        "at least) — or labels, for class-level search"
+    ),
+    "query": (
+        "the old model's vectors of the logged queries (old_vectors), so that staying with the "
+        "old model is measured on the same queries"
+    ),
+}
 
 
 def _fmt(value: float | None) -> str:
@@ -47,7 +67,11 @@ def _worse_than_stay(metrics: dict[str, dict[str, Any]], served: str, view: str)
 
 
 def recommend(
-    metrics: dict[str, dict[str, Any]], served: str, objective: str, view: str | None = None
+    metrics: dict[str, dict[str, Any]],
+    served: str,
+    objective: str,
+    view: str | None = None,
+    old_model_available: bool = True,
 ) -> dict[str, Any]:
     """``metrics`` as ``alternatives.assemble`` returns it; ``served`` the bridge's name there.
     ``view`` overrides the objective's view when that view was not measurable."""
@@ -58,31 +82,76 @@ def recommend(
     label = f"{view} {metric}"
     bridge = metrics[served].get(view, {}).get(metric)
     reindex = metrics["reindex"].get(view, {}).get(metric)
+    # Own-item recall's "stay" is 1 by construction: not a figure, so it is shown as n/a.
     stay = metrics["stay"].get(view, {}).get(metric) if view != "instance" else None
     ratio = metrics[served].get("arr", {}).get(view, {}).get(metric)
+    keeps_enough = ratio is not None and math.isfinite(ratio) and ratio >= REINDEX_BELOW_ARR
     numbers = (
         f"on held-out data, {label}: bridge ({served}) {_fmt(bridge)}, "
-        f"stay {_fmt(stay)}, reindex {_fmt(reindex)}, ARR {_fmt(ratio)}"
+        f"stay {_fmt(stay) if old_model_available else 'not an option'}, "
+        f"reindex {_fmt(reindex)}, ARR {_fmt(ratio)}"
     )
-    if bridge is not None and stay is not None and not bridge > stay:
-        action = "stay"
-        why = f"No bridge beats the old model: {numbers}. Keep using the old model for queries."
-    elif ratio is not None and math.isfinite(ratio) and ratio < REINDEX_BELOW_ARR:
-        action = "reindex"
+    out: dict[str, Any] = {}
+    if view == "instance" or (old_model_available and stay is None):
+        action = "measure"
+        missing = MISSING["instance" if view == "instance" else "query"]
         why = (
-            f"The bridge keeps only {_fmt(ratio)} of the new model's quality (below "
-            f"{REINDEX_BELOW_ARR}): {numbers}. Re-embedding the gallery is worth its cost."
+            f"These figures cannot tell whether switching pays off: {numbers}. "
+            + (
+                "Own-item recall measures how faithfully the bridge maps items, not whether "
+                "queries find what users want. "
+                if view == "instance"
+                else "Without the old model's vectors of the same queries, staying is not "
+                "measured. "
+            )
+            + f"The bridge ({served}) is served meanwhile. Upload {missing}, then train again."
         )
-    else:
+        out["missing"] = [missing]
+        next_step = f"upload {missing}"
+    elif not old_model_available:
+        if keeps_enough:
+            action = "bridge"
+            why = f"The old model is gone; the bridge keeps enough of a reindex: {numbers}."
+            next_step = "search the gallery with the model (features)"
+        else:
+            action = "reindex"
+            why = (
+                f"The old model is gone and the bridge keeps only {_fmt(ratio)} of the new "
+                f"model's quality (below {REINDEX_BELOW_ARR}): {numbers}. Re-embed the gallery."
+            )
+            next_step = "re-embed every item with the new backbone"
+    elif bridge is not None and bridge > stay and keeps_enough:
         action = "bridge"
-        why = f"The bridge is the best cheap option: {numbers}." + _worse_than_stay(
+        why = f"The bridge beats the old model on held-out data: {numbers}." + _worse_than_stay(
             metrics, served, view
         )
+        next_step = "search the gallery with the model (features)"
+    elif reindex is not None and reindex > stay:
+        action = "transition"
+        why = (
+            "The new model beats the old one, the bridge "
+            + ("does not" if bridge is None or not bridge > stay else "keeps too little of it")
+            + f": {numbers}. Re-embed the gallery step by step while the old model serves the "
+            "rest: a transition search (both models' query vectors) is exactly the old model's "
+            "search at 0 % and exactly a reindex at 100 %."
+        )
+        next_step = (
+            "POST /v1/galleries/{id}/backfill-plan for the items to re-embed first, upload their "
+            "new features with model_id, search with features and old_vectors, switch at 100 %"
+        )
+        out["endpoints"] = {"at_0": stay, "at_100": reindex}
+    else:
+        action = "stay"
+        why = f"Neither a bridge nor the new model beats the old one: {numbers}. Keep it."
+        next_step = "keep searching with the old model"
     return {
         "action": action,
         "method": served,
         "objective": objective,
         "metric": {"view": view, "metric": metric},
+        "old_model_available": old_model_available,
         "why": why,
+        "next_step": next_step,
+        **out,
         "rule": RULE,
     }

@@ -275,6 +275,7 @@ def run_explicit(
     eval_idx: np.ndarray,
     train_q: np.ndarray,
     eval_q: np.ndarray,
+    old_model_available: bool = True,
 ) -> UpgradeOutcome:
     """The requested method beside procrustes (and, with labels, the independent reference),
     all trained on the training part."""
@@ -314,7 +315,7 @@ def run_explicit(
         views=list(ev.views),
         metrics=metrics,
         history=history,
-        recommendation=recommend(metrics, method, objective, view),
+        recommendation=recommend(metrics, method, objective, view, old_model_available),
         calibration=_calibration(ev, model),
     )
     return UpgradeOutcome(
@@ -330,6 +331,7 @@ def run_auto(
     eval_idx: np.ndarray,
     train_q: np.ndarray,
     eval_q: np.ndarray,
+    old_model_available: bool = True,
 ) -> UpgradeOutcome:
     """Tune every candidate on validation (same number of trials each), serve the best."""
     split = split_for_validation(train_idx, ctx.seed)
@@ -454,7 +456,7 @@ def run_auto(
             "skipped_candidates": {n: "needs labels" for n in auto.skipped(ctx.labelled)},
             "note": note,
         },
-        recommendation=recommend(metrics, chosen, objective, view),
+        recommendation=recommend(metrics, chosen, objective, view, old_model_available),
         calibration=_calibration(ev, bridges[chosen]),
     )
     params = CompatParams.from_dict(served_trial.settings).to_dict()

@@ -98,13 +98,15 @@ def run_backbone_upgrade(
     eval_fraction: float = 0.2,
     hooks: TrainingHooks = NO_HOOKS,
     objective: str | None = None,
+    old_model_available: bool = True,
 ) -> UpgradeOutcome:
     """Train ``method`` (or, for ``auto``, tune and pick a candidate) on a seeded split and
     report every alternative on held-out data.
 
     The returned model is trained on the training part only (for ``auto``: on the fit part that
     validation was carved from), so the report measures exactly the model that gets served.
-    ``objective`` defaults to ``default_objective``. Raises ``ValueError`` for a bad method,
+    ``objective`` defaults to ``default_objective``; ``old_model_available`` false (the old
+    model can no longer embed queries) removes stay and transition from the verdict. Raises ``ValueError`` for a bad method,
     parameters, objective or data, and ``TrainingCancelled`` when ``hooks.should_stop()`` turns
     true.
     """
@@ -124,6 +126,10 @@ def run_backbone_upgrade(
     train_q, eval_q = split_queries(data.queries, eval_idx, eval_fraction, seed)
     ctx = UpgradeContext.build(data, lift, seed, hooks)
     if auto is not None:
-        return run_auto(ctx, auto, objective, train_idx, eval_idx, train_q, eval_q)
+        return run_auto(
+            ctx, auto, objective, train_idx, eval_idx, train_q, eval_q, old_model_available
+        )
     assert compat is not None
-    return run_explicit(ctx, method, compat, objective, train_idx, eval_idx, train_q, eval_q)
+    return run_explicit(
+        ctx, method, compat, objective, train_idx, eval_idx, train_q, eval_q, old_model_available
+    )
