@@ -257,6 +257,18 @@ def render_report_html(job: dict[str, Any]) -> str:
     served = report.get("chosen_method") or job.get("method") or ""
     title = f"Upgrade {job.get('id', '')}"
     parts = [f"<h1>{html.escape(title)}</h1>"]
+    # The verdict first: what to do, why, and the next step; the facts and figures follow.
+    verdict = report.get("recommendation")
+    if isinstance(verdict, dict):
+        action = str(verdict.get("action", ""))
+        next_step = verdict.get("next_step")
+        parts.append(
+            f'<div class="verdict {html.escape(action)}"><h2>Verdict: '
+            f"{html.escape(ACTION_WORDS.get(action, action))}</h2>"
+            f"<p>{html.escape(str(verdict.get('why', '')))}</p>"
+            + (f"<p><b>Next step:</b> {html.escape(str(next_step))}</p>" if next_step else "")
+            + f"<p><small>Rule: {html.escape(str(verdict.get('rule', '')))}</small></p></div>"
+        )
     facts = {
         "method requested": job.get("method"),
         "method served": served,
@@ -275,15 +287,6 @@ def render_report_html(job: dict[str, Any]) -> str:
         )
         + "</table>"
     )
-    verdict = report.get("recommendation")
-    if isinstance(verdict, dict):
-        action = str(verdict.get("action", ""))
-        parts.append(
-            f'<div class="verdict {html.escape(action)}"><h2>Verdict: '
-            f"{html.escape(ACTION_WORDS.get(action, action))}</h2>"
-            f"<p>{html.escape(str(verdict.get('why', '')))}</p>"
-            f"<p><small>Rule: {html.escape(str(verdict.get('rule', '')))}</small></p></div>"
-        )
     for view in report.get("views") or [
         v for v in VIEW_TITLES if any(v in m for m in metrics.values())
     ]:

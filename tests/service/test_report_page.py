@@ -80,6 +80,9 @@ def test_auto_report_page_reads_in_chromium(client: TestClient, tmp_path: Path) 
     assert seen["decoded"] == seen["images"]
     text = seen["text"]
     assert "Verdict" in text and report["recommendation"]["why"] in text
+    # The verdict comes first, with the next step, before the facts and figures.
+    assert "Next step: " + report["recommendation"]["next_step"] in text
+    assert text.index("Verdict") < text.index("method requested")
     for name in ("stay", "reindex", "procrustes", report["chosen_method"]):
         assert name in text
     for candidate in report["candidates"]:
