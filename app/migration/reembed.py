@@ -44,6 +44,10 @@ from app.vectors.tables import ReembeddedVector
 
 # (gallery, model) feature copies kept in memory (LRU).
 FEATURE_CACHE_SIZE = 8
+# Per-model fits kept in memory (LRU): a fit is stored once and never changes (it goes only with
+# its model, whose id is never reused), so its row and reference documents (an .npz of up to
+# REFERENCE_SIZE items, both models' vectors) need not be read and decoded again every search.
+FIT_CACHE_SIZE = 16
 
 
 def backbone_for(session: Session, tenant_id: str, gallery: Gallery, model_id: str):
@@ -161,6 +165,8 @@ _features: OrderedDict[tuple[str, str], tuple[tuple[int, int], np.ndarray, np.nd
     OrderedDict()
 )
 _features_lock = threading.Lock()
+_fits: OrderedDict[str, tuple[PlannerFit, np.ndarray, np.ndarray]] = OrderedDict()
+_fits_lock = threading.Lock()
 
 
 def reembedded_features(
@@ -223,6 +229,11 @@ def backfill_fit(
 ) -> tuple[PlannerFit, np.ndarray, np.ndarray]:
     """(planner, reference new features, reference old vectors) of ``row``: stored, or fitted
     now from its upgrade's held-out data and stored. 409 when that data is gone."""
+    with _fits_lock:
+        cached = _fits.get(row.id)
+        if cached is not None:
+            _fits.move_to_end(row.id)
+            return cached
     stored = session.get(BackfillFit, row.id)
     if stored is None:
         inputs = _upgrade_inputs(session, row)
@@ -255,7 +266,12 @@ def backfill_fit(
             stored = session.get(BackfillFit, row.id)
     with np.load(io.BytesIO(stored.reference), allow_pickle=False) as f:
         new, old = f["new"], f["old"]
-    return PlannerFit.from_dict(stored.fit), new, old
+    out = (PlannerFit.from_dict(stored.fit), new, old)
+    with _fits_lock:
+        _fits[row.id] = out
+        while len(_fits) > FIT_CACHE_SIZE:
+            _fits.popitem(last=False)
+    return out
 
 
 # -- mixed search -------------------------------------------------------------------------------
@@ -312,21 +328,19 @@ def mixed_search(
         Candidates(bridged_ids, bridged_scores, bridged_fit),
         k,
     )
-    distance = {}
+    # Each hit's distance from the list it came from: the angle of a native hit's cosine, the
+    # Lorentz distance of a bridged one (looked up by position in its own list).
+    angles = np.arccos(np.clip(nscores, -1.0, 1.0))
+    distances = np.full(merged_ids.shape, np.inf)
     for q in range(len(features)):
-        for i, s in zip(native_ids[q], nscores[q], strict=True):
-            distance[(q, int(i), True)] = float(np.arccos(np.clip(s, -1.0, 1.0)))
-        for i, d in zip(ids[q], dist[q], strict=True):
-            distance[(q, int(i), False)] = float(d)
-    distances = np.array(
-        [
-            [
-                distance.get((q, int(i), bool(src)), np.inf)
-                for i, src in zip(merged_ids[q], from_native[q], strict=True)
-            ]
-            for q in range(len(features))
-        ]
-    )
+        native_at = {
+            int(i): a for i, a in zip(native_ids[q].tolist(), angles[q].tolist(), strict=True)
+        }
+        bridged_at = {int(i): d for i, d in zip(ids[q].tolist(), dist[q].tolist(), strict=True)}
+        for j, (i, src) in enumerate(
+            zip(merged_ids[q].tolist(), from_native[q].tolist(), strict=True)
+        ):
+            distances[q, j] = (native_at if src else bridged_at).get(i, np.inf)
     return merged_ids, calibrated, distances, from_native
 
 
