@@ -86,6 +86,22 @@ def _view_metrics(metrics: dict[str, Any], view: str, names: list[str]) -> list[
     return keys
 
 
+def _value_axis(metrics: dict, names: list[str], keys: list[str], view: str) -> tuple[float, float]:
+    """The value axis scaled to the figures shown (0.97–1.00 on a 0–1 axis is a flat line), never
+    past [0, 1.05]; at least 0.02 tall so that equal figures still show."""
+    values = [
+        v
+        for name in names
+        for k in keys
+        if isinstance(v := metrics[name][view].get(k), int | float) and math.isfinite(v)
+    ]
+    if not values:
+        return 0.0, 1.05
+    low, high = min(values), max(values)
+    span = max(high - low, 0.02)
+    return max(0.0, low - 0.5 * span), min(1.05, high + 0.5 * span)
+
+
 def _bars(title: str, names: list[str], keys: list[str], metrics: dict, view: str, served: str):
     fig, ax = _figure()
     width = 0.8 / max(1, len(names))
@@ -99,7 +115,7 @@ def _bars(title: str, names: list[str], keys: list[str], metrics: dict, view: st
                 bar.set_edgecolor("black")
                 bar.set_linewidth(1.5)
     ax.set_xticks(range(len(keys)), keys)
-    ax.set_ylim(0, 1.05)
+    ax.set_ylim(*_value_axis(metrics, names, keys, view))
     ax.set_title(title, fontsize=10)
     ax.legend(fontsize=8, ncols=min(4, len(names)), loc="upper left", bbox_to_anchor=(0, -0.12))
     ax.grid(axis="y", alpha=0.3)
@@ -157,10 +173,27 @@ def _history(history: list[dict[str, Any]]) -> str:
     return _png(fig)
 
 
+# Below this spread of the bins' mean uncertainty the items are indistinguishable by it: a plot
+# would only draw float noise (one report's bins spanned 1e-8).
+MIN_UNCERTAINTY_SPREAD = 1e-3
+
+
 def _calibration(calibration: dict[str, Any]) -> str:
     bins = calibration.get("bins") or []
     if not bins:
         return ""
+    rho = calibration.get("spearman")
+    shuffled = calibration.get("spearman_shuffled")
+    words = (
+        f"Spearman ρ between uncertainty and failure {_number(rho)} "
+        f"(shuffled control {_number(shuffled)})."
+    )
+    spread = max(b["uncertainty"] for b in bins) - min(b["uncertainty"] for b in bins)
+    if not spread >= MIN_UNCERTAINTY_SPREAD:
+        return (
+            f"<h2>Uncertainty calibration</h2><p>The old embeddings' uncertainty barely varies "
+            f"(bins span {spread:.2g}): it cannot rank items, so there is no plot. {words}</p>"
+        )
     fig, ax = _figure(height=3.0)
     ax.plot(
         [b["uncertainty"] for b in bins],
@@ -172,12 +205,6 @@ def _calibration(calibration: dict[str, Any]) -> str:
     ax.set_ylabel("old→old top-1 failure rate")
     ax.set_ylim(0, 1.05)
     ax.grid(alpha=0.3)
-    rho = calibration.get("spearman")
-    shuffled = calibration.get("spearman_shuffled")
-    words = (
-        f"Spearman ρ between uncertainty and failure {_number(rho)} "
-        f"(shuffled control {_number(shuffled)})."
-    )
     return f"<h2>Uncertainty calibration</h2>{_png(fig)}<p>{words}</p>"
 
 
@@ -193,20 +220,32 @@ def _backfill(curve: dict[str, Any]) -> str:
     return f"<h2>Partial backfill</h2>{_png(fig)}"
 
 
+def _validation_figures(validation: dict[str, Any]) -> dict[str, float]:
+    """A candidate's validation figures, ``{view: {metric: value}}`` flattened to
+    ``"view metric"`` (a flat ``{metric: value}`` is kept as it is)."""
+    out: dict[str, float] = {}
+    for key, value in validation.items():
+        if isinstance(value, dict):
+            for metric, v in value.items():
+                if isinstance(v, int | float) and not isinstance(v, bool):
+                    out[f"{key} {metric}"] = v
+        elif isinstance(value, int | float) and not isinstance(value, bool):
+            out[key] = value
+    return out
+
+
 def _candidates(candidates: list[dict[str, Any]], chosen: str | None) -> str:
     if not candidates:
         return ""
+    figures = [_validation_figures(c.get("validation") or {}) for c in candidates]
     keys: list[str] = []
-    for c in candidates:
-        for k, v in (c.get("validation") or {}).items():
-            if isinstance(v, int | float) and k not in keys:
-                keys.append(k)
+    for f in figures:
+        keys += [k for k in f if k not in keys]
     header = "".join(f"<th>validation {html.escape(k)}</th>" for k in keys)
     rows = []
-    for c in candidates:
+    for c, f in zip(candidates, figures, strict=True):
         name = str(c.get("name"))
-        validation = c.get("validation") or {}
-        cells = "".join(f"<td>{_number(validation.get(k))}</td>" for k in keys)
+        cells = "".join(f"<td>{_number(f.get(k))}</td>" for k in keys)
         settings = ", ".join(f"{k}={v}" for k, v in (c.get("chosen_settings") or {}).items())
         css = ' class="served"' if name == chosen else ""
         rows.append(
@@ -218,6 +257,25 @@ def _candidates(candidates: list[dict[str, Any]], chosen: str | None) -> str:
         f"<table><tr><th>candidate</th>{header}<th>settings</th><th>eligible</th></tr>"
         f"{''.join(rows)}</table>"
     )
+
+
+def measured_meanings(meanings: dict[str, Any], metrics: dict[str, Any]) -> dict[str, Any]:
+    """The glossary restricted to what the report measured: a view's entries only for a view some
+    alternative has figures in, and only its metrics that have a figure."""
+    measured: dict[str, set[str]] = {}
+    for entry in metrics.values():
+        for view, values in entry.items() if isinstance(entry, dict) else ():
+            if isinstance(values, dict):
+                measured.setdefault(view, set()).update(values)
+    out: dict[str, Any] = {}
+    for key, value in meanings.items():
+        if isinstance(value, dict) and key in VIEW_TITLES:
+            kept = {m: text for m, text in value.items() if m in measured.get(key, ())}
+            if kept:
+                out[key] = kept
+        else:
+            out[key] = value
+    return out
 
 
 def _meanings(meanings: dict[str, Any]) -> str:
@@ -315,7 +373,7 @@ def render_report_html(job: dict[str, Any]) -> str:
     parts.append(_history(report.get("history") or []))
     parts.append(_calibration(report.get("calibration") or {}))
     parts.append(_backfill(report.get("backfill") or {}))
-    parts.append(_meanings(report.get("metric_meanings") or {}))
+    parts.append(_meanings(measured_meanings(report.get("metric_meanings") or {}, metrics)))
     body = "\n".join(p for p in parts if p)
     return (
         '<!doctype html><html lang="en"><head><meta charset="utf-8">'

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
+from app.upgrades.report_html import measured_meanings
 from tests.chromium import render
 from tests.service.conftest import problem
 
@@ -87,8 +88,9 @@ def test_auto_report_page_reads_in_chromium(client: TestClient, tmp_path: Path) 
         assert name in text
     for candidate in report["candidates"]:
         assert candidate["name"] in text
-    for view in report["metric_meanings"].values():
-        for meaning in view.values():
+    glossary = measured_meanings(report["metric_meanings"], report["metrics"])
+    for view in glossary.values():
+        for meaning in view.values() if isinstance(view, dict) else [view]:
             assert meaning in text
 
 

@@ -1,0 +1,79 @@
+"""The report page's pieces that decide what is drawn (pure; the page itself is read by Chromium
+in tests/service/test_report_page.py)."""
+
+from __future__ import annotations
+
+from app.upgrades.report_html import (
+    MIN_UNCERTAINTY_SPREAD,
+    _calibration,
+    _candidates,
+    _value_axis,
+    measured_meanings,
+)
+
+
+def _metrics(values: dict[str, float]) -> dict:
+    return {name: {"instance": {"recall@1": v}} for name, v in values.items()}
+
+
+def test_the_value_axis_follows_the_figures() -> None:
+    # Own-item recall near 1 for every map: not a flat line on a 0–1 axis.
+    low, high = _value_axis(_metrics({"a": 0.97, "b": 0.99}), ["a", "b"], ["recall@1"], "instance")
+    assert 0.9 < low < 0.97 and 0.99 < high <= 1.05
+    low, high = _value_axis(_metrics({"a": 0.2, "b": 0.6}), ["a", "b"], ["recall@1"], "instance")
+    assert abs(low) < 1e-9 and 0.6 < high <= 1.05
+    assert _value_axis(_metrics({"a": float("nan")}), ["a"], ["recall@1"], "instance") == (0, 1.05)
+    low, high = _value_axis(_metrics({"a": 0.5}), ["a"], ["recall@1"], "instance")
+    assert high - low >= 0.02
+
+
+def test_a_degenerate_calibration_is_said_not_plotted() -> None:
+    flat = {
+        "bins": [{"uncertainty": 0.4 + i * 1e-9, "failure_rate": 0.1 * i} for i in range(5)],
+        "spearman": 0.01,
+        "spearman_shuffled": 0.0,
+    }
+    page = _calibration(flat)
+    assert "<img" not in page and "no plot" in page and "Spearman" in page
+    spread = [
+        {"uncertainty": i * 10 * MIN_UNCERTAINTY_SPREAD, "failure_rate": 0.1} for i in range(5)
+    ]
+    assert "<img" in _calibration({"bins": spread})
+
+
+def test_the_glossary_lists_only_what_was_measured() -> None:
+    meanings = {
+        "instance": {"recall@1": "own item first"},
+        "query": {"recall@10": "a relevant item in the top 10", "mrr@100": "reciprocal rank"},
+        "class": {"cmc1": "same class first"},
+        "arr": "bridged / reindex",
+    }
+    metrics = {
+        "stay": {"query": {"recall@10": 0.5}},
+        "served": {"instance": {"recall@1": 0.98}, "query": {"recall@10": 0.4}, "arr": {}},
+    }
+    assert measured_meanings(meanings, metrics) == {
+        "instance": {"recall@1": "own item first"},
+        "query": {"recall@10": "a relevant item in the top 10"},
+        "arr": "bridged / reindex",
+    }
+
+
+def test_each_candidate_shows_its_validation_figures_beside_its_settings() -> None:
+    candidates = [
+        {
+            "name": "procrustes",
+            "validation": {"query": {"recall@10": 0.41}, "instance": {"recall@1": 0.97}},
+            "chosen_settings": {},
+            "eligible": True,
+        },
+        {
+            "name": "instance-map",
+            "validation": {"query": {"recall@10": 0.45}, "instance": {"recall@1": 0.96}},
+            "chosen_settings": {"temperature": 0.05},
+            "eligible": True,
+        },
+    ]
+    page = _candidates(candidates, "instance-map")
+    assert "validation query recall@10" in page and "validation instance recall@1" in page
+    assert "0.450" in page and "0.970" in page and "temperature=0.05" in page
