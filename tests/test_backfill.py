@@ -9,12 +9,6 @@ import numpy as np
 import pytest
 import torch
 
-from app.ml.backfill.fit import (
-    bridged_reference_fit,
-    cosine_scores,
-    lorentz_scores,
-    native_reference_fit,
-)
 from app.ml.backfill.mixed import (
     Candidates,
     calibrate,
@@ -28,6 +22,12 @@ from app.ml.backfill.mixed import (
 )
 from app.ml.backfill.plan import FitView, fit_planner, plan_order
 from app.ml.geometry.space import EuclideanLift
+from app.ml.upgrade.fit_view import (
+    bridged_reference_fit,
+    cosine_scores,
+    lorentz_scores,
+    native_reference_fit,
+)
 
 
 def lists(rng, nq=5, n=300):

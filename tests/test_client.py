@@ -354,3 +354,20 @@ def test_the_client_finds_the_server_nobackfill_serve_started(
     monkeypatch.setenv("NOBACKFILL_URL", "http://localhost:9000")
     with Client() as configured:
         assert configured.url == "http://localhost:9000"
+
+
+def test_gallery_get_prints_a_migrations_progress_per_model() -> None:
+    from app.client.commands import describe_gallery
+
+    gallery = {
+        "name": "docs",
+        "dim": 4,
+        "kind": "external",
+        "model_name": "old",
+        "metric": "cosine",
+        "model_id": None,
+        "count": 1000,
+        "reembedded": [{"model_id": "mdl_a", "reembedded": 250, "total": 1000, "fraction": 0.25}],
+    }
+    assert "re-embedded for mdl_a: 250/1000 (25%)" in describe_gallery(gallery)
+    assert "re-embedded" not in describe_gallery({**gallery, "reembedded": []})

@@ -156,7 +156,14 @@ def describe_gallery(gallery: dict[str, Any]) -> str:
         if gallery["kind"] == "model"
         else f"{gallery['model_name']}, {gallery['metric']}"
     )
-    return f"gallery {gallery['name']!r}: dim {gallery['dim']} ({space}), {gallery['count']} items"
+    text = f"gallery {gallery['name']!r}: dim {gallery['dim']} ({space}), {gallery['count']} items"
+    # A migration's progress, per model: how far the re-embedding has got.
+    for progress in gallery.get("reembedded") or []:
+        text += (
+            f"; re-embedded for {progress['model_id']}: {progress['reembedded']}/"
+            f"{progress['total']} ({progress['fraction']:.0%})"
+        )
+    return text
 
 
 def gallery_get(client: Client, args: argparse.Namespace) -> int:

@@ -183,6 +183,19 @@ class BackfillPlanOut(BaseModel):
         "upgrade's held-out data"
     )
     validation: dict[str, Any]
+    transition_expected: list[ExpectedPoint] | None = Field(
+        default=None,
+        description="a transition search's quality (both models' query vectors) against a "
+        "random share re-embedded, simulated on the upgrade's held-out queries; null without "
+        "the old model's vectors of those queries",
+    )
+    calibration: dict[str, Any] = Field(
+        default_factory=dict,
+        description="how mixed and transition searches merge the two lists: `served` (tail: "
+        "the per-query reference calibration alone; relevance: mapped to P(relevant) where "
+        "fitted) and, per list (native, bridged, old), the relevant items its map was fitted "
+        "on (null: no map, the merge uses the calibrated score)",
+    )
 
 
 class GalleryCascade(BaseModel):

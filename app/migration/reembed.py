@@ -31,10 +31,17 @@ from app.galleries.frames import same_space
 from app.galleries.models import Gallery
 from app.galleries.service import IN_CHUNK, _lock_gallery, gallery_points, index_for
 from app.migration.models import BackfillFit
-from app.ml.backfill.fit import bridged_reference_fit, build_fit_view, native_reference_fit
-from app.ml.backfill.mixed import Candidates, merge, pick_reference, top_of, unit_rows
+from app.ml.backfill.mixed import (
+    CALIBRATION,
+    Candidates,
+    merge,
+    pick_reference,
+    top_of,
+    unit_rows,
+)
 from app.ml.backfill.plan import PlannerFit, expected_at, fit_planner, plan_order, plan_priority
 from app.ml.geometry.lorentz import uncertainty as norm_uncertainty
+from app.ml.upgrade.fit_view import bridged_reference_fit, build_fit_view, native_reference_fit
 from app.models.models import TrainedModel
 from app.models.service import BACKBONE, ModelCache, get_model, lock_model, resolve_modality
 from app.vectors.index_store import IndexStore
@@ -289,16 +296,19 @@ def mixed_search(
     *,
     overfetch: int,
     min_candidates: int,
+    transition: bool = False,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
     """Top-k over the mixed gallery, or None when no item is re-embedded for ``row``.
+    ``query_points``: the bridged queries, or with ``transition`` the old model's own query
+    vectors (lifted); each list is merged with its own relevance map where the fit has one.
 
-    Returns (vector ids, calibrated scores, distances, from_native), each nq × k (−1 padded).
+    Returns (vector ids, merge keys, distances, from_native), each nq × k (−1 padded).
     Distances: the Lorentz distance of bridged hits; the angle (radians) between the query's
     and the item's new features for re-embedded hits."""
     vector_ids, new_features = reembedded_features(session, gallery.id, row.id)
     if len(vector_ids) == 0:
         return None
-    _, ref_new, ref_old = backfill_fit(session, cache, row)
+    fit, ref_new, ref_old = backfill_fit(session, cache, row)
     curv = gallery.lift_curv
     ref_points = lift_of(gallery)(torch.as_tensor(ref_old, dtype=torch.float64)).numpy()
     native_fit = native_reference_fit(features, ref_new)
@@ -327,6 +337,7 @@ def mixed_search(
         Candidates(native_ids, nscores, native_fit),
         Candidates(bridged_ids, bridged_scores, bridged_fit),
         k,
+        fit.maps("old" if transition else "bridged"),
     )
     # Each hit's distance from the list it came from: the angle of a native hit's cosine, the
     # Lorentz distance of a bridged one (looked up by position in its own list).
@@ -391,5 +402,12 @@ def plan(
         "validation": {
             key: fit.validation.get(key)
             for key in ("view", "held_out_items", "queries", "gain_correlation", "area", "chosen")
+        },
+        "transition_expected": fit.transition,
+        "calibration": {
+            "served": CALIBRATION,
+            "maps": {
+                name: None if m is None else m.positives for name, m in fit.relevance.items()
+            },
         },
     }

@@ -164,6 +164,7 @@ def _mixed_search(
         request.k,
         overfetch=settings.search_overfetch,
         min_candidates=settings.search_min_candidates,
+        transition=request.old_vectors is not None,
     )
     if found is None:
         return None

@@ -9,7 +9,7 @@ Per seed: the README's 60/40 split of the synsets. The upgrade's dataset is the 
 features paired with the old gloss vectors, and a query log of their lemmas by both models with
 the synset as relevant); ``run_backbone_upgrade`` trains ``--method`` on it — by default what
 POST /v1/upgrades serves by default (``auto`` with that query log, its default held-out share) —
-and the planner is fitted on that held-out part only (``app.ml.backfill.fit``). The gallery is
+and the planner is fitted on that held-out part only (``app.ml.upgrade.fit_view``). The gallery is
 every synset's old gloss vector; the evaluation uses the other 40 %, which neither the upgrade
 nor the planner saw: query→document (lemma → gloss, R@1, R@10), instance (the gloss's new
 features → its own item, R@1) and class (the same queries, relevant = same fine class, the item
@@ -40,34 +40,36 @@ from typing import Any
 import numpy as np
 import torch
 
-from app.ml.backfill.fit import (
-    bridged_reference_fit,
-    build_fit_view,
-    cosine_scores,
-    lorentz_scores,
-    native_reference_fit,
-)
 from app.ml.backfill.mixed import (
+    CALIBRATION,
+    CALIBRATIONS,
     MERGE_RULE,
     MERGE_RULES,
+    NO_MAPS,
     calibrated_pair,
     mixed,
     pick_reference,
     ranks_of,
     unit_rows,
 )
-from app.ml.backfill.plan import CURVE_FRACTIONS, discount, fit_planner, plan_order, plan_priority
+from app.ml.backfill.plan import (
+    CURVE_FRACTIONS,
+    discount,
+    fit_planner,
+    plan_order,
+    plan_priority,
+    relevance_maps,
+)
 from app.ml.geometry.lorentz import uncertainty as norm_uncertainty
-from app.ml.geometry.space import EuclideanLift
 from app.ml.methods.uncertainty import knn_uncertainty
-from app.ml.upgrade.run import (
-    QueryLog,
-    UpgradeData,
-    run_backbone_upgrade,
-    split_for_evaluation,
-    split_queries,
+from app.ml.upgrade.fit_view import (
+    bridged_reference_fit,
+    cosine_scores,
+    lorentz_scores,
+    native_reference_fit,
 )
 from app.upgrades.schemas import UpgradeCreate
+from bench.common.partial import upgrade_on
 from bench.common.report import replace_section
 from bench.common.wordnet import REPO_ROOT, encode_labels, fine_labels, load_wordnet
 from bench.quality.backfill_report import plot, render_markdown, render_validation, summarise
@@ -80,9 +82,8 @@ TRAIN_FRACTION = 0.6
 # rest are the queries.
 VALIDATION_TRAIN_FRACTION = 0.8
 # The bridge measured is the one the service serves by default: POST /v1/upgrades's default
-# method (``auto``, trained with the query log) and held-out share (the planner's data).
+# method (``auto``, trained with the query log), with its default held-out share (bench.common.partial).
 SERVED_METHOD = UpgradeCreate.model_fields["method"].default
-UPGRADE_EVAL_FRACTION = UpgradeCreate.model_fields["eval_fraction"].default
 
 
 def load_labels(quick: bool, n: int) -> np.ndarray:
@@ -114,28 +115,24 @@ def scores_for(model, arrays, gallery_points, queries_new, curv, reference):
 
 
 def run_seed(
-    arrays, labels, seed: int, method: str, params: dict, n_queries: int, rules, train_fraction
+    arrays,
+    labels,
+    seed: int,
+    method: str,
+    params: dict,
+    n_queries: int,
+    rules,
+    train_fraction,
+    calibration: str = CALIBRATION,
 ) -> dict:
     started = time.perf_counter()
     n = arrays["doc_new"].shape[0]
     perm = np.random.default_rng(seed).permutation(n)
     cut = round(train_fraction * n)
     train, test = np.sort(perm[:cut]), np.sort(perm[cut:])
-    log = QueryLog(
-        features=arrays["query_new"][train],
-        old_vectors=arrays["query_old"][train],
-        relevant=[np.array([i]) for i in range(len(train))],
-    )
-    data = UpgradeData(arrays["doc_new"][train], arrays["doc_old"][train], None, log)
-    lift = EuclideanLift()
-    outcome = run_backbone_upgrade(
-        method, data, lift, params=params, seed=seed, eval_fraction=UPGRADE_EVAL_FRACTION
-    )
+    outcome, lift, fit_view = upgrade_on(arrays, train, method, seed, params)
     model = outcome.model
     curv = float(model.curv)
-    _, eval_idx = split_for_evaluation(len(data), UPGRADE_EVAL_FRACTION, seed)
-    _, eval_q = split_queries(data.queries, eval_idx, UPGRADE_EVAL_FRACTION, seed)
-    fit_view = build_fit_view(model, data, lift, eval_idx, eval_q, seed)
     trained_seconds = time.perf_counter() - started
     gallery = lift(torch.as_tensor(arrays["doc_old"], dtype=torch.float64)).numpy()
     gallery_points = gallery.astype(np.float32)
@@ -155,7 +152,9 @@ def run_seed(
     rows = [with_class[j] for j in keep]
     class_relevant = [class_rel[j] for j in keep]
     # Calibrated once per view (the order within each list never changes; a mask only picks).
-    views = {"query": calibrated_pair(*qd), "instance": calibrated_pair(*inst)}
+    relevance = relevance_maps(fit_view)
+    maps = (relevance["native"], relevance["bridged"]) if calibration == "relevance" else NO_MAPS
+    views = {"query": calibrated_pair(*qd, maps), "instance": calibrated_pair(*inst, maps)}
     del qd
     views["class"] = tuple(v[rows].copy() for v in views["instance"])
     for v in views["class"]:
@@ -174,7 +173,7 @@ def run_seed(
     by_rule: dict[str, Any] = {}
     for rule in rules:
         fit_started = time.perf_counter()
-        fit = fit_planner(fit_view, seed, rule=rule)
+        fit = fit_planner(fit_view, seed, rule=rule, calibration=calibration)
         fit_seconds = time.perf_counter() - fit_started
         r_new = ranks_of(mixed(*views["query"], every, rule), rel)
         r_old = ranks_of(mixed(*views["query"], none, rule), rel)
@@ -213,6 +212,7 @@ def run_seed(
         "seed": seed,
         "method": outcome.method,
         "merge_rule": rules[0],
+        "calibration": calibration,
         "queries": len(sample),
         "class_queries": len(rows),
         "seconds": time.perf_counter() - started,
@@ -251,7 +251,17 @@ def validation_arrays(arrays, labels, seed: int):
 
 
 def seed_job(
-    seed, quick, validation, method, params, n_queries, rules, threads, arrays=None, labels=None
+    seed,
+    quick,
+    validation,
+    method,
+    params,
+    n_queries,
+    rules,
+    calibration,
+    threads,
+    arrays=None,
+    labels=None,
 ) -> dict:
     """One seed's run (in a worker process with ``--jobs``: it loads the data itself)."""
     torch.set_num_threads(threads)
@@ -262,7 +272,7 @@ def seed_job(
     if validation:
         arrays, labels = validation_arrays(arrays, labels, seed)
         fraction = VALIDATION_TRAIN_FRACTION
-    run = run_seed(arrays, labels, seed, method, params, n_queries, rules, fraction)
+    run = run_seed(arrays, labels, seed, method, params, n_queries, rules, fraction, calibration)
     run["n_items"] = len(arrays["doc_new"])
     print(
         f"[{time.strftime('%H:%M:%S')}] seed {seed}: {run['seconds']:.0f} s "
@@ -295,6 +305,12 @@ def main(argv: list[str] | None = None) -> Path:
         help=f"comma-separated merge rules of {list(MERGE_RULES)}; the first is reported",
     )
     parser.add_argument(
+        "--calibration",
+        default=CALIBRATION,
+        choices=CALIBRATIONS,
+        help="what the two lists are merged on (default: what the service serves)",
+    )
+    parser.add_argument(
         "--validation",
         action="store_true",
         help="rerun the protocol inside the training synsets only (to choose a setting)",
@@ -325,7 +341,15 @@ def main(argv: list[str] | None = None) -> Path:
     labels = load_labels(args.quick, n)
     params = {"epochs": 5} if args.quick and args.method != "procrustes" else {}
     started = time.time()
-    settings = (args.quick, args.validation, args.method, params, args.queries, rules)
+    settings = (
+        args.quick,
+        args.validation,
+        args.method,
+        params,
+        args.queries,
+        rules,
+        args.calibration,
+    )
     if args.jobs > 1:
         ctx = multiprocessing.get_context("spawn")
         with ctx.Pool(min(args.jobs, len(seeds))) as pool:
@@ -341,6 +365,8 @@ def main(argv: list[str] | None = None) -> Path:
         command += f" --method {args.method}"
     if args.merge != MERGE_RULE:
         command += f" --merge {args.merge}"
+    if args.calibration != CALIBRATION:
+        command += f" --calibration {args.calibration}"
     if args.queries != 4000:
         command += f" --queries {args.queries}"
     if args.jobs > 1:

@@ -3,10 +3,13 @@ and the mixed search, on real WordNet vectors (old: MiniLM glosses; new: mpnet).
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
+from app.ml.backfill.relevance import fit_relevance
 from app.vectors import milvus_search
 from app.vectors.milvus_engine import MilvusGallery
 from tests.service.conftest import field_names, problem, snapshot
@@ -269,10 +272,19 @@ def _transition(client: TestClient, url: str, model_id: str, new_q, old_q, k: in
     return client.post(f"{url}/search", json=body | {"k": k})
 
 
-def test_transition_search_from_stay_to_reindex(client: TestClient, wordnet_small) -> None:
+@pytest.mark.parametrize("with_maps", [False, True], ids=["tails", "relevance-maps"])
+def test_transition_search_from_stay_to_reindex(
+    client: TestClient, wordnet_small, monkeypatch, with_maps: bool
+) -> None:
     """Both models' query vectors during a migration (issue 29): nothing re-embedded is exactly
     the old model's search, everything re-embedded exactly a reindex, and in between one list
-    whose hits say which space scored them."""
+    whose hits say which space scored them — merged on the tails alone (this fixture holds out
+    too few queries for a relevance map) and with the maps forced on (fitted on as few as 2
+    relevant items), which must keep both ends exact."""
+    if with_maps:
+        monkeypatch.setattr(
+            "app.ml.backfill.plan.fit_relevance", functools.partial(fit_relevance, min_positives=2)
+        )
     setup = upgraded(client, wordnet_small)
     url = f"/v1/galleries/{setup['gallery_id']}"
     new_q = wordnet_small[f"lemma.{NEW}"][:16]
@@ -288,6 +300,20 @@ def test_transition_search_from_stay_to_reindex(client: TestClient, wordnet_smal
     assert [[h["id"] for h in r] for r in alone["results"]] == [
         [h["id"] for h in r] for r in stay["results"]
     ]
+
+    # The upgrade held out logged queries with both models' vectors: the plan shows the
+    # transition curve measured on them and the relevance maps the merge uses.
+    plan = client.post(
+        f"{url}/backfill-plan", json={"model_id": setup["model_id"], "fraction": 0.1}
+    ).json()
+    curve = {
+        p["fraction"]: p["value"] for p in plan["transition_expected"] if p["metric"] == "recall@10"
+    }
+    assert set(curve) >= {0.0, 1.0}
+    assert plan["calibration"]["served"] in ("tail", "relevance")
+    maps = plan["calibration"]["maps"]
+    assert set(maps) == {"native", "bridged", "old"}
+    assert all((m is not None) == with_maps for m in maps.values()), maps
 
     ids = wordnet_small["synset_id"][:N_GALLERY].tolist()
     assert reembed(client, setup, wordnet_small, ids[::3]).status_code == 200

@@ -72,9 +72,12 @@ def recommend(
     objective: str,
     view: str | None = None,
     old_model_available: bool = True,
+    outlook: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """``metrics`` as ``alternatives.assemble`` returns it; ``served`` the bridge's name there.
-    ``view`` overrides the objective's view when that view was not measurable."""
+    ``view`` overrides the objective's view when that view was not measurable. ``outlook``: the
+    transition search's measured curve (``app.ml.upgrade.outlook``), which a transition verdict
+    quotes: the suggested share re-embedded and the figure expected there."""
     pview, metric = PRIMARY_METRIC[objective]
     view = view or pview
     if view != pview:
@@ -135,9 +138,27 @@ def recommend(
             "rest: a transition search (both models' query vectors) is exactly the old model's "
             "search at 0 % and exactly a reindex at 100 %."
         )
+        first = ""
+        if outlook is not None:
+            share = outlook["suggested_fraction"]
+            first = (
+                f" (first {share:.0%} of the gallery: held-out recall@10 "
+                f"{outlook['expected_at_suggested']:.3f} expected there, stay {_fmt(stay)})"
+            )
+            why += (
+                f" Measured on {outlook['queries']} held-out queries with a random share "
+                f"re-embedded, {outlook['rule']}: {share:.0%}."
+            )
+            out.update(
+                suggested_fraction=share,
+                expected_at_suggested=outlook["expected_at_suggested"],
+                expected=outlook["expected"],
+            )
         next_step = (
-            "POST /v1/galleries/{id}/backfill-plan for the items to re-embed first, upload their "
-            "new features with model_id, search with features and old_vectors, switch at 100 %"
+            "POST /v1/galleries/{id}/backfill-plan for the items to re-embed first"
+            + first
+            + ", upload their new features with model_id, search with features and old_vectors, "
+            "switch at 100 %"
         )
         out["endpoints"] = {"at_0": stay, "at_100": reindex}
     else:

@@ -52,6 +52,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from app.ml.backfill.relevance import RelevanceMap, merge_key
+
 # Tail size m of the per-query exponential fit. 100 kept the merge on the linear interpolation of
 # the two lists on the public task (20 and 50 within 0.003 of it); the estimate needs ≥ 2 items.
 TAIL_SIZE = 100
@@ -69,12 +71,40 @@ SCORE_BUDGET = 2**26
 # same −ln share averaged). bench.quality.backfill --validation compares them on training data.
 MERGE_RULES = ("native", "max", "mean")
 MERGE_RULE = "native"
+# What two lists are merged on: the reference-tail calibration c alone, or each list's
+# P̂(relevant | c) fitted on the upgrade's held-out queries where it has them
+# (``app.ml.backfill.relevance``). Chosen on validation (bench.quality.transition --validation).
+CALIBRATIONS = ("tail", "relevance")
+CALIBRATION = "relevance"
 
 
 def unit_rows(x: np.ndarray) -> np.ndarray:
     x = np.asarray(x, dtype=np.float32)
     norms = np.linalg.norm(x, axis=1, keepdims=True)
     return x / np.maximum(norms, 1e-12)
+
+
+def lorentz_scores(queries: np.ndarray, points: np.ndarray, curv: float) -> np.ndarray:
+    """⟨q, x⟩_L = q·x − q₀x₀ (nq × n float32; larger is nearer), in blocks of queries."""
+    q = np.asarray(queries, dtype=np.float32)
+    x = np.asarray(points, dtype=np.float32)
+    q0 = np.sqrt(1.0 / curv + np.einsum("ij,ij->i", q.astype(np.float64), q.astype(np.float64)))
+    x0 = np.sqrt(1.0 / curv + np.einsum("ij,ij->i", x.astype(np.float64), x.astype(np.float64)))
+    out = np.empty((len(q), len(x)), dtype=np.float32)
+    block = max(1, SCORE_BUDGET // max(len(x), 1))
+    for start in range(0, len(q), block):
+        part = slice(start, start + block)
+        out[part] = q[part] @ x.T - np.outer(q0[part], x0).astype(np.float32)
+    return out
+
+
+def cosine_scores(queries: np.ndarray, items: np.ndarray) -> np.ndarray:
+    q, x = unit_rows(queries), unit_rows(items)
+    out = np.empty((len(q), len(x)), dtype=np.float32)
+    block = max(1, SCORE_BUDGET // max(len(x), 1))
+    for start in range(0, len(q), block):
+        out[start : start + block] = q[start : start + block] @ x.T
+    return out
 
 
 # -- the calibrated merge ---------------------------------------------------------------------
@@ -130,6 +160,16 @@ def calibrate(scores: np.ndarray, fit: tuple[np.ndarray, ...]) -> np.ndarray:
     return -(log_share[:, None] - (t - u[:, None]) / sigma[:, None])
 
 
+def calibrated_scores(scores: np.ndarray, fit: tuple[np.ndarray, ...]) -> np.ndarray:
+    """``calibrate`` of a full score matrix (nq × n float32), in blocks of queries."""
+    out = np.empty(scores.shape, dtype=np.float32)
+    block = max(1, SCORE_BUDGET // 4 // max(scores.shape[1], 1))
+    for start in range(0, scores.shape[0], block):
+        part = slice(start, start + block)
+        out[part] = calibrate(scores[part], tuple(a[part] for a in fit))
+    return out
+
+
 @dataclass(frozen=True)
 class Candidates:
     """One list's best items per query (nq × k', best first; id −1 / score −inf pads) and the
@@ -156,16 +196,22 @@ def reference_fit(
     return tail_fit(top, reference_scores.shape[1], m, end)
 
 
-def merge(native: Candidates, bridged: Candidates, k: int):
-    """Merged top-k per query: (ids, calibrated scores, from_native) arrays nq × k (pads: id −1).
-    ``bridged`` must already exclude re-embedded items."""
+Maps = tuple[RelevanceMap | None, RelevanceMap | None]
+NO_MAPS: Maps = (None, None)
+
+
+def merge(native: Candidates, other: Candidates, k: int, maps: Maps = NO_MAPS):
+    """Merged top-k per query: (ids, merge keys, from_native) arrays nq × k (pads: id −1).
+    ``other`` (the bridged list, or the old model's own in a transition search) must already
+    exclude re-embedded items; ``maps``: each list's relevance map (``app.ml.backfill.relevance``;
+    None: its calibrated score is the key)."""
     parts = []
-    for cand, is_native in ((native, True), (bridged, False)):
+    for cand, is_native, relevance in ((native, True, maps[0]), (other, False, maps[1])):
         if cand.ids.size == 0:
             continue
-        c = np.where(cand.ids >= 0, calibrate(cand.scores, cand.fit), -np.inf)
+        c = np.where(cand.ids >= 0, merge_key(calibrate(cand.scores, cand.fit), relevance), -np.inf)
         parts.append((cand.ids, c, np.full(cand.ids.shape, is_native)))
-    nq = max(native.ids.shape[0], bridged.ids.shape[0])
+    nq = max(native.ids.shape[0], other.ids.shape[0])
     if not parts:
         return (
             np.full((nq, k), -1, dtype=np.int64),
@@ -201,15 +247,23 @@ def calibrated_pair(
     native: np.ndarray,
     bridged: np.ndarray,
     fits: tuple[tuple[np.ndarray, ...], tuple[np.ndarray, ...]],
+    maps: Maps = NO_MAPS,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Both lists' calibrated scores (nq × n float32) for full score matrices: every item as if
-    re-embedded, and every item bridged. A mixed gallery picks per item (``mixed``)."""
-    out = (np.empty(native.shape, np.float32), np.empty(bridged.shape, np.float32))
+    """Both lists' merge keys (nq × n, ``merge_key`` of the calibrated scores) for full score
+    matrices: every item as if re-embedded, and every item scored by the other list. A mixed
+    gallery picks per item (``mixed``). float32 without maps; float64 with them (a key's tie
+    term is below float32's resolution at P̂ ≈ 1)."""
+    dtype = np.float32 if all(m is None for m in maps) else np.float64
+    out = (np.empty(native.shape, dtype), np.empty(bridged.shape, dtype))
     chunk = max(1, SCORE_BUDGET // 4 // max(native.shape[1], 1))
     for start in range(0, native.shape[0], chunk):
         part = slice(start, start + chunk)
         for scores, fit, dest in ((native, fits[0], out[0]), (bridged, fits[1], out[1])):
             dest[part] = calibrate(scores[part], tuple(a[part] for a in fit))
+    for dest, relevance in zip(out, maps, strict=True):
+        if relevance is not None:
+            for start in range(0, dest.shape[0], chunk):
+                dest[start : start + chunk] = merge_key(dest[start : start + chunk], relevance)
     return out
 
 
@@ -248,6 +302,7 @@ def merged_ranks(
     relevant: Sequence[np.ndarray],
     fits: tuple[tuple[np.ndarray, ...], tuple[np.ndarray, ...]],
     rule: str = MERGE_RULE,
+    maps: Maps = NO_MAPS,
 ) -> np.ndarray:
     """For full score matrices (nq × n: native cosines, bridged scores), a re-embedded mask and
     the two lists' reference tails (``reference_fit``), the merged 0-based rank of each query's
@@ -258,6 +313,6 @@ def merged_ranks(
     for start in range(0, len(relevant), chunk):
         part = slice(start, start + chunk)
         fit_part = tuple(tuple(a[part] for a in fit) for fit in fits)
-        cal = calibrated_pair(native[part], bridged[part], fit_part)  # type: ignore[arg-type]
+        cal = calibrated_pair(native[part], bridged[part], fit_part, maps)  # type: ignore[arg-type]
         ranks[part] = ranks_of(mixed(*cal, mask, rule), relevant[part])
     return ranks

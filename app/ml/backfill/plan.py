@@ -24,7 +24,16 @@ from typing import Any
 
 import numpy as np
 
-from app.ml.backfill.mixed import MERGE_RULE, merged_ranks, unit_rows
+from app.ml.backfill.mixed import (
+    CALIBRATION,
+    MERGE_RULE,
+    NO_MAPS,
+    Maps,
+    calibrated_scores,
+    merged_ranks,
+    unit_rows,
+)
+from app.ml.backfill.relevance import RelevanceMap, fit_relevance
 
 # Fractions the expected curve always reports (plus the request's own).
 CURVE_FRACTIONS: tuple[float, ...] = (0.0, 0.05, 0.1, 0.25, 0.5, 1.0)
@@ -108,17 +117,24 @@ class FitView:
     # The two lists' reference tails (``reference_fit`` over the reference columns).
     fits: tuple[tuple[np.ndarray, ...], tuple[np.ndarray, ...]]
     uncertainty: np.ndarray | None = None  # n, larger = less certain old embedding
+    # A transition search's old list, where the held-out queries carry the old model's vectors:
+    # nq × n Lorentz scores of the lifted old queries against the old points, and its tail.
+    old: np.ndarray | None = None
+    old_fit: tuple[np.ndarray, ...] | None = None
 
 
-def item_gains(view: FitView, rule: str = MERGE_RULE) -> tuple[np.ndarray, np.ndarray]:
+def item_gains(
+    view: FitView, rule: str = MERGE_RULE, maps: Maps = NO_MAPS
+) -> tuple[np.ndarray, np.ndarray]:
     """(gain per fit-gallery row, mask of rows the gain is measured for)."""
     n = view.native.shape[1]
     gains = np.zeros(n)
     seen = np.zeros(n, dtype=bool)
     none = np.zeros(n, dtype=bool)
     all_new = np.ones(n, dtype=bool)
-    r_native = merged_ranks(view.native, view.bridged, all_new, view.relevant, view.fits, rule)
-    r_bridged = merged_ranks(view.native, view.bridged, none, view.relevant, view.fits, rule)
+    args = (view.relevant, view.fits, rule, maps)
+    r_native = merged_ranks(view.native, view.bridged, all_new, *args)
+    r_bridged = merged_ranks(view.native, view.bridged, none, *args)
     delta = discount(r_native) - discount(r_bridged)
     for q, rel in enumerate(view.relevant):
         gains[rel] += delta[q] / len(rel)
@@ -132,14 +148,22 @@ def curve(
     fractions: Sequence[float],
     ks: Sequence[int] = (1, 10),
     rule: str = MERGE_RULE,
+    maps: Maps = NO_MAPS,
+    transition: bool = False,
 ) -> list[dict[str, Any]]:
-    """Recall@k of the held-out queries with the first ``fraction`` of ``order`` re-embedded."""
+    """Recall@k of the held-out queries with the first ``fraction`` of ``order`` re-embedded:
+    the bridged mixed search, or with ``transition`` the transition search (the old model's
+    query vectors for the items not re-embedded; the view must hold them)."""
     n = view.native.shape[1]
+    other, fits = view.bridged, view.fits
+    if transition:
+        assert view.old is not None and view.old_fit is not None
+        other, fits = view.old, (view.fits[0], view.old_fit)
     out = []
     for fraction in fractions:
         mask = np.zeros(n, dtype=bool)
         mask[order[: round(fraction * n)]] = True
-        ranks = merged_ranks(view.native, view.bridged, mask, view.relevant, view.fits, rule)
+        ranks = merged_ranks(view.native, other, mask, view.relevant, fits, rule, maps)
         out.append(
             {"fraction": float(fraction), **{f"recall@{k}": float((ranks < k).mean()) for k in ks}}
         )
@@ -163,6 +187,18 @@ class PlannerFit:
     metric: str
     expected: list[dict[str, Any]]
     validation: dict[str, Any] = field(default_factory=dict)
+    # Each list's P̂(relevant | c) ("native", "bridged", "old"; None where not fitted): what the
+    # service's merges use when ``CALIBRATION`` is "relevance".
+    relevance: dict[str, RelevanceMap | None] = field(default_factory=dict)
+    # The transition search's expected curve with a random re-embedded share (where the
+    # held-out queries carry the old model's vectors), like ``expected``.
+    transition: list[dict[str, Any]] | None = None
+
+    def maps(self, other: str) -> Maps:
+        """The maps of a merge of the native list with ``other`` ("bridged" or "old")."""
+        if CALIBRATION != "relevance":
+            return NO_MAPS
+        return (self.relevance.get("native"), self.relevance.get(other))
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -172,6 +208,8 @@ class PlannerFit:
             "metric": self.metric,
             "expected": self.expected,
             "validation": self.validation,
+            "relevance": {k: None if m is None else m.to_dict() for k, m in self.relevance.items()},
+            "transition": self.transition,
         }
 
     @classmethod
@@ -183,6 +221,11 @@ class PlannerFit:
             metric=data["metric"],
             expected=list(data["expected"]),
             validation=dict(data.get("validation", {})),
+            relevance={
+                k: None if m is None else RelevanceMap.from_dict(m)
+                for k, m in data.get("relevance", {}).items()
+            },
+            transition=data.get("transition"),
         )
 
 
@@ -191,11 +234,15 @@ def fit_planner(
     seed: int = 0,
     fractions: Sequence[float] = CURVE_FRACTIONS,
     rule: str = MERGE_RULE,
+    calibration: str = CALIBRATION,
 ):
     """Learn the per-item gain on the held-out items, compare estimators by cross-fitting, and
-    estimate the curve of the chosen one. Returns a ``PlannerFit``."""
+    estimate the curve of the chosen one (merged per ``calibration``). Returns a
+    ``PlannerFit``."""
     rng = np.random.default_rng([seed, 12])
-    gains, seen = item_gains(view, rule)
+    relevance = relevance_maps(view)
+    maps = (relevance["native"], relevance["bridged"]) if calibration == "relevance" else NO_MAPS
+    gains, seen = item_gains(view, rule, maps)
     measured = view.held_out[seen[view.held_out]]
     if len(measured) < 4:
         raise ValueError("too few held-out items with queries to learn which items gain most")
@@ -216,7 +263,9 @@ def fit_planner(
     }
     if view.uncertainty is not None and np.ptp(view.uncertainty) > 1e-6:
         orders["uncertainty"] = plan_order(view.uncertainty)
-    curves = {name: curve(view, order, fractions, rule=rule) for name, order in orders.items()}
+    curves = {
+        name: curve(view, order, fractions, rule=rule, maps=maps) for name, order in orders.items()
+    }
     areas = {name: area(points, metric) for name, points in curves.items()}
     learned = [name for name in orders if name != "random"]
     chosen = max(learned, key=lambda name: areas[name])
@@ -235,7 +284,18 @@ def fit_planner(
         "curves": curves,
         "chosen": chosen,
     }
-    return PlannerFit(chosen, full, view.view, metric, expected, validation)
+    transition = None
+    if view.old is not None:
+        old_maps = (
+            (relevance["native"], relevance["old"]) if CALIBRATION == "relevance" else NO_MAPS
+        )
+        points = curve(view, orders["random"], fractions, rule=rule, maps=old_maps, transition=True)
+        transition = [
+            {"fraction": p["fraction"], "metric": key, "value": p[key]}
+            for p in points
+            for key in ("recall@1", "recall@10")
+        ]
+    return PlannerFit(chosen, full, view.view, metric, expected, validation, relevance, transition)
 
 
 def plan_priority(fit: PlannerFit, points: np.ndarray, uncertainty: np.ndarray | None = None):
@@ -258,3 +318,18 @@ def expected_at(fit: PlannerFit, fraction: float) -> list[dict[str, Any]]:
             value = float(np.interp(fraction, xs, ys))
             out.append({"fraction": float(fraction), "metric": metric, "value": value})
     return sorted(out, key=lambda p: (p["fraction"], p["metric"]))
+
+
+def relevance_maps(view: FitView) -> dict[str, RelevanceMap | None]:
+    """Each list's P̂(relevant | c) fitted on the view's held-out queries
+    (``app.ml.backfill.relevance``): native, bridged and (with the old model's query vectors)
+    old. The instance view has no queries of its own, so no maps (the merge is on c alone)."""
+    if view.view != "query":
+        return {"native": None, "bridged": None, "old": None}
+    lists = {"native": (view.native, view.fits[0]), "bridged": (view.bridged, view.fits[1])}
+    if view.old is not None and view.old_fit is not None:
+        lists["old"] = (view.old, view.old_fit)
+    out: dict[str, RelevanceMap | None] = {"old": None}
+    for name, (scores, fit) in lists.items():
+        out[name] = fit_relevance(calibrated_scores(scores, fit), view.relevant)
+    return out

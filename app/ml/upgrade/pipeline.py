@@ -44,6 +44,7 @@ from app.ml.upgrade.alternatives import (
     primary_value,
 )
 from app.ml.upgrade.data import QueryLog, UpgradeData, UpgradeOutcome, split_queries
+from app.ml.upgrade.outlook import transition_outlook
 
 
 class Progress:
@@ -266,6 +267,24 @@ def _calibration(ev: EvalSet, served: EmbeddingModel) -> dict[str, Any]:
     return unlabelled_calibration(ev.old_points, ev.rows, bridged, ev.curv)
 
 
+def _verdict(
+    ctx: UpgradeContext,
+    ev: EvalSet,
+    metrics: dict[str, Any],
+    served: str,
+    objective: str,
+    view: str | None,
+    old_model_available: bool,
+) -> dict[str, Any]:
+    """The recommendation; a transition verdict also measures the transition search's curve on
+    the held-out queries (``app.ml.upgrade.outlook``) to say how much to re-embed first."""
+    verdict = recommend(metrics, served, objective, view, old_model_available)
+    if verdict["action"] != "transition":
+        return verdict
+    outlook = transition_outlook(ev, ctx.seed)
+    return recommend(metrics, served, objective, view, old_model_available, outlook)
+
+
 def run_explicit(
     ctx: UpgradeContext,
     method: str,
@@ -315,7 +334,7 @@ def run_explicit(
         views=list(ev.views),
         metrics=metrics,
         history=history,
-        recommendation=recommend(metrics, method, objective, view, old_model_available),
+        recommendation=_verdict(ctx, ev, metrics, method, objective, view, old_model_available),
         calibration=_calibration(ev, model),
     )
     return UpgradeOutcome(
@@ -456,7 +475,7 @@ def run_auto(
             "skipped_candidates": {n: "needs labels" for n in auto.skipped(ctx.labelled)},
             "note": note,
         },
-        recommendation=recommend(metrics, chosen, objective, view, old_model_available),
+        recommendation=_verdict(ctx, ev, metrics, chosen, objective, view, old_model_available),
         calibration=_calibration(ev, bridges[chosen]),
     )
     params = CompatParams.from_dict(served_trial.settings).to_dict()

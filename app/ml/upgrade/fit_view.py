@@ -9,40 +9,17 @@ import torch
 
 from app.ml.backfill.mixed import (
     COSINE_END,
-    SCORE_BUDGET,
+    cosine_scores,
     lorentz_end,
+    lorentz_scores,
     pick_reference,
     reference_fit,
-    unit_rows,
 )
 from app.ml.backfill.plan import MAX_FIT_ITEMS, MAX_FIT_QUERIES, FitView
 from app.ml.geometry.lorentz import uncertainty as norm_uncertainty
 from app.ml.geometry.space import EuclideanLift
 from app.ml.methods.models import EmbeddingModel
 from app.ml.upgrade.data import UpgradeData
-
-
-def lorentz_scores(queries: np.ndarray, points: np.ndarray, curv: float) -> np.ndarray:
-    """⟨q, x⟩_L = q·x − q₀x₀ (nq × n float32; larger is nearer), in blocks of queries."""
-    q = np.asarray(queries, dtype=np.float32)
-    x = np.asarray(points, dtype=np.float32)
-    q0 = np.sqrt(1.0 / curv + np.einsum("ij,ij->i", q.astype(np.float64), q.astype(np.float64)))
-    x0 = np.sqrt(1.0 / curv + np.einsum("ij,ij->i", x.astype(np.float64), x.astype(np.float64)))
-    out = np.empty((len(q), len(x)), dtype=np.float32)
-    block = max(1, SCORE_BUDGET // max(len(x), 1))
-    for start in range(0, len(q), block):
-        part = slice(start, start + block)
-        out[part] = q[part] @ x.T - np.outer(q0[part], x0).astype(np.float32)
-    return out
-
-
-def cosine_scores(queries: np.ndarray, items: np.ndarray) -> np.ndarray:
-    q, x = unit_rows(queries), unit_rows(items)
-    out = np.empty((len(q), len(x)), dtype=np.float32)
-    block = max(1, SCORE_BUDGET // max(len(x), 1))
-    for start in range(0, len(q), block):
-        out[start : start + block] = q[start : start + block] @ x.T
-    return out
 
 
 def native_reference_fit(features: np.ndarray, reference_new: np.ndarray):
@@ -89,9 +66,12 @@ def build_fit_view(
             if rel.size:
                 query_features.append(int(q))
                 relevant.append(rel)
+    old_queries = None
     if relevant:
         view = "query"
         features = log.features[np.asarray(query_features)]
+        if log.old_vectors is not None:
+            old_queries = log.old_vectors[np.asarray(query_features)]
     else:
         view = "instance"
         features = data.new_features[eval_idx]
@@ -100,12 +80,19 @@ def build_fit_view(
         pick = np.sort(rng.choice(len(relevant), MAX_FIT_QUERIES, replace=False))
         features = features[pick]
         relevant = [relevant[i] for i in pick]
+        if old_queries is not None:
+            old_queries = old_queries[pick]
     old_points = lift(torch.as_tensor(data.old_vectors[rows], dtype=torch.float64)).numpy()
     query_points = model.embed(features)
     curv = float(model.curv)
     native = cosine_scores(features, data.new_features[rows])
     bridged = lorentz_scores(query_points, old_points, curv)
     reference = pick_reference(len(rows), seed)
+    old = old_fit = None
+    if old_queries is not None:
+        old_query_points = lift(torch.as_tensor(old_queries, dtype=torch.float64)).numpy()
+        old = lorentz_scores(old_query_points, old_points, curv)
+        old_fit = bridged_reference_fit(old_query_points, old_points[reference], curv)
     return FitView(
         native=native,
         bridged=bridged,
@@ -118,4 +105,6 @@ def build_fit_view(
         held_out=np.sort(position[eval_idx]),
         view=view,
         uncertainty=norm_uncertainty(torch.as_tensor(old_points), curv).numpy(),
+        old=old,
+        old_fit=old_fit,
     )

@@ -1,0 +1,386 @@
+"""Transition search on real text: quality against the share of the gallery re-embedded, with
+both models' query vectors (transition) and with the bridge alone (bridged mixed search).
+
+    python -m bench.quality.transition                 # all 24,000 WordNet nouns, seeds 0,1,2
+    python -m bench.quality.transition --quick         # the committed 800-synset fixture, one seed
+    python -m bench.quality.transition --validation    # inside the training synsets: choose the merge
+
+Per seed a fresh random split of the synsets (60 % train, 40 % evaluation; ``--validation``
+reruns it inside one seed's 60 %, 80/20, so the merge is chosen without the evaluation synsets).
+The upgrade's dataset is the training part: new gloss features paired with old gloss vectors and
+a query log of the training lemmas by both models, the synset as relevant.
+``run_backbone_upgrade`` trains ``--method`` (default ``procrustes``: seconds, and the transition
+curve does not depend on the bridge at all; the served default's bridged curve is in
+bench.quality.backfill) and the service's own fit of the upgrade's held-out part
+(``app.ml.upgrade.fit_view``) gives the reference documents and the relevance maps. The gallery is
+every synset's old gloss; the queries are a seeded sample of the evaluation lemmas, which neither
+the upgrade nor the maps saw; relevant = the lemma's own gloss.
+
+A random ``fraction`` of the gallery is re-embedded (its new gloss features). **Transition**: a
+re-embedded item is scored by the query's new features (cosine), the others by the query's old
+vector in the old space; **bridged**: the others by the bridged query instead. The two lists are
+merged as the service merges them (``app.ml.backfill.mixed``): ``tail`` on the per-query
+reference-tail calibration alone, ``relevance`` with each list's P̂(relevant | c) fitted on the
+upgrade's held-out queries (``app.ml.backfill.relevance``). ± is a 95 % bootstrap interval over
+queries (resampled within each seed, averaged over seeds). JSON to
+``bench/results/transition.json`` (``transition-quick.json``, ``transition-validation.json``),
+markdown out and into BENCHMARKS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from app.ml.backfill.mixed import (
+    CALIBRATION,
+    CALIBRATIONS,
+    REFERENCE_SIZE,
+    calibrated_pair,
+    mixed,
+    pick_reference,
+    ranks_of,
+)
+from app.ml.backfill.plan import CURVE_FRACTIONS, relevance_maps
+from app.ml.upgrade.fit_view import (
+    bridged_reference_fit,
+    cosine_scores,
+    lorentz_scores,
+    native_reference_fit,
+)
+from bench.common.partial import upgrade_on
+from bench.common.report import replace_section
+from bench.common.wordnet import REPO_ROOT
+from bench.quality.querydoc import load_arrays
+
+RESULTS = REPO_ROOT / "bench/results/transition.json"
+SECTION = "bench.quality.transition"
+TRAIN_FRACTION = 0.6
+VALIDATION_TRAIN_FRACTION = 0.8
+SEARCHES = ("transition", "bridged")
+BOOTSTRAP = 1000
+# The targets of issue 29: the transition curve at least the stay→reindex interpolation at
+# these fractions, and a bridged mixed search at 25 % at least this share of reindex.
+INTERPOLATION_FRACTIONS = (0.1, 0.25, 0.5)
+BRIDGED_TARGET = (0.25, 0.90)
+
+
+def split(n: int, seed: int, train_fraction: float) -> tuple[np.ndarray, np.ndarray]:
+    perm = np.random.default_rng([seed, 2029]).permutation(n)
+    cut = round(train_fraction * n)
+    return np.sort(perm[:cut]), np.sort(perm[cut:])
+
+
+def run_seed(
+    arrays: dict[str, np.ndarray],
+    seed: int,
+    method: str,
+    n_queries: int,
+    train_fraction: float,
+    reference_size: int = REFERENCE_SIZE,
+) -> dict[str, Any]:
+    """One seed: the upgrade and its held-out fit on the training synsets, then every search's
+    per-query hits (R@1, R@10) at each fraction on the evaluation lemmas."""
+    started = time.perf_counter()
+    n = arrays["doc_new"].shape[0]
+    train, test = split(n, seed, train_fraction)
+    outcome, lift, view = upgrade_on(arrays, train, method, seed)
+    model = outcome.model
+    curv = float(model.curv)
+    maps = relevance_maps(view)
+    del view
+    rng = np.random.default_rng([seed, 7])
+    sample = np.sort(rng.choice(test, min(n_queries, len(test)), replace=False))
+    gallery = lift(torch.as_tensor(arrays["doc_old"], dtype=torch.float64)).numpy()
+    gallery = gallery.astype(np.float32)
+    reference = train[pick_reference(len(train), seed, reference_size)]
+    q_new = arrays["query_new"][sample]
+    q_old = lift(torch.as_tensor(arrays["query_old"][sample], dtype=torch.float64)).numpy()
+    q_bridged = model.embed(q_new)
+    native = cosine_scores(q_new, arrays["doc_new"])
+    others = {
+        "transition": lorentz_scores(q_old, gallery, curv),
+        "bridged": lorentz_scores(q_bridged, gallery, curv),
+    }
+    native_fit = native_reference_fit(q_new, arrays["doc_new"][reference])
+    other_fits = {
+        "transition": bridged_reference_fit(q_old, gallery[reference], curv),
+        "bridged": bridged_reference_fit(q_bridged, gallery[reference], curv),
+    }
+    relevant = [np.array([i]) for i in sample]
+    baselines = {
+        "stay": ranks_of(others["transition"], relevant),
+        "reindex": ranks_of(native, relevant),
+        "bridge": ranks_of(others["bridged"], relevant),
+    }
+    order = rng.permutation(n)
+    hits: dict[str, Any] = {name: _hits(r) for name, r in baselines.items()}
+    exact: dict[str, int] = {}
+    for calibration in CALIBRATIONS:
+        for search in SEARCHES:
+            space = "old" if search == "transition" else "bridged"
+            pair_maps = (
+                (maps["native"], maps[space]) if calibration == "relevance" else (None, None)
+            )
+            keys = calibrated_pair(
+                native, others[search], (native_fit, other_fits[search]), pair_maps
+            )
+            curve = {}
+            for fraction in CURVE_FRACTIONS:
+                mask = np.zeros(n, dtype=bool)
+                mask[order[: round(fraction * n)]] = True
+                ranks = ranks_of(mixed(*keys, mask), relevant)
+                curve[str(fraction)] = _hits(ranks)
+                if fraction in (0.0, 1.0):
+                    ends = baselines[
+                        "reindex" if fraction else ("stay" if space == "old" else "bridge")
+                    ]
+                    exact[f"{calibration} {search} {fraction:.0%}"] = int(
+                        np.abs(ranks - ends).max()
+                    )
+            hits[f"{search} ({calibration})"] = curve
+            del keys
+    return {
+        "seed": seed,
+        "method": outcome.method,
+        "queries": len(sample),
+        "n_items": n,
+        "maps": {
+            k: None if m is None else {"positives": m.positives, "knots": len(m.xs)}
+            for k, m in maps.items()
+        },
+        "max_rank_change_at_ends": exact,
+        "seconds": time.perf_counter() - started,
+        "hits": hits,
+    }
+
+
+def _hits(ranks: np.ndarray) -> dict[str, np.ndarray]:
+    return {"R@1": ranks < 1, "R@10": ranks < 10}
+
+
+def bootstrap(per_seed: list[np.ndarray], seed: int = 0) -> tuple[float, float, float]:
+    """(mean over seeds of the per-seed mean, 95 % interval) of per-query values, resampling
+    queries within each seed."""
+    rng = np.random.default_rng(seed)
+    mean = float(np.mean([v.mean() for v in per_seed]))
+    draws = np.zeros(BOOTSTRAP)
+    for v in per_seed:
+        idx = rng.integers(0, len(v), size=(BOOTSTRAP, len(v)))
+        draws += v[idx].mean(axis=1)
+    draws /= len(per_seed)
+    low, high = np.quantile(draws, [0.025, 0.975])
+    return mean, float(low), float(high)
+
+
+def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per search, fraction and metric: mean and interval; per transition curve its gap to the
+    stay→reindex interpolation (per query, so the interval is the gap's)."""
+    out: dict[str, Any] = {"baselines": {}, "curves": {}, "interpolation_gap": {}}
+    for name in ("stay", "reindex", "bridge"):
+        out["baselines"][name] = {
+            m: bootstrap([r["hits"][name][m].astype(float) for r in runs]) for m in ("R@1", "R@10")
+        }
+    curves = [k for k in runs[0]["hits"] if "(" in k]
+    for name in curves:
+        out["curves"][name] = {
+            f: {
+                m: bootstrap([r["hits"][name][f][m].astype(float) for r in runs])
+                for m in ("R@1", "R@10")
+            }
+            for f in runs[0]["hits"][name]
+        }
+        low_name = "stay" if name.startswith("transition") else "bridge"
+        gaps = {}
+        for f in runs[0]["hits"][name]:
+            x = float(f)
+            gaps[f] = {
+                m: bootstrap(
+                    [
+                        r["hits"][name][f][m].astype(float)
+                        - (1 - x) * r["hits"][low_name][m].astype(float)
+                        - x * r["hits"]["reindex"][m].astype(float)
+                        for r in runs
+                    ]
+                )
+                for m in ("R@1", "R@10")
+            }
+        out["interpolation_gap"][name] = gaps
+    return out
+
+
+def area(summary: dict[str, Any], name: str, metric: str = "R@10") -> float:
+    """Trapezoid area under a curve's mean over the fractions (one number to choose by)."""
+    pts = sorted((float(f), v[metric][0]) for f, v in summary["curves"][name].items())
+    xs, ys = np.array([p[0] for p in pts]), np.array([p[1] for p in pts])
+    return float(np.sum((xs[1:] - xs[:-1]) * (ys[1:] + ys[:-1]) / 2))
+
+
+def _ci(v: tuple[float, float, float]) -> str:
+    return f"{v[0]:.3f} [{v[1]:.3f}, {v[2]:.3f}]"
+
+
+def render_markdown(payload: dict[str, Any]) -> str:
+    s = payload["summary"]
+    fractions = list(next(iter(s["curves"].values())).keys())
+    head = "| search | metric | " + " | ".join(f"{float(f):.0%}" for f in fractions) + " |"
+    lines = [
+        f"Command: `{payload['command']}` — seeds {payload['seeds']}, {payload['n_items']} "
+        f"synsets in the gallery, {payload['queries_per_seed']} evaluation lemmas per seed, "
+        f"bridge `{payload['method']}`, {payload['elapsed_minutes']:.1f} min on "
+        f"{payload['machine']}. Served calibration: `{payload['served_calibration']}`.",
+        "",
+    ]
+    b = s["baselines"]
+    lines.append(
+        "Baselines (R@10): stay "
+        + _ci(b["stay"]["R@10"])
+        + ", reindex "
+        + _ci(b["reindex"]["R@10"])
+        + f", bridge alone ({payload['method']}) "
+        + _ci(b["bridge"]["R@10"])
+        + "; R@1: stay "
+        + _ci(b["stay"]["R@1"])
+        + ", reindex "
+        + _ci(b["reindex"]["R@1"])
+        + "."
+    )
+    lines += ["", "Targets:", ""]
+    lines += targets(payload)
+    lines += ["", head, "|---|---|" + "---|" * len(fractions)]
+    for name, curve in s["curves"].items():
+        for m in ("R@10", "R@1"):
+            lines.append(
+                f"| {name} | {m} | " + " | ".join(_ci(curve[f][m]) for f in fractions) + " |"
+            )
+    lines += ["", "Gap to the linear interpolation (R@10, per query; + is above the line):", ""]
+    lines += [head.replace("| metric ", ""), "|---|" + "---|" * len(fractions)]
+    for name, gaps in s["interpolation_gap"].items():
+        lines.append(f"| {name} | " + " | ".join(_ci(gaps[f]["R@10"]) for f in fractions) + " |")
+    ends = {
+        k: max(r["max_rank_change_at_ends"][k] for r in payload["runs"])
+        for k in payload["runs"][0]["max_rank_change_at_ends"]
+    }
+    lines += [
+        "",
+        "Largest change of any query's rank at the ends against the one-space search (0 %: stay "
+        "or the bridge; 100 %: reindex): " + ", ".join(f"{k} {v}" for k, v in ends.items()) + ".",
+    ]
+    return "\n".join(lines)
+
+
+def targets(payload: dict[str, Any]) -> list[str]:
+    s = payload["summary"]
+    served = f"transition ({payload['served_calibration']})"
+    out = []
+    for f in INTERPOLATION_FRACTIONS:
+        gap = s["interpolation_gap"][served][str(f)]["R@10"]
+        verdict = (
+            "met"
+            if gap[0] >= 0
+            else f"missed by {-gap[0]:.4f}" + (" (within the interval)" if gap[2] >= 0 else "")
+        )
+        out.append(
+            f"- transition R@10 at {f:.0%} ≥ the stay→reindex interpolation: gap "
+            f"{_ci(gap)} — {verdict}"
+        )
+    f, share = BRIDGED_TARGET
+    bridged = s["curves"][f"bridged ({payload['served_calibration']})"][str(f)]["R@10"][0]
+    goal = share * s["baselines"]["reindex"]["R@10"][0]
+    out.append(
+        f"- bridged mixed search ({payload['method']}) R@10 at {f:.0%} {bridged:.3f} ≥ "
+        f"{share} × reindex = {goal:.3f} — "
+        + ("met" if bridged >= goal else f"missed by {goal - bridged:.3f}")
+    )
+    return out
+
+
+def main(argv: list[str] | None = None) -> Path:
+    parser = argparse.ArgumentParser(description="transition and bridged mixed search curves")
+    parser.add_argument("--quick", action="store_true", help="the 800-synset fixture, one seed")
+    parser.add_argument("--seeds", default=None, help="comma-separated (default 0,1,2; quick 0)")
+    parser.add_argument("--method", default="procrustes", help="the bridge's method")
+    parser.add_argument("--validation", action="store_true", help="inside the training synsets")
+    parser.add_argument("--queries", type=int, default=4000, help="evaluation lemmas per seed")
+    parser.add_argument(
+        "--reference-size",
+        type=int,
+        default=REFERENCE_SIZE,
+        help="reference documents of the searches' tails (the relevance maps keep the service's)",
+    )
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args(argv)
+    seeds = [int(s) for s in (args.seeds or ("0" if args.quick else "0,1,2")).split(",")]
+    arrays = load_arrays(args.quick)
+    started = time.time()
+    runs = []
+    for seed in seeds:
+        seed_arrays, fraction = arrays, TRAIN_FRACTION
+        if args.validation:
+            train, _ = split(arrays["doc_new"].shape[0], seed, TRAIN_FRACTION)
+            seed_arrays = {k: v[train] for k, v in arrays.items()}
+            fraction = VALIDATION_TRAIN_FRACTION
+        run = run_seed(seed_arrays, seed, args.method, args.queries, fraction, args.reference_size)
+        print(f"[{time.strftime('%H:%M:%S')}] seed {seed}: {run['seconds']:.0f} s", flush=True)
+        runs.append(run)
+    command = "python -m bench.quality.transition" + (" --quick" if args.quick else "")
+    command += " --validation" if args.validation else ""
+    command += f" --seeds {args.seeds}" if args.seeds else ""
+    command += f" --method {args.method}" if args.method != "procrustes" else ""
+    command += f" --queries {args.queries}" if args.queries != 4000 else ""
+    if args.reference_size != REFERENCE_SIZE:
+        command += f" --reference-size {args.reference_size}"
+    summary = summarise(runs)
+    # The choice of calibration: the larger area under R@10 summed over both searches.
+    areas = {c: {s: area(summary, f"{s} ({c})") for s in SEARCHES} for c in CALIBRATIONS}
+    payload = {
+        "command": command,
+        "quick": args.quick,
+        "validation": args.validation,
+        "method": args.method,
+        "seeds": seeds,
+        "n_items": runs[0]["n_items"],
+        "queries_per_seed": runs[0]["queries"],
+        "machine": f"{platform.machine()}, {torch.get_num_threads()} torch thread(s)",
+        "elapsed_minutes": (time.time() - started) / 60,
+        "served_calibration": CALIBRATION,
+        "area_r10": areas,
+        "summary": summary,
+        "runs": [{k: v for k, v in r.items() if k != "hits"} for r in runs],
+    }
+    name = (
+        "transition" + ("-quick" if args.quick else "") + ("-validation" if args.validation else "")
+    )
+    out = args.out or RESULTS.with_name(f"{name}.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(payload, indent=1))
+    markdown = render_markdown(payload)
+    print(markdown)
+    print("area under the R@10 curves by calibration:", areas)
+    if not args.quick and not args.validation and args.out is None:
+        validation = RESULTS.with_name("transition-validation.json")
+        if validation.exists():
+            v = json.loads(validation.read_text())
+            markdown += (
+                f"\n\nChosen on validation (`{v['command']}`, training synsets only), by the "
+                "area under R@10 over the fractions summed over both searches: "
+                + ", ".join(
+                    f"`{c}` {a['transition']:.4f} + {a['bridged']:.4f}"
+                    for c, a in v["area_r10"].items()
+                )
+                + f"; the service serves `{CALIBRATION}`."
+            )
+        replace_section(SECTION, "Transition search (bench.quality.transition)", markdown)
+    print(out)
+    return out
+
+
+if __name__ == "__main__":
+    main()
