@@ -172,3 +172,37 @@ def test_bench_quick(tmp_path) -> None:
     assert len(full) == 1 and len(none) == 1
     assert summary["oracle"]["0.25"]["query R@10"][0] >= summary["random"]["0.25"]["query R@10"][0]
     assert payload["plan_seconds_1m"] < 10
+
+
+class _CountingIndex:
+    """Items 0..n−1 at distance |id − 10·query| (query rows are numbers), counting searches."""
+
+    def __init__(self, n: int) -> None:
+        self.ntotal = n
+        self.searched: list[tuple[int, int]] = []
+
+    def search_with_points(self, queries, k, *, overfetch, min_candidates):
+        self.searched.append((len(queries), k))
+        centres = np.asarray(queries, dtype=np.float64)[:, 0] * 10
+        dist = np.abs(np.arange(self.ntotal)[None, :] - centres[:, None])
+        order = np.argsort(dist, axis=1, kind="stable")[:, :k]
+        return order, np.take_along_axis(dist, order, axis=1), None
+
+
+def test_the_other_list_fetches_again_only_for_the_queries_short_of_k() -> None:
+    from app.migration.reembed import _without_reembedded
+
+    index = _CountingIndex(200)
+    # Query 0 sits among 30 re-embedded items (ids 0–29); query 1 far from them.
+    reembedded = np.arange(30)
+    queries = np.array([[1.0], [15.0]])
+    ids, dist = _without_reembedded(index, queries, reembedded, 5, 4, 64)
+    assert index.searched[0] == (2, 10) and index.searched[1:] == [(1, 40)]
+    assert ids[0].tolist() == [30, 31, 32, 33, 34] and not np.isin(ids, reembedded).any()
+    assert ids[1].tolist() == [150, 149, 151, 148, 152]
+    assert np.all(np.diff(dist, axis=1) >= 0)
+    # Fewer items left than k: padded, and the search stops at the whole gallery.
+    small = _CountingIndex(8)
+    ids, dist = _without_reembedded(small, np.array([[0.0]]), np.arange(6), 5, 4, 64)
+    assert ids[0].tolist()[:2] == [6, 7] and ids[0, 2:].tolist() == [-1, -1, -1]
+    assert np.isinf(dist[0, 2:]).all() and small.searched[-1][1] == 8

@@ -284,6 +284,63 @@ def backfill_fit(
 # -- mixed search -------------------------------------------------------------------------------
 
 
+_ref_points: OrderedDict[tuple[str, str], np.ndarray] = OrderedDict()
+
+
+def _reference_points(gallery: Gallery, model_id: str, ref_old: np.ndarray) -> np.ndarray:
+    """The reference documents' old vectors lifted into the gallery's frame, once per (gallery,
+    model): neither the fit nor a gallery's lift ever changes."""
+    key = (gallery.id, model_id)
+    with _fits_lock:
+        cached = _ref_points.get(key)
+        if cached is not None:
+            _ref_points.move_to_end(key)
+            return cached
+    points = lift_of(gallery)(torch.as_tensor(ref_old, dtype=torch.float64)).numpy()
+    with _fits_lock:
+        _ref_points[key] = points
+        while len(_ref_points) > FIT_CACHE_SIZE:
+            _ref_points.popitem(last=False)
+    return points
+
+
+def _without_reembedded(
+    index: Any,
+    query_points: np.ndarray,
+    reembedded: np.ndarray,
+    k: int,
+    overfetch: int,
+    min_candidates: int,
+) -> tuple[np.ndarray, np.ndarray]:
+    """The k nearest items per query that are not re-embedded (ids −1 / distances inf padded):
+    fetched with room for the re-embedded share, and only the queries still short of k fetched
+    again with four times the room (a batch is not searched again for one unlucky query)."""
+    total = int(index.ntotal)
+    nq = len(query_points)
+    need = min(k, max(total - len(reembedded), 0))
+    share = len(reembedded) / total if total else 0.0
+    want = min(total, max(2 * k, int(np.ceil(1.5 * k / max(1.0 - share, 0.05)))))
+    out_ids = np.full((nq, k), -1, dtype=np.int64)
+    out_dist = np.full((nq, k), np.inf)
+    todo = np.arange(nq)
+    while todo.size and want > 0:
+        ids, dist, _ = index.search_with_points(
+            query_points[todo], want, overfetch=overfetch, min_candidates=min_candidates
+        )
+        keep = ~(np.isin(ids, reembedded) | (ids < 0))
+        # The first k kept per row, in order (stable sort puts kept entries first).
+        order = np.argsort(~keep, axis=1, kind="stable")[:, :k]
+        got_ids = np.take_along_axis(np.where(keep, ids, -1), order, axis=1)
+        got_dist = np.take_along_axis(np.where(keep, dist, np.inf), order, axis=1)
+        width = got_ids.shape[1]
+        out_ids[todo, :width], out_dist[todo, :width] = got_ids, got_dist
+        short = keep.sum(axis=1) < need
+        if want >= total or not short.any():
+            break
+        todo, want = todo[short], min(total, want * 4)
+    return out_ids, out_dist
+
+
 def mixed_search(
     session: Session,
     store: IndexStore,
@@ -310,29 +367,20 @@ def mixed_search(
         return None
     fit, ref_new, ref_old = backfill_fit(session, cache, row)
     curv = gallery.lift_curv
-    ref_points = lift_of(gallery)(torch.as_tensor(ref_old, dtype=torch.float64)).numpy()
+    ref_points = _reference_points(gallery, row.id, ref_old)
     native_fit = native_reference_fit(features, ref_new)
     bridged_fit = bridged_reference_fit(query_points, ref_points, curv)
     # Native list: an exact scan of the re-embedded items.
     cos = unit_rows(features) @ new_features.T
     pos, nscores = top_of(cos, k)
     native_ids = vector_ids[pos]
-    # Bridged list: the gallery's index, re-embedded items dropped (fetch more until k remain).
+    # Bridged (or old) list: the gallery's index, re-embedded items dropped.
     index = index_for(session, store, gallery)
-    reembedded = np.zeros(0, dtype=np.int64) if index.ntotal == 0 else np.sort(vector_ids)
-    want = k + min(len(vector_ids), k)
-    while True:
-        want = min(want, index.ntotal)
-        ids, dist, _ = index.search_with_points(
-            query_points, max(want, 1), overfetch=overfetch, min_candidates=min_candidates
-        )
-        drop = np.isin(ids, reembedded) | (ids < 0)
-        enough = ((~drop).sum(axis=1) >= min(k, index.ntotal - len(vector_ids))).all()
-        if enough or want >= index.ntotal:
-            break
-        want *= 4
-    bridged_scores = np.where(drop, -np.inf, -np.cosh(np.sqrt(curv) * dist) / curv)
-    bridged_ids = np.where(drop, -1, ids)
+    ids, dist = _without_reembedded(
+        index, query_points, np.sort(vector_ids), k, overfetch, min_candidates
+    )
+    bridged_scores = np.where(ids < 0, -np.inf, -np.cosh(np.sqrt(curv) * dist) / curv)
+    bridged_ids = ids
     merged_ids, calibrated, from_native = merge(
         Candidates(native_ids, nscores, native_fit),
         Candidates(bridged_ids, bridged_scores, bridged_fit),
@@ -406,8 +454,6 @@ def plan(
         "transition_expected": fit.transition,
         "calibration": {
             "served": CALIBRATION,
-            "maps": {
-                name: None if m is None else m.positives for name, m in fit.relevance.items()
-            },
+            "maps": {name: None if m is None else m.positives for name, m in fit.relevance.items()},
         },
     }
