@@ -4,6 +4,7 @@ scripts keep running (no timing is asserted: speed is measured by the benchmarks
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +13,7 @@ import pytest
 import bench.perf.api_memory
 import bench.perf.indexes
 import bench.perf.ingest
+import bench.perf.mixed_search
 import bench.perf.search
 import bench.perf.training
 from bench.common.report import replace_section
@@ -27,7 +29,14 @@ def fixture_rows(wordnet_small: dict, monkeypatch) -> WordNetRows:
         old=np.concatenate([wordnet_small[f"{f}.{MINILM}"] for f in ("gloss", "lemma")]),
         new=np.concatenate([wordnet_small[f"{f}.{MPNET}"] for f in ("gloss", "lemma")]),
     )
-    for module in (bench.perf.search, bench.perf.indexes, bench.perf.ingest, bench.perf.api_memory):
+    modules = (
+        bench.perf.search,
+        bench.perf.indexes,
+        bench.perf.ingest,
+        bench.perf.api_memory,
+        bench.perf.mixed_search,
+    )
+    for module in modules:
         monkeypatch.setattr(module, "wordnet_rows", lambda with_new=True: rows)
     return rows
 
@@ -155,3 +164,31 @@ def test_api_memory_growth_is_the_slope_and_the_verdict_compares_it() -> None:
     np.testing.assert_allclose(check["milvus_over_faiss"], per_row[1] / per_row[0])
     engines["milvus"]["growth"]["api_mib_per_100k"] = per_row[0]
     assert bench.perf.api_memory.verdict({"engines": engines})["met"] is False
+
+
+def test_mixed_search_benchmark_runs(fixture_rows: WordNetRows, tmp_path: Path) -> None:
+    out = tmp_path / "mixed.json"
+    bench.perf.mixed_search.main(
+        ["--quick", "--sizes", "3000", "--batches", "1", "8", "--rounds", "2", "--out", str(out)]
+    )
+    result = json.loads(out.read_text())
+    assert result["k"] == 10 and result["load_start"] and result["load_end"]
+    size = result["sizes"][0]
+    assert size["size"] == 3000 and size["reembedded"] == 750
+    assert set(size["batches"]) == {"1", "8"}
+    for entry in size["batches"].values():
+        for name in bench.perf.mixed_search.ENGINES:
+            assert entry[name]["calls"] == 2
+            assert all(
+                math.isfinite(entry[name][f]) and entry[name][f] > 0
+                for f in ("median_ms", "p90_ms")
+            )
+        for name in bench.perf.mixed_search.COMPARED:
+            assert math.isfinite(entry[f"{name}_vs_plain"]) and entry[f"{name}_vs_plain"] > 0
+        checks = entry["checks"]
+        # Nothing re-embedded: the transition search is the old model's own search, id for id.
+        assert checks["transition_at_0_ids_equal_plain"] is True
+        assert checks["transition_at_0_all_old"] is True
+        assert checks["every_row_has_k_hits"] is True
+        # The mixed engines do search the re-embedded items natively (not a silent fallback).
+        assert checks["mixed_new_share"] > 0 and checks["transition_new_share"] > 0
