@@ -97,7 +97,21 @@ def make_engine(url: str, settings: Settings) -> Engine:
         engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
         event.listen(engine, "connect", _sqlite_pragmas(settings.sqlite_busy_timeout_ms))
         return engine
-    return create_engine(url, pool_pre_ping=True)
+    # Server-side limits, so that no request, however stalled, holds a connection, a transaction
+    # or its row locks for long (the pool's own wait is bounded too: past it, a 503).
+    options = (
+        f"-c statement_timeout={int(settings.pg_statement_timeout_ms)} "
+        f"-c idle_in_transaction_session_timeout={int(settings.pg_idle_in_transaction_timeout_ms)}"
+    )
+    connect_args = {"options": options} if url.startswith("postgresql") else {}
+    return create_engine(
+        url,
+        pool_pre_ping=True,
+        pool_size=settings.db_pool_size,
+        max_overflow=settings.db_pool_overflow,
+        pool_timeout=settings.db_pool_timeout_s,
+        connect_args=connect_args,
+    )
 
 
 class Database:

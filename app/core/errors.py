@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from dataclasses import dataclass
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import DBAPIError, IntegrityError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 PROBLEM_JSON = "application/problem+json"
@@ -120,6 +123,28 @@ def validation_problem(raw_errors: list[dict[str, Any]]) -> Problem:
     return invalid_fields(errors or [FieldError("body", "invalid request")])
 
 
+# While the database is unreachable every request fails the same way: one log line per interval
+# (with how many were not logged) instead of one per request.
+OUTAGE_LOG_INTERVAL_S = 10.0
+_outage_lock = threading.Lock()
+_outage_state = {"last": 0.0, "suppressed": 0}
+
+
+def log_outage(message: str, *args: Any) -> None:
+    now = time.monotonic()
+    with _outage_lock:
+        if now - _outage_state["last"] < OUTAGE_LOG_INTERVAL_S:
+            _outage_state["suppressed"] += 1
+            return
+        suppressed, _outage_state["suppressed"] = _outage_state["suppressed"], 0
+        _outage_state["last"] = now
+    log.warning(message + " (%d similar not logged)", *args, suppressed)
+
+
+def unavailable(detail: str, retry_after_s: int) -> Problem:
+    return Problem(503, "Service unavailable", detail, headers={"Retry-After": str(retry_after_s)})
+
+
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(Problem)
     async def _problem(request: Request, exc: Problem) -> JSONResponse:
@@ -152,8 +177,43 @@ def install_error_handlers(app: FastAPI) -> None:
         problem = conflict("the request conflicts with a concurrent change; retry it")
         return problem_response(problem, request)
 
+    @app.exception_handler(PoolTimeout)
+    async def _pool_timeout(request: Request, exc: PoolTimeout) -> JSONResponse:
+        # Every pooled connection is busy: the request is refused, not queued without end.
+        log_outage("no database connection free for %s %s", request.method, request.url.path)
+        problem = unavailable("every database connection is busy; retry shortly", 1)
+        return problem_response(problem, request)
+
+    @app.exception_handler(DBAPIError)
+    async def _database(request: Request, exc: DBAPIError) -> JSONResponse:
+        # IntegrityError is a DBAPIError too, but has its own (more specific) handler above.
+        if not _is_unavailable(exc):
+            return await _unexpected(request, exc)
+        log_outage("database unavailable on %s %s: %s", request.method, request.url.path, exc.orig)
+        problem = unavailable("the database is unreachable or busy; retry shortly", 5)
+        return problem_response(problem, request)
+
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error on %s %s", request.method, request.url.path)
         problem = Problem(500, "Internal error", "the server failed; the error was logged")
         return problem_response(problem, request)
+
+
+def _is_unavailable(exc: DBAPIError) -> bool:
+    """A lost or refused connection, a server shutting down, a cancelled statement or a busy
+    SQLite file: the request may succeed later. Anything else is a bug (500)."""
+    if exc.connection_invalidated:
+        return True
+    text = str(exc.orig).lower()
+    signs = (
+        "connection",
+        "server closed",
+        "terminating",
+        "timeout",
+        "canceling statement",
+        "database is locked",
+        "could not connect",
+        "the database system is",
+    )
+    return any(sign in text for sign in signs)

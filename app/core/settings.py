@@ -31,6 +31,24 @@ class Settings(BaseSettings):
         default=True, description="run `alembic upgrade head` when the API starts"
     )
     sqlite_busy_timeout_ms: int = Field(default=30_000, ge=0)
+    pg_statement_timeout_ms: int = Field(
+        default=120_000,
+        ge=0,
+        description="PostgreSQL: a statement running longer is cancelled (0: no limit)",
+    )
+    pg_idle_in_transaction_timeout_ms: int = Field(
+        default=60_000,
+        ge=0,
+        description="PostgreSQL: a session idle inside an open transaction this long is ended, "
+        "so a stalled request cannot hold row locks or a connection (0: no limit)",
+    )
+    db_pool_size: int = Field(default=5, ge=1, description="pooled database connections")
+    db_pool_overflow: int = Field(default=10, ge=0, description="connections beyond the pool")
+    db_pool_timeout_s: float = Field(
+        default=5.0,
+        gt=0,
+        description="how long a request waits for a pooled connection before answering 503",
+    )
     vector_storage: Literal["segments", "sql"] = Field(
         default="segments",
         description="where new galleries keep their vectors: append-only segment files under "

@@ -175,3 +175,41 @@ def test_readyz_checks_redis_with_the_celery_runner(
     assert "database" not in body["detail"]
     # Liveness does not depend on the broker.
     assert down.get("/healthz").status_code == 200
+
+
+def test_a_database_outage_is_a_503_with_retry_after_and_liveness_holds(
+    client: TestClient, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 24, failure 7: with the database unreachable, data routes answered 500 (a bug, to
+    a client) and /healthz failed too; ~90,000 log lines in 10 s."""
+    from sqlalchemy.orm import sessionmaker
+
+    from app.core import errors
+
+    db = client.app.state.service.db
+    engine = create_engine(UNREACHABLE_POSTGRES, connect_args={"connect_timeout": 2})
+    monkeypatch.setattr(db, "sessions", sessionmaker(engine, expire_on_commit=False))
+    monkeypatch.setattr(errors, "_outage_state", {"last": 0.0, "suppressed": 0})
+    with caplog.at_level("WARNING", logger="app.core.errors"):
+        for _ in range(5):
+            response = client.get("/v1/galleries")
+            body = problem(response, 503)
+            assert response.headers["Retry-After"] == "5", body
+    assert client.get("/healthz", headers={"Authorization": ""}).status_code == 200
+    outage_lines = [r for r in caplog.records if "database unavailable" in r.getMessage()]
+    assert len(outage_lines) == 1
+    engine.dispose()
+
+
+def test_a_full_connection_pool_is_a_503_not_a_500(
+    client: TestClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from sqlalchemy.exc import TimeoutError as PoolTimeout
+
+    def exhausted(*args, **kwargs):
+        raise PoolTimeout("QueuePool limit of size 5 overflow 10 reached")
+
+    monkeypatch.setattr("app.auth.service.tenant_for_key", exhausted)
+    response = client.get("/v1/galleries")
+    problem(response, 503)
+    assert response.headers["Retry-After"] == "1"
