@@ -250,6 +250,10 @@ def backfill_fit(
                 "is learned from the upgrade's held-out part"
             )
         data, lift, eval_idx, eval_q, seed = inputs
+        # End the read transaction before the fit (minutes on a large upgrade): an idle open
+        # transaction would hold a connection, and PostgreSQL ends it after
+        # PG_IDLE_IN_TRANSACTION_TIMEOUT_MS. Loaded rows stay usable (expire_on_commit=False).
+        session.commit()
         try:
             fit = fit_planner(
                 build_fit_view(cache.load(row), data, lift, eval_idx, eval_q, seed), seed
