@@ -11,6 +11,7 @@ from fastapi import FastAPI
 from fastapi_offline import FastAPIOffline
 
 import app.db_models  # noqa: F401  (the table registry: Database needs every mapped class)
+from app.api.body_guard import BodyGuardMiddleware
 from app.api.datasets import router as datasets_router
 from app.api.deps import ServiceState
 from app.api.galleries import router as galleries_router
@@ -107,6 +108,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     install_error_handlers(app)
     install_openapi(app)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_request_bytes)
+    # Outside the size limit: a stalled or surplus body is refused before it is counted.
+    app.add_middleware(
+        BodyGuardMiddleware,
+        idle_timeout_s=settings.body_idle_timeout_s,
+        total_timeout_s=settings.body_timeout_s,
+        max_uploads=settings.max_concurrent_uploads,
+        max_uploads_per_key=settings.max_concurrent_uploads_per_key,
+    )
     for router in (
         galleries_router,
         search_router,

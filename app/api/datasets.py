@@ -9,6 +9,7 @@ from starlette.concurrency import run_in_threadpool
 from app.api.deps import IdempotencyDep, SessionDep, StateDep, TenantDep
 from app.core.errors import invalid
 from app.core.idempotency import StoredResponse, create_once, stored_json
+from app.core.limits import ArrayLimits
 from app.core.schemas import LimitQuery, PageTokenQuery, openapi_body
 from app.core.tenancy import tenant_page
 from app.core.uploads import read_body
@@ -83,16 +84,18 @@ async def upload_items(
 ) -> dict:
     """Upsert items by id, all or nothing: JSON, or multipart `.npy` parts (`ids`, `features`
     or one `modalities.<name>` per modality, `labels`)."""
-    dataset = service.get_dataset(session, tenant_id, dataset_id)
+    # The body first, with no database connection held while it arrives.
     fields = await read_body(
         request,
         ItemsUpload,
         array_fields={"features", "modalities"},
         string_fields={"ids", "labels"},
         json_fields=set(),
+        limits=ArrayLimits.of(state.settings),
     )
     if "ids" not in fields:
         raise invalid("ids", "required")
+    dataset = await run_in_threadpool(service.get_dataset, session, tenant_id, dataset_id)
     # The write waits for locks: in the thread pool, never on the event loop.
     upserted, count = await run_in_threadpool(
         service.upsert_items,
@@ -118,17 +121,19 @@ async def upload_queries(
     """Upsert logged queries by id, all or nothing: JSON, or multipart `.npy` parts (`ids`,
     `features`, `old_vectors`) with `relevant_ids` as a JSON part. The dataset needs a gallery
     (409 otherwise): relevant ids are its item ids, old vectors are in its space."""
-    dataset = service.get_dataset(session, tenant_id, dataset_id)
+    # The body first, with no database connection held while it arrives.
     fields = await read_body(
         request,
         QueriesUpload,
         array_fields={"features", "old_vectors"},
         string_fields={"ids"},
         json_fields={"relevant_ids"},
+        limits=ArrayLimits.of(state.settings),
     )
     for required in ("ids", "features"):
         if required not in fields:
             raise invalid(required, "required")
+    dataset = await run_in_threadpool(service.get_dataset, session, tenant_id, dataset_id)
     upserted = await run_in_threadpool(
         queries.upsert_queries,
         session,

@@ -68,6 +68,10 @@ def get_tenant_id(
             headers=unauthorized,
         )
     tenant_id = tenant_for_key(session, credentials.credentials)
+    # End the key lookup's transaction: its connection goes back to the pool now, not when the
+    # request ends — a request still waiting for its body (or a slow client) must hold none.
+    # Nothing loaded is expired (expire_on_commit=False); the route's own queries start afresh.
+    session.commit()
     if tenant_id is None:
         raise Problem(401, "Unauthorized", "unknown or revoked API key", headers=unauthorized)
     return tenant_id

@@ -14,6 +14,7 @@ from starlette.concurrency import run_in_threadpool
 from app.api.deps import IdempotencyDep, SessionDep, StateDep, TenantDep
 from app.core.errors import FieldError, invalid, invalid_fields
 from app.core.idempotency import StoredResponse, create_once, stored_json
+from app.core.limits import ArrayLimits
 from app.core.schemas import CascadeQuery, LimitQuery, PageTokenQuery, openapi_body
 from app.core.tenancy import tenant_page
 from app.core.uploads import read_body
@@ -120,18 +121,21 @@ async def upsert_vectors(
 ) -> dict:
     """Upsert by id, all or nothing: JSON, or multipart `.npy` parts (`ids`, `vectors` or
     `features`, `labels`; `metadata` as JSON text)."""
-    gallery = service.get_gallery(session, tenant_id, gallery_id)
+    # The body first, with no database connection held while it arrives (a slow client must
+    # not hold one); then the lookup and the write, in the thread pool.
     fields = await read_body(
         request,
         VectorsUpsert,
         array_fields={"vectors", "features"},
         string_fields={"ids", "labels"},
         json_fields={"metadata", "model_id"},
+        limits=ArrayLimits.of(state.settings),
     )
     if "ids" not in fields:
         raise invalid("ids", "required")
     # The write waits for row (or SQLite's database) locks: in the thread pool, never on the
     # event loop, which every other request needs meanwhile.
+    gallery = await run_in_threadpool(service.get_gallery, session, tenant_id, gallery_id)
     return await run_in_threadpool(_store_vectors, gallery, fields, state, session, tenant_id)
 
 

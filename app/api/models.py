@@ -12,6 +12,7 @@ from starlette.concurrency import run_in_threadpool
 from app.api.deps import SessionDep, StateDep, TenantDep
 from app.core.arrays import check_batch_size, load_npy
 from app.core.errors import Problem, invalid
+from app.core.limits import ArrayLimits
 from app.core.schemas import (
     CascadeQuery,
     LimitQuery,
@@ -221,7 +222,7 @@ async def embed(
         features: Any = body.features
         modality = body.modality
     elif content_type == NPY_MEDIA_TYPE:
-        features = load_npy(await request.body(), "features")
+        features = load_npy(await request.body(), "features", ArrayLimits.of(state.settings))
     else:
         raise Problem(415, "Unsupported media type", f"send application/json or {NPY_MEDIA_TYPE}")
 

@@ -11,6 +11,7 @@ from starlette.concurrency import run_in_threadpool
 from app.api.deps import SessionDep, StateDep, TenantDep
 from app.core.arrays import load_npy
 from app.core.errors import Problem, invalid
+from app.core.limits import ArrayLimits
 from app.core.schemas import NpyModalityQuery, openapi_body
 from app.core.uploads import read_body, read_json_model
 from app.galleries.service import get_gallery
@@ -108,11 +109,12 @@ async def search(
                 array_fields={"vectors", "features", "old_vectors"},
                 string_fields=set(),
                 json_fields={"k", "model_id", "modality"},
+                limits=ArrayLimits.of(state.settings),
             )
         )
     elif content_type == NPY_MEDIA_TYPE:
         field = "vectors" if model_id is None else "features"
-        rows = load_npy(await request.body(), field)
+        rows = load_npy(await request.body(), field, ArrayLimits.of(state.settings))
         query = service.SearchQuery(rows, DEFAULT_K if k is None else k, model_id, modality, field)
     else:
         raise Problem(

@@ -6,20 +6,42 @@ import io
 import math
 import unicodedata
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 from numpy.lib import format as npy_format
 
 from app.core.errors import FieldError, Problem, invalid, invalid_fields
+from app.core.limits import ArrayLimits
 
 FLOAT_DTYPES = ("float16", "float32", "float64")
 # A .npy header is tiny; anything but the header and the data is a malformed upload.
 NPY_MAGIC = b"\x93NUMPY"
+# The largest code point there is: a '<U' array holding a larger one cannot become a str
+# (numpy raises SystemError from tolist()).
+MAX_CODE_POINT = 0x10FFFF
 
 
-def _npy_header(stream: io.BytesIO, field: str) -> tuple[tuple[int, ...], np.dtype]:
-    """(shape, dtype) from a ``.npy`` header, refusing what must never reach ``np.load``."""
+@dataclass(frozen=True)
+class NpyHeader:
+    """What a ``.npy`` header claims, read without touching the data that follows it."""
+
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    data_offset: int
+
+    @property
+    def nbytes(self) -> int:
+        # Python ints: a claim of 10¹⁰⁰ rows is a big number, not an overflow.
+        return math.prod(self.shape) * self.dtype.itemsize
+
+
+def _npy_header(data: bytes, field: str) -> NpyHeader:
+    """The header of a ``.npy`` upload, refusing what must never reach ``np.load``."""
+    if not data.startswith(NPY_MAGIC):
+        raise invalid(field, "not a .npy file (bad magic bytes)")
+    stream = io.BytesIO(data)
     try:
         version = npy_format.read_magic(stream)
         if version == (1, 0):
@@ -28,32 +50,42 @@ def _npy_header(stream: io.BytesIO, field: str) -> tuple[tuple[int, ...], np.dty
             shape, _, dtype = npy_format.read_array_header_2_0(stream)
         else:
             raise invalid(field, f".npy format version {version} is not accepted (1.0 or 2.0)")
-    except (ValueError, EOFError, OSError) as exc:
+    except Problem:
+        raise
+    except Exception as exc:
+        # The header is a Python literal evaluated by numpy (ast.literal_eval, then a dtype
+        # built from its descr): a hostile one raises ValueError, TypeError, OverflowError,
+        # RecursionError or others depending on where it breaks; each one is a malformed header.
         raise invalid(field, f"malformed .npy header: {exc}") from exc
     if dtype.hasobject:
         raise invalid(field, "object arrays are not accepted (pickle is never loaded)")
-    return shape, dtype
+    if any(n < 0 for n in shape):
+        raise invalid(field, f"malformed .npy header: negative dimension in shape {list(shape)}")
+    return NpyHeader(tuple(int(n) for n in shape), dtype, stream.tell())
 
 
-def load_npy(data: bytes, field: str) -> np.ndarray:
-    """Parse one ``.npy`` upload without ever unpickling (object arrays are refused).
+def _check_claim(data: bytes, header: NpyHeader, field: str, limits: ArrayLimits) -> None:
+    """The bytes promised against the bytes that follow, then the rows against the limit: all
+    from the header, so a 100-byte upload claiming 10¹² rows (numpy would allocate them before
+    reading a byte) is a 422, and 3·10⁷ honest rows a 413 before a list of 3·10⁷ objects exists.
 
-    The header is checked against the bytes that follow it before anything is loaded: numpy
-    allocates the whole array the header promises first, so a 100-byte upload claiming
-    10¹² rows would otherwise raise ``MemoryError`` (or reserve gigabytes) instead of a 422.
-    """
-    if not data.startswith(NPY_MAGIC):
-        raise invalid(field, "not a .npy file (bad magic bytes)")
-    stream = io.BytesIO(data)
-    shape, dtype = _npy_header(stream, field)
-    promised = math.prod(shape) * dtype.itemsize
-    held = len(data) - stream.tell()
-    if promised != held:
+    No separate byte limit: the body limit (``BodyLimitMiddleware``) bounds what follows, and
+    with an item size of at least one byte (zero-size types are refused before this) the
+    promise must equal it, so what numpy then allocates is at most the body's size."""
+    held = len(data) - header.data_offset
+    if header.nbytes != held:
         raise invalid(
             field,
-            f"malformed .npy: its header promises shape {list(shape)} of {dtype} "
-            f"({promised} bytes) but {held} bytes follow it",
+            f"malformed .npy: its header promises shape {list(header.shape)} of "
+            f"{header.dtype} ({header.nbytes} bytes) but {held} bytes follow it",
         )
+    # A shape with a zero in it promises no bytes whatever its rows claim: (3·10⁷, 0) passes
+    # the check above, not this one.
+    check_batch_size(header.shape[0], field, limits.max_rows)
+
+
+def _load_checked(data: bytes, field: str) -> np.ndarray:
+    """``np.load`` of an upload whose header was checked (its allocation is what follows it)."""
     try:
         array = np.load(io.BytesIO(data), allow_pickle=False)
     except (ValueError, OSError, EOFError) as exc:
@@ -63,18 +95,51 @@ def load_npy(data: bytes, field: str) -> np.ndarray:
     return array
 
 
-def npy_strings(array: np.ndarray, field: str) -> list[str]:
-    """A 1-D unicode (or UTF-8 bytes) ``.npy`` array as a list of str."""
-    if array.ndim != 1:
-        raise invalid(field, f"expected a 1-D array of strings, got shape {list(array.shape)}")
-    if array.dtype.kind == "U":
+def load_npy(data: bytes, field: str, limits: ArrayLimits) -> np.ndarray:
+    """One ``.npy`` upload of float rows (N×D), never unpickled (object arrays are refused).
+
+    Everything is decided from the header before anything is allocated: the dtype (float16,
+    32 or 64), the rank (a 0-d or 3-d array is a 422 here, not a ``len()`` of an unsized
+    object later), the dimension against its limit, the bytes promised against the bytes that
+    follow, and the rows against their limit.
+    """
+    header = _npy_header(data, field)
+    if header.dtype.name not in FLOAT_DTYPES:
+        raise invalid(field, f"expected float16/32/64 values, got dtype {header.dtype}")
+    if len(header.shape) != 2:
+        raise invalid(field, f"expected a 2-D array, got shape {list(header.shape)}")
+    if header.shape[1] > limits.max_dim:
+        raise invalid(field, f"dimension {header.shape[1]} exceeds the limit of {limits.max_dim}")
+    _check_claim(data, header, field, limits)
+    return _load_checked(data, field)
+
+
+def load_npy_strings(data: bytes, field: str, limits: ArrayLimits) -> list[str]:
+    """One ``.npy`` upload of strings (1-D unicode, or UTF-8 bytes) as a list of str.
+
+    The rows are limited from the header, before the list (one Python object per row) exists.
+    Zero-size string types ('|S0', '<U0') are refused: they promise no bytes, so any number of
+    rows would pass the size check for free.
+    """
+    header = _npy_header(data, field)
+    kind = header.dtype.kind
+    if kind not in ("U", "S"):
+        raise invalid(field, f"expected a string array, got dtype {header.dtype}")
+    if header.dtype.itemsize == 0:
+        raise invalid(field, f"zero-size strings ({header.dtype.str}) are not accepted")
+    if len(header.shape) != 1:
+        raise invalid(field, f"expected a 1-D array of strings, got shape {list(header.shape)}")
+    _check_claim(data, header, field, limits)
+    array = _load_checked(data, field)
+    if kind == "U":
+        codes = array.view(np.dtype(np.uint32).newbyteorder(header.dtype.byteorder))
+        if codes.size and int(codes.max()) > MAX_CODE_POINT:
+            raise invalid(field, "not valid unicode (a code point beyond U+10FFFF)")
         return [str(x) for x in array.tolist()]
-    if array.dtype.kind == "S":
-        try:
-            return [bytes(x).decode("utf-8") for x in array.tolist()]
-        except UnicodeDecodeError as exc:
-            raise invalid(field, "byte strings must be UTF-8") from exc
-    raise invalid(field, f"expected a string array, got dtype {array.dtype}")
+    try:
+        return [bytes(x).decode("utf-8") for x in array.tolist()]
+    except UnicodeDecodeError as exc:
+        raise invalid(field, "byte strings must be UTF-8") from exc
 
 
 def as_matrix(

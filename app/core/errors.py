@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -97,6 +98,20 @@ def problem_response(problem: Problem, request: Request | None = None) -> JSONRe
     )
 
 
+async def send_problem(send: Any, problem: Problem, close: bool = True) -> None:
+    """Answer with ``problem`` straight from an ASGI middleware (before any route runs)."""
+    body = json.dumps(problem.body()).encode()
+    headers = [
+        (b"content-type", PROBLEM_JSON.encode()),
+        (b"content-length", str(len(body)).encode()),
+        *((k.lower().encode(), str(v).encode()) for k, v in (problem.headers or {}).items()),
+    ]
+    if close:
+        headers.append((b"connection", b"close"))
+    await send({"type": "http.response.start", "status": problem.status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
 def _loc_to_field(loc: tuple[Any, ...]) -> str:
     parts = list(loc)
     if parts and parts[0] in ("body", "query", "path", "header"):
@@ -160,6 +175,7 @@ def install_error_handlers(app: FastAPI) -> None:
             401: "Unauthorized",
             404: "Not found",
             405: "Method not allowed",
+            408: "Request timeout",
             413: "Request too large",
         }
         problem = Problem(

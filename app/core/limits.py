@@ -1,13 +1,32 @@
-"""Request-size limit, enforced before a body is parsed (Content-Length) and while it streams."""
+"""Request-size limit, enforced before a body is parsed (Content-Length) and while it streams;
+and the limits an array of a request is held to before it is parsed (``ArrayLimits``)."""
 
 from __future__ import annotations
 
-import json
+from dataclasses import dataclass
 
 from fastapi import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app.core.errors import PROBLEM_JSON, Problem
+from app.core.errors import Problem, send_problem
+from app.core.settings import Settings
+
+
+@dataclass(frozen=True)
+class ArrayLimits:
+    """What one array of a request may claim: a ``.npy`` header is checked against these before
+    numpy allocates anything or a list of its rows is built. Its bytes are bounded by the body
+    limit (``BodyLimitMiddleware`` below): a header must promise exactly the bytes that follow."""
+
+    max_rows: int
+    max_dim: int
+
+    @classmethod
+    def of(cls, settings: Settings) -> ArrayLimits:
+        return cls(
+            max_rows=settings.max_vectors_per_request,
+            max_dim=settings.max_dim,
+        )
 
 
 class BodyTooLarge(HTTPException):
@@ -34,19 +53,7 @@ class BodyLimitMiddleware:
         self.max_bytes = max_bytes
 
     async def _reject(self, send: Send) -> None:
-        body = json.dumps(too_large(self.max_bytes).body()).encode()
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 413,
-                "headers": [
-                    (b"content-type", PROBLEM_JSON.encode()),
-                    (b"content-length", str(len(body)).encode()),
-                    (b"connection", b"close"),
-                ],
-            }
-        )
-        await send({"type": "http.response.body", "body": body})
+        await send_problem(send, too_large(self.max_bytes))
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":

@@ -94,6 +94,18 @@ class Settings(BaseSettings):
 
     # Limits (documented in the README; every one answers a clear 4xx when exceeded).
     max_request_bytes: int = Field(default=64 * 1024 * 1024, ge=1024)
+    body_idle_timeout_s: float = Field(
+        default=15.0, gt=0, description="a request body silent this long is refused (408)"
+    )
+    body_timeout_s: float = Field(
+        default=300.0, gt=0, description="a request body not complete after this is refused (408)"
+    )
+    max_concurrent_uploads: int = Field(
+        default=64, ge=1, description="requests receiving a body at once, in total (429 above)"
+    )
+    max_concurrent_uploads_per_key: int = Field(
+        default=8, ge=1, description="requests receiving a body at once per API key (429 above)"
+    )
     max_vectors_per_request: int = Field(default=10_000, ge=1)
     max_dim: int = Field(default=4096, ge=1)
     max_k: int = Field(default=1000, ge=1)

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any, TypeVar
 
+import pydantic_core
 from fastapi import Request
 from pydantic import BaseModel, ValidationError
 from starlette.datastructures import UploadFile
 
-from app.core.arrays import load_npy, npy_strings
+from app.core.arrays import NPY_MAGIC, load_npy, load_npy_strings
 from app.core.errors import Problem, invalid, validation_problem
+from app.core.limits import ArrayLimits
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -21,6 +22,31 @@ async def read_json_model(request: Request, model: type[M]) -> M:
         return model.model_validate_json(body)
     except ValidationError as exc:
         raise validation_problem(list(exc.errors())) from exc
+
+
+def parse_json(data: bytes, field: str) -> Any:
+    """A JSON part, parsed as the JSON body is: by pydantic-core's parser (the one
+    ``model_validate_json`` above runs), so one nesting limit holds for both. ``json.loads`` has
+    none of its own: 900 levels stored metadata that could never be serialised back (every read
+    of it a 500), 100,000 raised RecursionError. The parser also refuses lone surrogate escapes,
+    as the JSON body does.
+
+    A part stands for a member of the JSON body (``{"metadata": <part>}``), one level below its
+    root, so it is parsed one level down, inside ``[…]``: both forms then accept exactly the
+    same nesting, and what a read returns can be sent back either way. ``[`` + part + ``]`` is
+    a one-element array exactly when the part is one JSON value."""
+    try:
+        (value,) = pydantic_core.from_json(b"[" + data + b"]")
+    except ValueError:
+        pass
+    else:
+        return value
+    # The error of the part as sent (its own line and column), or else its depth.
+    try:
+        pydantic_core.from_json(data)
+    except ValueError as exc:
+        raise invalid(field, f"malformed JSON: {exc}") from exc
+    raise invalid(field, "malformed JSON: nested deeper than the JSON body's limit")
 
 
 async def _field_bytes(value: UploadFile | str) -> bytes:
@@ -36,11 +62,13 @@ async def read_body(
     array_fields: set[str],
     string_fields: set[str],
     json_fields: set[str],
+    limits: ArrayLimits,
 ) -> dict[str, Any]:
     """The request's fields: validated JSON (lists), or multipart parts where each of
-    ``array_fields`` is a ``.npy`` file (→ ndarray), each of ``string_fields`` a ``.npy`` of
-    strings or a JSON array, and each of ``json_fields`` a JSON text. A field named
-    ``<array_field>.<name>`` gathers into a dict (several modalities)."""
+    ``array_fields`` is a ``.npy`` file of float rows (→ ndarray), each of ``string_fields`` a
+    ``.npy`` of strings or a JSON array, and each of ``json_fields`` a JSON text. A field named
+    ``<array_field>.<name>`` gathers into a dict (several modalities). Every ``.npy`` header is
+    held to ``limits`` before its array is loaded."""
     content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if content_type == "application/json":
         parsed = await read_json_model(request, model)
@@ -59,27 +87,27 @@ async def read_body(
             if name in fields or (prefix in array_fields and sub and sub in fields.get(prefix, {})):
                 raise invalid(name, "given twice")
             if prefix in array_fields and sub:
-                fields.setdefault(prefix, {})[sub] = load_npy(await _field_bytes(value), name)
+                rows = load_npy(await _field_bytes(value), name, limits)
+                fields.setdefault(prefix, {})[sub] = rows
             elif name in array_fields:
-                fields[name] = load_npy(await _field_bytes(value), name)
+                fields[name] = load_npy(await _field_bytes(value), name, limits)
             elif name in string_fields:
-                fields[name] = _strings(await _field_bytes(value), name)
+                fields[name] = _strings(await _field_bytes(value), name, limits)
             elif name in json_fields:
-                try:
-                    fields[name] = json.loads(await _field_bytes(value))
-                except (ValueError, UnicodeDecodeError) as exc:
-                    raise invalid(name, f"malformed JSON: {exc}") from exc
+                fields[name] = parse_json(await _field_bytes(value), name)
             else:
                 raise invalid(name, f"unknown part; expected some of {sorted(allowed)}")
     return fields
 
 
-def _strings(data: bytes, field: str) -> list[str]:
-    if data.startswith(b"\x93NUMPY"):
-        return npy_strings(load_npy(data, field), field)
+def _strings(data: bytes, field: str, limits: ArrayLimits) -> list[str]:
+    if data.startswith(NPY_MAGIC):
+        return load_npy_strings(data, field, limits)
+    # The JSON parts' parser (see parse_json): deep nesting is a ValueError, not a
+    # RecursionError; an array of strings is shallow, so the one level parse_json adds is moot.
     try:
-        values = json.loads(data)
-    except (ValueError, UnicodeDecodeError) as exc:
+        values = pydantic_core.from_json(data)
+    except ValueError as exc:
         raise invalid(field, "expected a .npy of strings or a JSON array of strings") from exc
     if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
         raise invalid(field, "expected a JSON array of strings")
