@@ -59,12 +59,19 @@ def list_upgrades(
     rows, next_token = tenant_page(
         session, UpgradeJob, tenant_id, page_token, limit, state.settings.max_page_size
     )
-    return {"items": [service.upgrade_out(j) for j in rows], "next_page_token": next_token}
+    stale_after = state.settings.job_stale_after_s
+    return {
+        "items": [service.upgrade_out(j, stale_after) for j in rows],
+        "next_page_token": next_token,
+    }
 
 
 @router.get("/{upgrade_id}", response_model=UpgradeOut)
-def get_upgrade(upgrade_id: str, session: SessionDep, tenant_id: TenantDep) -> dict:
-    return service.upgrade_out(service.get_upgrade(session, tenant_id, upgrade_id))
+def get_upgrade(
+    upgrade_id: str, state: StateDep, session: SessionDep, tenant_id: TenantDep
+) -> dict:
+    job = service.get_upgrade(session, tenant_id, upgrade_id)
+    return service.upgrade_out(job, state.settings.job_stale_after_s)
 
 
 @router.post(

@@ -84,6 +84,14 @@ class UpgradeOut(BaseModel):
     error: str | None
     attempts: int
     cancel_requested: bool
+    heartbeat_at: datetime | None = Field(
+        default=None, description="the worker's last sign of life while the job runs"
+    )
+    stale: bool = Field(
+        default=False,
+        description="running, but no heartbeat for NOBACKFILL_JOB_STALE_AFTER_S: the worker is "
+        "probably gone; the sweeper re-queues the job (or fails it after its last attempt)",
+    )
     created_at: datetime
     started_at: datetime | None
     finished_at: datetime | None

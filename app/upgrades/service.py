@@ -3,6 +3,7 @@ queued row that a runner executes; cancel through a flag the trainer polls betwe
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import select
@@ -18,6 +19,8 @@ from app.jobs.models import CANCELLED, QUEUED, RUNNING, TERMINAL, UpgradeJob
 from app.models.service import get_model
 from app.upgrades import backbone, catalogue, continual
 from app.upgrades.schemas import UpgradeCreate
+
+DEFAULT_STALE_AFTER_S = Settings.model_fields["job_stale_after_s"].default
 
 
 def all_methods() -> dict[str, Any]:
@@ -120,7 +123,18 @@ def cancel_upgrade(session: Session, job: UpgradeJob) -> UpgradeJob:
     return job
 
 
-def upgrade_out(job: UpgradeJob) -> dict[str, Any]:
+def is_stale(job: UpgradeJob, stale_after_s: float, now: datetime | None = None) -> bool:
+    """A running job whose worker has not beaten for ``stale_after_s``: probably gone (the
+    sweeper re-queues or fails it; until then its status still reads "running")."""
+    if job.status != RUNNING:
+        return False
+    if job.heartbeat_at is None:
+        return True
+    beat = job.heartbeat_at if job.heartbeat_at.tzinfo else job.heartbeat_at.replace(tzinfo=UTC)
+    return ((now or utcnow()) - beat).total_seconds() > stale_after_s
+
+
+def upgrade_out(job: UpgradeJob, stale_after_s: float = DEFAULT_STALE_AFTER_S) -> dict[str, Any]:
     return {
         "id": job.id,
         "status": job.status,
@@ -137,6 +151,8 @@ def upgrade_out(job: UpgradeJob) -> dict[str, Any]:
         "error": job.error,
         "attempts": job.attempts,
         "cancel_requested": job.cancel_requested,
+        "heartbeat_at": job.heartbeat_at,
+        "stale": is_stale(job, stale_after_s),
         "created_at": job.created_at,
         "started_at": job.started_at,
         "finished_at": job.finished_at,

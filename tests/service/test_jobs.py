@@ -193,3 +193,22 @@ def test_reports_and_progress_are_strict_json() -> None:
 
     raw = {"loss": float("nan"), "best": np.float32(0.5), "per": [float("inf"), np.int64(3)]}
     assert json_safe(raw) == {"loss": None, "best": 0.5, "per": [None, 3]}
+
+
+def test_a_job_whose_worker_is_gone_reads_stale_with_its_last_heartbeat(
+    client: TestClient, queued_job: str
+) -> None:
+    """Issue 24, failure 7: a job whose worker died read "running" indefinitely, with nothing
+    to tell it from a live one."""
+    fresh = client.get(f"/v1/upgrades/{queued_job}").json()
+    assert fresh["status"] == "queued" and fresh["stale"] is False
+    set_job(client, queued_job, status="running", attempts=1, heartbeat_at=utcnow(), worker="w")
+    live = client.get(f"/v1/upgrades/{queued_job}").json()
+    assert live["stale"] is False and live["heartbeat_at"] is not None
+    stale_after = client.app.state.service.settings.job_stale_after_s
+    beat = utcnow() - timedelta(seconds=stale_after + 5)
+    set_job(client, queued_job, status="running", attempts=1, heartbeat_at=beat, worker="dead")
+    gone = client.get(f"/v1/upgrades/{queued_job}").json()
+    assert gone["status"] == "running" and gone["stale"] is True
+    listed = {j["id"]: j for j in client.get("/v1/upgrades").json()["items"]}
+    assert listed[queued_job]["stale"] is True
