@@ -24,6 +24,7 @@ from app.core.db import Database, migrate
 from app.core.errors import install_error_handlers
 from app.core.limits import BodyLimitMiddleware
 from app.core.openapi import install_openapi
+from app.core.security import display_prefix
 from app.core.settings import Settings, get_settings
 from app.galleries.service import verify_all_indexes
 from app.models.service import ModelCache, remove_orphan_artifacts
@@ -76,10 +77,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         configure_logging(settings)
         state = build_state(settings)
         app.state.service = state
-        key = ensure_local_key(state.db, settings)
-        if key is not None:
-            # Printed for the newcomer at the terminal; it is also in <data_dir>/api_key.
-            print(f"API key: {key}", flush=True)
+        local = ensure_local_key(state.db, settings)
+        if local is not None and local.created:
+            # Printed once, for the newcomer at the terminal; it is also in <data_dir>/api_key.
+            print(f"API key: {local.key}", flush=True)
+        elif local is not None:
+            print(f"API key: {display_prefix(local.key)}… (from {local.source})", flush=True)
         state.runner.start(sweep=settings.job_runner != "inline")
         state.indexes.start()
         try:

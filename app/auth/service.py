@@ -10,7 +10,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app.auth.models import ApiKey, Tenant
-from app.core.db import Database, new_id
+from app.core.db import Database, new_id, utcnow
 from app.core.security import display_prefix, generate_api_key, hash_api_key
 from app.core.settings import Settings
 
@@ -69,14 +69,26 @@ def tenant_for_key(session: Session, key: str) -> str | None:
     )
 
 
-def ensure_local_key(db: Database, settings: Settings) -> str | None:
+@dataclass(frozen=True)
+class LocalKey:
+    """The embedded mode's key, and whether this start registered it (then, and only then, it
+    is printed in full: later starts would put it in every log that keeps the console)."""
+
+    key: str
+    created: bool
+    source: str  # "NOBACKFILL_BOOTSTRAP_KEY" or the key file's path
+
+
+def ensure_local_key(db: Database, settings: Settings) -> LocalKey | None:
     """The embedded mode's key: ``NOBACKFILL_BOOTSTRAP_KEY`` if set, else the key stored in
-    ``<data_dir>/api_key`` (created on first start, mode 0600). Returns the key to print, or
-    ``None`` when neither applies (compose: keys come from the CLI)."""
+    ``<data_dir>/api_key`` (created on first start, mode 0600); ``None`` when neither applies
+    (compose: keys come from the CLI). A bootstrap key that changed revokes the previous
+    bootstrap keys of the local tenant: rotating the variable and restarting rotates the key."""
     if settings.bootstrap_key:
-        key = settings.bootstrap_key
+        key, name, source = settings.bootstrap_key, "bootstrap", "NOBACKFILL_BOOTSTRAP_KEY"
     elif settings.local_key:
-        path = settings.local_key_file
+        name, path = "local", settings.local_key_file
+        source = str(path)
         if path.exists():
             key = path.read_text(encoding="utf-8").strip()
         else:
@@ -90,5 +102,19 @@ def ensure_local_key(db: Database, settings: Settings) -> str | None:
         return None
     with db.session() as session:
         tenant = get_or_create_tenant(session, settings.local_tenant)
-        add_key(session, tenant, key, "local")
-    return key
+        digest = hash_api_key(key)
+        known = session.scalar(select(ApiKey).where(ApiKey.key_hash == digest))
+        add_key(session, tenant, key, name)
+        if name == "bootstrap":
+            earlier = session.scalars(
+                select(ApiKey).where(
+                    ApiKey.tenant_id == tenant.id,
+                    ApiKey.name == "bootstrap",
+                    ApiKey.key_hash != digest,
+                    ApiKey.revoked_at.is_(None),
+                )
+            ).all()
+            for old in earlier:
+                old.revoked_at = utcnow()
+                log.warning("revoked the previous bootstrap key %s…", old.prefix)
+    return LocalKey(key, known is None, source)

@@ -33,6 +33,26 @@ def test_local_key_created_once_printed_and_stored(make_client, capsys) -> None:
     again = make_client(bootstrap_key=None, local_key=True)
     assert key_file.read_text().strip() == key
     assert again.get("/v1/galleries", headers={"Authorization": f"Bearer {key}"}).status_code == 200
+    # Later starts name the key's file and prefix, never the key (issue 24: it landed in every
+    # compose log).
+    out = capsys.readouterr().out
+    assert key not in out and f"(from {key_file})" in out
+
+
+def test_a_changed_bootstrap_key_revokes_the_previous_one(make_client, capsys) -> None:
+    first = make_client(bootstrap_key="ci-key-0123456789abcdef", local_key=False)
+    old = {"Authorization": "Bearer ci-key-0123456789abcdef"}
+    assert first.get("/v1/galleries", headers=old).status_code == 200
+    stop_client(first)
+    again = make_client(bootstrap_key="ci-key-0123456789abcdef", local_key=False)
+    assert "ci-key-0123456789abcdef" not in capsys.readouterr().out.split("API key:")[-1]
+    assert again.get("/v1/galleries", headers=old).status_code == 200
+    stop_client(again)
+    rotated = make_client(bootstrap_key="ci-key-rotated-456789abcdef", local_key=False)
+    assert "API key: ci-key-rotated-456789abcdef" in capsys.readouterr().out
+    new = {"Authorization": "Bearer ci-key-rotated-456789abcdef"}
+    assert rotated.get("/v1/galleries", headers=new).status_code == 200
+    problem(rotated.get("/v1/galleries", headers=old), 401)
 
 
 def test_bootstrap_key_from_the_environment(make_client, monkeypatch, capsys) -> None:
