@@ -20,6 +20,7 @@ from app.api.observability import install_observability
 from app.api.search import router as search_router
 from app.api.upgrades import router as upgrades_router
 from app.auth.service import ensure_local_key
+from app.auth.throttle import AuthThrottle
 from app.core.db import Database, migrate
 from app.core.errors import install_error_handlers
 from app.core.limits import BodyLimitMiddleware
@@ -66,7 +67,10 @@ def build_state(settings: Settings) -> ServiceState:
         repaired = [g for g, result in outcome.items() if result != "ok"]
         log.info("startup check: %d indexes, %d rebuilt", len(outcome), len(repaired))
         remove_orphan_artifacts(session, settings)
-    return ServiceState(settings, db, store, ModelCache(settings), make_runner(db, settings))
+    throttle = AuthThrottle(settings.auth_failure_limit, settings.auth_failure_window_s)
+    return ServiceState(
+        settings, db, store, ModelCache(settings), make_runner(db, settings), throttle
+    )
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:

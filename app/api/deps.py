@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Annotated
 
 from fastapi import Depends, Header, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
 
+from app.auth.throttle import AuthThrottle
 from app.core.db import Database
 from app.core.errors import Problem
 from app.core.idempotency import IdempotencyRequest
@@ -30,6 +31,7 @@ class ServiceState:
     indexes: IndexStore
     models: ModelCache
     runner: JobRunner
+    throttle: AuthThrottle = field(default_factory=lambda: AuthThrottle(20, 60.0))
 
 
 def get_state(request: Request) -> ServiceState:
@@ -54,13 +56,29 @@ _bearer = HTTPBearer(auto_error=False, description="an API key: `Authorization: 
 
 
 def get_tenant_id(
+    request: Request,
+    state: StateDep,
     session: SessionDep,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
 ) -> str:
     from app.auth.service import tenant_for_key
 
     unauthorized = {"WWW-Authenticate": "Bearer"}
+    client = request.client.host if request.client else "unknown"
+    wait = state.throttle.retry_after(client)
+    if wait is not None:
+        # Checked before the key: a client guessing keys learns nothing more until it waits.
+        _count_auth_failure(request, "throttled")
+        raise Problem(
+            429,
+            "Too many requests",
+            f"too many failed authentications from this address; retry in {wait} s",
+            slug="too-many-failed-authentications",
+            headers={"Retry-After": str(wait)},
+        )
     if credentials is None or credentials.scheme.lower() != "bearer":
+        state.throttle.failed(client)
+        _count_auth_failure(request, "missing")
         raise Problem(
             401,
             "Unauthorized",
@@ -73,8 +91,16 @@ def get_tenant_id(
     # Nothing loaded is expired (expire_on_commit=False); the route's own queries start afresh.
     session.commit()
     if tenant_id is None:
+        state.throttle.failed(client)
+        _count_auth_failure(request, "unknown key")
         raise Problem(401, "Unauthorized", "unknown or revoked API key", headers=unauthorized)
     return tenant_id
+
+
+def _count_auth_failure(request: Request, reason: str) -> None:
+    metrics = getattr(request.app.state, "metrics", None)
+    if metrics is not None:
+        metrics.auth_failures.labels(reason).inc()
 
 
 TenantDep = Annotated[str, Depends(get_tenant_id)]

@@ -56,6 +56,7 @@ class Metrics:
     registry: CollectorRegistry
     requests: Counter
     latency: Histogram
+    auth_failures: Counter
 
 
 class StoredCollector(Collector):
@@ -122,8 +123,14 @@ def make_metrics(app: FastAPI) -> Metrics:
         buckets=LATENCY_BUCKETS,
         registry=registry,
     )
+    auth_failures = Counter(
+        "nobackfill_auth_failures",
+        "Refused authentications: missing or unknown key, or throttled (too many failures)",
+        ["reason"],
+        registry=registry,
+    )
     registry.register(StoredCollector(app))
-    return Metrics(registry, requests, latency)
+    return Metrics(registry, requests, latency, auth_failures)
 
 
 class RouteTemplates:

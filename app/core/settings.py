@@ -100,6 +100,12 @@ class Settings(BaseSettings):
     body_timeout_s: float = Field(
         default=300.0, gt=0, description="a request body not complete after this is refused (408)"
     )
+    auth_failure_limit: int = Field(
+        default=20, ge=1, description="failed authentications per client address in the window"
+    )
+    auth_failure_window_s: float = Field(
+        default=60.0, gt=0, description="the window of AUTH_FAILURE_LIMIT; past it, 429"
+    )
     max_concurrent_uploads: int = Field(
         default=64, ge=1, description="requests receiving a body at once, in total (429 above)"
     )
