@@ -80,7 +80,7 @@ def get_upgrade(
     responses={409: {"description": "The upgrade has already finished, failed or been cancelled"}},
 )
 def cancel_upgrade(upgrade_id: str, session: SessionDep, tenant_id: TenantDep) -> dict:
-    """Queued jobs are cancelled at once; running ones stop within one epoch."""
+    """Queued jobs are cancelled at once; running ones stop within one training step."""
     job = service.get_upgrade(session, tenant_id, upgrade_id)
     return service.upgrade_out(service.cancel_upgrade(session, job))
 

@@ -87,6 +87,21 @@ class Settings(BaseSettings):
     redis_url: str = "redis://127.0.0.1:6379/0"
     celery_queue: str = "nobackfill"
     job_max_attempts: int = Field(default=3, ge=1, le=100)
+    max_active_jobs_per_tenant: int = Field(
+        default=4, ge=1, description="queued and running upgrades per tenant (429 above)"
+    )
+    job_max_seconds: float = Field(
+        default=6 * 3600.0,
+        gt=0,
+        description="an upgrade running longer is stopped within one training step and fails",
+    )
+    job_max_epochs: int = Field(default=1000, ge=1, description="largest `epochs` of an upgrade")
+    job_max_hidden_dim: int = Field(
+        default=8192, ge=1, description="largest `hidden_dim` / `adapter_hidden` of an upgrade"
+    )
+    job_max_batches_per_epoch: int = Field(
+        default=1000, ge=1, description="largest `min_batches_per_epoch` of an upgrade"
+    )
     job_heartbeat_s: float = Field(default=10.0, gt=0)
     job_stale_after_s: float = Field(default=120.0, gt=0)
     job_sweep_interval_s: float = Field(default=30.0, gt=0)

@@ -140,6 +140,9 @@ class _JobHooks:
         self._done = threading.Event()
         self._last_poll = 0.0
         self._cancelled = False
+        self.max_seconds = settings.job_max_seconds
+        self.started = time.monotonic()
+        self.timed_out = False
         self._thread = threading.Thread(target=self._beat, name=f"heartbeat-{job_id}", daemon=True)
 
     def __enter__(self) -> TrainingHooks:
@@ -185,9 +188,12 @@ class _JobHooks:
             )
 
     def should_stop(self) -> bool:
-        if self.stop.is_set() or self._cancelled:
+        if self.stop.is_set() or self._cancelled or self.timed_out:
             return True
         now = time.monotonic()
+        if now - self.started > self.max_seconds:
+            self.timed_out = True
+            return True
         if now - self._last_poll >= CANCEL_POLL_S:
             self._last_poll = now
             self._cancelled = self.cancel_requested()
@@ -326,7 +332,14 @@ def execute(
         model_id = _store(db, settings, job, worker, out)
         log.info("upgrade %s succeeded: model %s", job_id, model_id)
     except TrainingCancelled:
-        if monitor.cancel_requested():
+        if monitor.timed_out:
+            error = (
+                f"stopped after {settings.job_max_seconds:g} s, the time an upgrade may run "
+                "(NOBACKFILL_JOB_MAX_SECONDS)"
+            )
+            _finish(db, job_id, worker, status=FAILED, error=error, finished_at=utcnow())
+            log.info("upgrade %s timed out", job_id)
+        elif monitor.cancel_requested():
             _finish(db, job_id, worker, status=CANCELLED, finished_at=utcnow())
             log.info("upgrade %s cancelled", job_id)
         else:

@@ -6,11 +6,11 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from app.core.db import new_id, utcnow
-from app.core.errors import conflict, invalid
+from app.core.errors import Problem, conflict, invalid
 from app.core.settings import Settings
 from app.core.tenancy import get_owned
 from app.datasets.service import get_dataset
@@ -67,9 +67,45 @@ def _validate_backbone(session: Session, tenant_id: str, request: UpgradeCreate,
     return gallery.id
 
 
+def _check_quotas(
+    session: Session, settings: Settings, tenant_id: str, params: dict[str, Any]
+) -> None:
+    """What one tenant may ask of the shared workers: parameter ranges (422 naming the
+    parameter and its setting) and queued plus running jobs (429 naming the limit)."""
+    caps = {
+        "epochs": ("job_max_epochs", settings.job_max_epochs),
+        "hidden_dim": ("job_max_hidden_dim", settings.job_max_hidden_dim),
+        "adapter_hidden": ("job_max_hidden_dim", settings.job_max_hidden_dim),
+        "min_batches_per_epoch": ("job_max_batches_per_epoch", settings.job_max_batches_per_epoch),
+    }
+    for name, (setting, cap) in caps.items():
+        value = params.get(name)
+        if isinstance(value, int | float) and not isinstance(value, bool) and value > cap:
+            raise invalid(
+                f"params.{name}",
+                f"must be ≤ {cap} on this server (NOBACKFILL_{setting.upper()})",
+            )
+    active = session.scalar(
+        select(func.count())
+        .select_from(UpgradeJob)
+        .where(UpgradeJob.tenant_id == tenant_id, UpgradeJob.status.in_((QUEUED, RUNNING)))
+    )
+    if active >= settings.max_active_jobs_per_tenant:
+        raise Problem(
+            429,
+            "Too many requests",
+            f"this tenant has {active} upgrades queued or running, the most it may have "
+            f"(NOBACKFILL_MAX_ACTIVE_JOBS_PER_TENANT={settings.max_active_jobs_per_tenant}); "
+            "wait for one to finish or cancel one",
+            slug="too-many-jobs",
+            headers={"Retry-After": "30"},
+        )
+
+
 def create_upgrade(
     session: Session, settings: Settings, tenant_id: str, request: UpgradeCreate
 ) -> UpgradeJob:
+    _check_quotas(session, settings, tenant_id, request.params or {})
     dataset = get_dataset(session, tenant_id, request.dataset_id)
     params = dict(request.params or {})
     if request.method in backbone.METHODS:

@@ -21,6 +21,7 @@ from app.upgrades import backbone
 from app.upgrades.executor import Claim, execute
 from app.upgrades.runner import JobRunner
 from app.vectors.storage import storage_for
+from tests.service.conftest import problem
 from tests.service.test_upgrades_api import RecordingRunner, paired_setup, quick_upgrade
 
 
@@ -212,3 +213,75 @@ def test_a_job_whose_worker_is_gone_reads_stale_with_its_last_heartbeat(
     assert gone["status"] == "running" and gone["stale"] is True
     listed = {j["id"]: j for j in client.get("/v1/upgrades").json()["items"]}
     assert listed[queued_job]["stale"] is True
+
+
+def test_quotas_refuse_oversized_parameters_and_too_many_active_jobs(
+    client: TestClient, queued_job: str
+) -> None:
+    """Issue 24, failure 3: 30 upgrades with epochs 10000, hidden_dim 65536 and
+    min_batches_per_epoch 10000 were all accepted, and one tenant held the only worker."""
+    settings = client.app.state.service.settings
+    dataset_id = job_row(client, queued_job).dataset_id
+    for name, setting in (
+        ("epochs", "JOB_MAX_EPOCHS"),
+        ("hidden_dim", "JOB_MAX_HIDDEN_DIM"),
+        ("min_batches_per_epoch", "JOB_MAX_BATCHES_PER_EPOCH"),
+    ):
+        body = quick_upgrade(dataset_id, "contrastive")
+        body["params"] = {**body["params"], name: 10**6}
+        refused = problem(client.post("/v1/upgrades", json=body), 422)
+        assert refused["errors"][0]["field"] == f"params.{name}"
+        assert setting in refused["errors"][0]["message"]
+    # One job is queued (the fixture's): fill the tenant's quota, then one more is refused.
+    for _ in range(settings.max_active_jobs_per_tenant - 1):
+        assert client.post("/v1/upgrades", json=quick_upgrade(dataset_id)).status_code == 202
+    response = client.post("/v1/upgrades", json=quick_upgrade(dataset_id))
+    body = problem(response, 429)
+    assert "NOBACKFILL_MAX_ACTIVE_JOBS_PER_TENANT" in body["detail"]
+    assert response.headers["Retry-After"]
+    # A finished job frees its place.
+    set_job(client, queued_job, status="cancelled")
+    assert client.post("/v1/upgrades", json=quick_upgrade(dataset_id)).status_code == 202
+
+
+def test_a_job_past_its_time_limit_fails_saying_so(client: TestClient, queued_job: str) -> None:
+    state = client.app.state.service
+    limited = state.settings.model_copy(update={"job_max_seconds": 1e-6})
+    assert execute(state.db, limited, queued_job, worker="test:host:1:1") is Claim.CLAIMED
+    job = job_row(client, queued_job)
+    assert job.status == "failed" and "NOBACKFILL_JOB_MAX_SECONDS" in job.error
+    assert job.model_id is None
+
+
+def test_cancel_stops_within_one_training_step() -> None:
+    """The trainer used to look at the cancel flag once per epoch, and the tenant chooses how
+    long an epoch is (cancel answered 200, the job ran on for 50 s)."""
+    import numpy as np
+    import torch
+
+    from app.ml.geometry.space import EuclideanLift
+    from app.ml.methods.compat import train_compatible_model
+    from app.ml.methods.training import TrainingCancelled
+
+    rng = np.random.default_rng(0)
+    old = rng.normal(size=(256, 4)).astype(np.float32)
+    new = rng.normal(size=(256, 6)).astype(np.float32)
+    calls = {"stop": 0, "epochs": 0}
+
+    def should_stop() -> bool:
+        calls["stop"] += 1
+        return calls["stop"] > 3
+
+    hooks = TrainingHooks(
+        progress=lambda _: calls.__setitem__("epochs", calls["epochs"] + 1),
+        should_stop=should_stop,
+    )
+    params = {"epochs": 1, "min_batches_per_epoch": 64, "batch_size": 4}
+    lift = EuclideanLift()
+    points = lift(torch.as_tensor(old, dtype=torch.float64)).numpy()
+    with pytest.raises(TrainingCancelled):
+        train_compatible_model(
+            "contrastive", new, points, None, lift.curv, params=params, hooks=hooks
+        )
+    # Stopped inside the first epoch, three steps in: no epoch was completed.
+    assert calls["epochs"] == 0 and calls["stop"] == 4

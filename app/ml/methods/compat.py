@@ -484,6 +484,10 @@ def _optimise(
         order = torch.randperm(n, generator=generator).to(next(model.parameters()).device)
         running = 0.0
         for step in range(steps_per_epoch):
+            # Every step, not every epoch: the caller chooses how long an epoch is, and cancel
+            # and the time limit must stop within one step (should_stop is cheap: it reads the
+            # database at most once a second).
+            hooks.check()
             idx = order[step * batch : (step + 1) * batch]
             loss = loss_fn(idx, model)
             if not torch.isfinite(loss):

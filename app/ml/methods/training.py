@@ -14,7 +14,8 @@ class TrainingCancelled(Exception):
 @dataclass
 class TrainingHooks:
     """``progress`` receives ``{"epoch", "epochs", "loss", ...}`` after each epoch; ``should_stop``
-    is polled between epochs (the service reads a cancel flag from its database there)."""
+    is polled before every optimiser step (the service reads a cancel flag from its database
+    there, at most once a second, and checks the job's time limit)."""
 
     progress: Callable[[dict[str, Any]], None] | None = None
     should_stop: Callable[[], bool] | None = None
