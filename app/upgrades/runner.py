@@ -162,12 +162,27 @@ class CeleryRunner(JobRunner):
         from app.upgrades.broker import make_celery
 
         self._celery = make_celery(settings)
+        # The API only publishes: a publish fails at once when the broker is down (kombu's
+        # Redis transport retried the connection for about 2 s per attempt) and the sweeper
+        # resends. Workers keep the default reconnects (they use their own make_celery).
+        self._celery.conf.broker_transport_options = {
+            **self._celery.conf.broker_transport_options,
+            "max_retries": 0,
+            # A broker that accepts connections and never answers (paused, overloaded,
+            # half-dead) must not hold the request either.
+            "socket_connect_timeout": 0.5,
+            "socket_timeout": 0.5,
+        }
 
     def submit(self, job_id: str) -> None:
         from app.upgrades.broker import RUN_UPGRADE
 
         try:
-            self._celery.send_task(RUN_UPGRADE, args=[job_id], queue=self.settings.celery_queue)
+            # No publish retries: a request must not wait out a broker outage (it blocked
+            # POST /v1/upgrades for 25 s); the row stays queued and the sweeper resends it.
+            self._celery.send_task(
+                RUN_UPGRADE, args=[job_id], queue=self.settings.celery_queue, retry=False
+            )
         except Exception as exc:
             log.warning("upgrade %s: broker unavailable (%s); the sweeper will resend", job_id, exc)
 

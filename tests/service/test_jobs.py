@@ -285,3 +285,30 @@ def test_cancel_stops_within_one_training_step() -> None:
         )
     # Stopped inside the first epoch, three steps in: no epoch was completed.
     assert calls["epochs"] == 0 and calls["stop"] == 4
+
+
+@pytest.mark.faiss_only("the Celery runner with Milvus needs a Milvus server (none in tests)")
+@pytest.mark.parametrize("broker", ["refusing", "silent"])
+def test_creating_an_upgrade_while_the_broker_is_down_answers_at_once(
+    make_client, broker: str
+) -> None:
+    """Issue 24, failure 7: POST /v1/upgrades blocked 25 s while Redis was down. ``silent``: a
+    broker that accepts connections and never answers (a paused or wedged Redis)."""
+    import socket
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)  # never accepted: connects complete, nothing is ever answered
+    port = listener.getsockname()[1] if broker == "silent" else 1
+    client = make_client(job_runner="celery", redis_url=f"redis://127.0.0.1:{port}/0")
+    _, dataset_id = paired_setup(client)
+    try:
+        tic = time.monotonic()
+        created = client.post("/v1/upgrades", json=quick_upgrade(dataset_id))
+        elapsed = time.monotonic() - tic
+    finally:
+        listener.close()
+    assert created.status_code == 202, created.text
+    assert elapsed < 1.5, elapsed
+    # Queued in the database: the sweeper sends it once the broker is back.
+    assert job_row(client, created.json()["id"]).status == "queued"
