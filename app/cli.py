@@ -1,5 +1,5 @@
 """nobackfill: the server's commands (serve, migrate, create-key) and the client's (galleries,
-datasets, upgrades, search, export, reports) against a running server.
+datasets, upgrades, search, export, reports, keys) against a running server.
 
 Client commands talk HTTP only: they import neither torch nor the service, so they start fast.
 The server is --url (or NOBACKFILL_URL; by default the URL `nobackfill serve` recorded in
@@ -171,6 +171,25 @@ def _add_client_commands(sub: argparse._SubParsersAction) -> None:
     report.add_argument("-o", "--output", required=True, help="file to write (report.html)")
     report.set_defaults(handler="report")
 
+    key = sub.add_parser("key", help="create, list or revoke this tenant's API keys (admin key)")
+    key_sub = key.add_subparsers(dest="action", required=True, metavar="ACTION")
+    create = key_sub.add_parser(
+        "create", parents=both, help="create a key and print it (shown this once only)"
+    )
+    create.add_argument("--name", help="a label to tell keys apart")
+    create.add_argument("--admin", action="store_true", help="it may manage keys too")
+    create.set_defaults(handler="key_create")
+    listing = key_sub.add_parser("list", parents=both, help="list keys (never the keys)")
+    listing.add_argument(
+        "--all", dest="include_revoked", action="store_true", help="revoked keys too"
+    )
+    listing.set_defaults(handler="key_list")
+    revoke = key_sub.add_parser(
+        "revoke", parents=both, help="revoke a key (not the last admin key)"
+    )
+    revoke.add_argument("key_id", metavar="KEY_ID")
+    revoke.set_defaults(handler="key_revoke")
+
 
 def _add_wait_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
@@ -193,7 +212,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", help="default: NOBACKFILL_HOST (127.0.0.1)")
     serve.add_argument("--port", type=int, help="default: NOBACKFILL_PORT (8000)")
     sub.add_parser("migrate", help="apply the database migrations (alembic upgrade head)")
-    create = sub.add_parser("create-key", help="print a new API key (creates the tenant if new)")
+    create = sub.add_parser(
+        "create-key", help="print a new admin API key (creates the tenant if new)"
+    )
     create.add_argument("--tenant", required=True, help="tenant name")
     create.add_argument("--name", default="", help="a label for the key")
     _add_client_commands(sub)

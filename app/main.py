@@ -15,6 +15,7 @@ from app.api.body_guard import BodyGuardMiddleware
 from app.api.datasets import router as datasets_router
 from app.api.deps import ServiceState
 from app.api.galleries import router as galleries_router
+from app.api.keys import router as keys_router
 from app.api.models import router as models_router
 from app.api.observability import install_observability
 from app.api.search import router as search_router
@@ -129,6 +130,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         datasets_router,
         upgrades_router,
         models_router,
+        keys_router,
     ):
         app.include_router(router)
 

@@ -1,4 +1,5 @@
-"""Request dependencies: service state, database session, tenant, Idempotency-Key."""
+"""Request dependencies: service state, database session, tenant (and admin key),
+Idempotency-Key."""
 
 from __future__ import annotations
 
@@ -104,6 +105,30 @@ def _count_auth_failure(request: Request, reason: str) -> None:
 
 
 TenantDep = Annotated[str, Depends(get_tenant_id)]
+
+
+def get_admin_tenant_id(
+    session: SessionDep,
+    tenant_id: TenantDep,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+) -> str:
+    """The tenant of an admin key; any other valid key answers 403 (an invalid one got its 401
+    from ``get_tenant_id`` already, with the same credentials: FastAPI solves each once)."""
+    from app.auth.keys import is_admin_key
+
+    admin = credentials is not None and is_admin_key(session, credentials.credentials)
+    session.commit()  # as after the tenant's lookup: no connection held past the key checks
+    if not admin:
+        raise Problem(
+            403,
+            "Forbidden",
+            "this API key is not an admin key: only admin keys create, list or revoke keys",
+            slug="admin-key-required",
+        )
+    return tenant_id
+
+
+AdminTenantDep = Annotated[str, Depends(get_admin_tenant_id)]
 
 
 async def get_idempotency(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import ForeignKey, String
+from sqlalchemy import ForeignKey, String, false
 from sqlalchemy.orm import Mapped, mapped_column
 
 from app.core.db import Base, utcnow
@@ -28,5 +28,8 @@ class ApiKey(Base):
     # The first characters, to tell keys apart in listings without revealing them.
     prefix: Mapped[str] = mapped_column(String(16))
     name: Mapped[str] = mapped_column(String(128), default="")
+    # Admin keys also manage the tenant's keys (/v1/keys). A row written without the flag (an
+    # older process during a rolling upgrade) gets the least privilege: the server default.
+    admin: Mapped[bool] = mapped_column(default=False, server_default=false())
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     revoked_at: Mapped[datetime | None] = mapped_column(default=None)

@@ -33,30 +33,40 @@ def get_or_create_tenant(session: Session, name: str) -> Tenant:
     return tenant
 
 
-def add_key(session: Session, tenant: Tenant, key: str, name: str = "") -> ApiKey:
-    """Register ``key`` for ``tenant`` (idempotent for a key already registered to it)."""
-    digest = hash_api_key(key)
-    existing = session.scalar(select(ApiKey).where(ApiKey.key_hash == digest))
+def new_key_row(tenant_id: str, key: str, name: str = "", *, admin: bool) -> ApiKey:
+    """The row that stands for ``key``: its digest and display prefix, never the key."""
+    return ApiKey(
+        id=new_id("key"),
+        tenant_id=tenant_id,
+        key_hash=hash_api_key(key),
+        prefix=display_prefix(key),
+        name=name,
+        admin=admin,
+    )
+
+
+def add_key(
+    session: Session, tenant: Tenant, key: str, name: str = "", *, admin: bool = False
+) -> ApiKey:
+    """Register ``key`` for ``tenant`` (idempotent for a key already registered to it: its
+    flags, and a revocation, stay as they are)."""
+    existing = session.scalar(select(ApiKey).where(ApiKey.key_hash == hash_api_key(key)))
     if existing is not None:
         if existing.tenant_id != tenant.id:
             raise ValueError("this key already belongs to another tenant")
         return existing
-    api_key = ApiKey(
-        id=new_id("key"),
-        tenant_id=tenant.id,
-        key_hash=digest,
-        prefix=display_prefix(key),
-        name=name,
-    )
+    api_key = new_key_row(tenant.id, key, name, admin=admin)
     session.add(api_key)
     session.flush()
     return api_key
 
 
 def create_key(session: Session, tenant_name: str, key_name: str = "") -> CreatedKey:
+    """``nobackfill create-key``: an admin key, since whoever runs it holds the database and
+    could do anything anyway; it is how a tenant gets its first key."""
     tenant = get_or_create_tenant(session, tenant_name)
     key = generate_api_key()
-    add_key(session, tenant, key, key_name)
+    add_key(session, tenant, key, key_name, admin=True)
     return CreatedKey(tenant.id, tenant.name, key)
 
 
@@ -104,7 +114,8 @@ def ensure_local_key(db: Database, settings: Settings) -> LocalKey | None:
         tenant = get_or_create_tenant(session, settings.local_tenant)
         digest = hash_api_key(key)
         known = session.scalar(select(ApiKey).where(ApiKey.key_hash == digest))
-        add_key(session, tenant, key, name)
+        # The operator's own key: it manages the tenant's other keys.
+        add_key(session, tenant, key, name, admin=True)
         if name == "bootstrap":
             earlier = session.scalars(
                 select(ApiKey).where(

@@ -144,10 +144,13 @@ class Client:
         headers = {"Idempotency-Key": idempotency_key or f"client-{uuid.uuid4()}"}
         return self._json("POST", path, json=body, headers=headers, retry=True)
 
-    def _pages(self, path: str) -> Iterator[dict[str, Any]]:
+    def _pages(
+        self, path: str, params: Mapping[str, Any] | None = None
+    ) -> Iterator[dict[str, Any]]:
         token = None
         while True:
-            page = self._json("GET", path, params=_drop_none({"page_token": token}))
+            query = _drop_none({**(params or {}), "page_token": token})
+            page = self._json("GET", path, params=query)
             yield from page["items"]
             token = page.get("next_page_token")
             if not token:
@@ -472,6 +475,24 @@ class Client:
             rows += response.json()["results"]
             start = stop
         return SearchResults.from_rows(rows, k)
+
+    # -- keys (an admin key) --------------------------------------------------------------------
+    def create_key(self, name: str | None = None, *, admin: bool = False) -> dict[str, Any]:
+        """A new API key of this tenant; ``["key"]`` is the key itself, in this answer only.
+        Never retried: the server keeps no copy of the key to replay, so a retry after a lost
+        answer would make a second key (the first would show in ``keys()``, unused)."""
+        body = _drop_none({"name": name, "admin": admin or None})
+        return self._json("POST", "/v1/keys", json=body, retry=False)
+
+    def keys(self, *, include_revoked: bool = False) -> list[dict[str, Any]]:
+        """This tenant's keys (prefixes and names, never the keys), oldest first."""
+        params = {"include_revoked": "true"} if include_revoked else None
+        return list(self._pages("/v1/keys", params))
+
+    def revoke_key(self, key_id: str) -> None:
+        """Revoke a key: its next request answers 401. Safe to repeat (a revoked key stays so);
+        the tenant's last active admin key is refused with a 409."""
+        self.request("DELETE", f"/v1/keys/{key_id}", retry=True)
 
     # -- internals ------------------------------------------------------------------------------
     def _rows(

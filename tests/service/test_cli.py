@@ -474,3 +474,57 @@ def test_queries_command(
         "--relevant", str(relevant),
     )  # fmt: skip
     assert code == 1 and "no entry for queries" in err
+
+
+def test_key_commands(
+    server: RunningService, capsys: pytest.CaptureFixture, environment: dict[str, str]
+) -> None:
+    """``nobackfill key create|list|revoke`` with the server's admin (bootstrap) key: the secret
+    is printed once, by create; a revoked key is refused at once. Last in this file: its final
+    step tries to revoke the bootstrap key, which the server must refuse (the last admin key)."""
+    # A real process, as a user types it: the key on stdout, once.
+    done = subprocess_cli(environment, "key", "create", "--name", "ci")
+    assert done.returncode == 0, done.stderr
+    key = next(
+        line.split(": ", 1)[1] for line in done.stdout.splitlines() if line.startswith("API key:")
+    )
+    assert key.startswith("nbk_") and done.stdout.count(key) == 1
+
+    created = cli_json(capsys, "key", "create", "--name", "ops", "--admin")
+    assert created["admin"] is True and created["name"] == "ops"
+    assert created["key"].startswith("nbk_") and created["prefix"] == created["key"][:8]
+
+    listing = cli_json(capsys, "key", "list")
+    by_name = {k["name"]: k for k in listing["items"]}
+    assert {"bootstrap", "ci", "ops"} <= set(by_name)
+    assert by_name["ci"]["admin"] is False and by_name["bootstrap"]["admin"] is True
+    assert all("key" not in k for k in listing["items"])
+    code, out, err = cli(capsys, "key", "list")
+    assert code == 0, err
+    assert key not in out and created["key"] not in out
+    assert by_name["ci"]["id"] in out and by_name["ci"]["prefix"] in out and "admin" in out
+
+    # A non-admin key reaches its tenant's data, not its keys.
+    code, out, err = cli(capsys, "--key", key, "key", "list")
+    assert code == 1 and "(403)" in err and out == ""
+    code, out, err = cli(capsys, "--key", key, "methods")
+    assert code == 0, err
+
+    code, out, err = cli(capsys, "key", "revoke", by_name["ci"]["id"])
+    assert code == 0, err
+    assert by_name["ci"]["id"] in out and "revoked" in out
+    code, out, err = cli(capsys, "--key", key, "methods")
+    assert code == 1 and "Unauthorized (401)" in err
+    assert by_name["ci"]["id"] not in {k["id"] for k in cli_json(capsys, "key", "list")["items"]}
+    everything = cli_json(capsys, "key", "list", "--all")["items"]
+    assert next(k for k in everything if k["id"] == by_name["ci"]["id"])["revoked_at"]
+    revoked = cli_json(capsys, "key", "revoke", by_name["ci"]["id"])  # idempotent
+    assert revoked == {"id": by_name["ci"]["id"], "revoked": True}
+
+    code, out, err = cli(capsys, "key", "revoke", "key_missing")
+    assert code == 1 and "Not found (404)" in err
+    # The bootstrap key is the last admin once ops is revoked: refused, and it keeps working.
+    assert cli_json(capsys, "--key", created["key"], "key", "revoke", created["id"])["revoked"]
+    code, out, err = cli(capsys, "key", "revoke", by_name["bootstrap"]["id"])
+    assert code == 1 and "Conflict (409)" in err and "admin" in err
+    assert cli(capsys, "key", "list")[0] == 0
