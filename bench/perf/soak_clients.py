@@ -1,0 +1,352 @@
+"""The hostile clients of ``bench.perf.soak``: raw-socket bodies that stall, trickle or claim
+more than the limit, and requests whose content the API must refuse (lying ``.npy`` headers,
+deep JSON, NaN, wrong dimensions, unknown keys). Every loop is bounded in count and in time, and
+every connection goes to the loopback server the soak started.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import io
+import json
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import numpy as np
+from numpy.lib import format as npy_format
+
+from bench.common.service import npy_bytes
+from bench.perf.soak_checks import HOSTILE_EXPECTED, Tally
+
+OCTET = "application/octet-stream"
+NPY = "application/x-npy"
+CLAIMED_ROWS = 30_000_000
+MAX_LOOPS = 100_000  # a ceiling on every loop, beside its deadline
+
+
+def npy_claiming(shape: tuple[int, ...], payload: bytes, descr: str = "<f4") -> bytes:
+    """A well-formed ``.npy`` header promising ``shape``, followed by ``payload``."""
+    buf = io.BytesIO()
+    npy_format.write_array_header_1_0(buf, {"descr": descr, "fortran_order": False, "shape": shape})
+    return buf.getvalue() + payload
+
+
+@dataclass
+class Target:
+    """Where hostile requests go: the server, a gallery, and the key to send."""
+
+    host: str
+    port: int
+    gallery: str
+    key: str
+    dim: int
+
+
+async def read_status(reader: asyncio.StreamReader) -> tuple[int, str]:
+    """The status and body of one HTTP/1.1 response (Content-Length framed, as the API's are)."""
+    head = await reader.readuntil(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    status = int(lines[0].split()[1])
+    length = 0
+    for line in lines[1:]:
+        name, _, value = line.partition(":")
+        if name.strip().lower() == "content-length":
+            length = int(value)
+    body = await reader.readexactly(length) if length else b""
+    return status, body.decode("utf-8", "replace")
+
+
+async def raw_exchange(
+    target: Target,
+    head: str,
+    feed: Callable[[asyncio.StreamWriter], Awaitable[None]],
+    timeout: float,
+) -> tuple[int | None, str]:
+    """Send ``head``, then let ``feed`` write (or withhold) the body while waiting up to
+    ``timeout`` s for the answer: (status, body), or (None, why) when none came."""
+    try:
+        reader, writer = await asyncio.wait_for(
+            asyncio.open_connection(target.host, target.port), timeout
+        )
+    except (OSError, TimeoutError) as exc:
+        return None, f"connect: {exc!r}"
+    feeder = None
+    try:
+        writer.write(head.encode("latin-1"))
+        await writer.drain()
+        feeder = asyncio.create_task(feed(writer))
+        return await asyncio.wait_for(read_status(reader), timeout)
+    except (OSError, TimeoutError, asyncio.IncompleteReadError, ValueError) as exc:
+        return None, repr(exc)
+    finally:
+        if feeder is not None:
+            feeder.cancel()
+            with contextlib.suppress(BaseException):
+                await feeder
+        writer.close()
+        with contextlib.suppress(OSError):
+            await writer.wait_closed()
+
+
+def _head(target: Target, path: str, key: str, length: int | None, content_type: str) -> str:
+    framing = f"Content-Length: {length}" if length is not None else "Transfer-Encoding: chunked"
+    return (
+        f"POST {path} HTTP/1.1\r\nHost: {target.host}:{target.port}\r\n"
+        f"Authorization: Bearer {key}\r\nContent-Type: {content_type}\r\n{framing}\r\n\r\n"
+    )
+
+
+async def _write(writer: asyncio.StreamWriter, data: bytes) -> None:
+    with contextlib.suppress(OSError):
+        writer.write(data)
+        await writer.drain()
+
+
+def _paths(target: Target, n: int) -> str:
+    return f"/v1/galleries/{target.gallery}/" + ("vectors" if n % 2 else "search")
+
+
+async def stalled_bodies(
+    target: Target, tally: Tally, until: float, answer_timeout: float, stop_after: int
+) -> None:
+    """Promise 100,000 bytes, send 14, then nothing: the server must answer 408 after
+    BODY_IDLE_TIMEOUT_S (or 429 when this key already sends as many bodies as it may)."""
+
+    async def feed(writer: asyncio.StreamWriter) -> None:
+        await _write(writer, b'{"ids": ["a"],')
+        await asyncio.sleep(3600)
+
+    for n in range(min(stop_after, MAX_LOOPS)):
+        if time.monotonic() >= until:
+            return
+        head = _head(target, _paths(target, n), target.key, 100_000, "application/json")
+        tic = time.perf_counter()
+        status, text = await raw_exchange(target, head, feed, answer_timeout)
+        tally.add(status, time.perf_counter() - tic, HOSTILE_EXPECTED["stalled_body"], text)
+        if status == 429:
+            await asyncio.sleep(0.5)
+
+
+async def trickled_bodies(
+    target: Target,
+    tally: Tally,
+    until: float,
+    interval: float,
+    body_timeout: float,
+    answer_timeout: float,
+) -> None:
+    """Slowloris: one byte every ``interval`` s (under the idle deadline), so only the whole
+    body's deadline (``body_timeout``, BODY_TIMEOUT_S) ends it: 408. The trickle stops a second
+    before that deadline: a byte landing on the connection the server has just closed would
+    make it answer with a reset, which may discard the 408 on its way."""
+
+    async def feed(writer: asyncio.StreamWriter) -> None:
+        for _ in range(int((body_timeout - 1.0) / interval)):
+            await _write(writer, b" ")
+            await asyncio.sleep(interval)
+        await asyncio.sleep(3600)
+
+    for n in range(MAX_LOOPS):
+        if time.monotonic() >= until:
+            return
+        head = _head(target, _paths(target, n), target.key, 100_000, "application/json")
+        tic = time.perf_counter()
+        status, text = await raw_exchange(target, head, feed, answer_timeout)
+        tally.add(status, time.perf_counter() - tic, HOSTILE_EXPECTED["trickle_body"], text)
+        if status == 429:
+            await asyncio.sleep(0.5)
+
+
+async def oversized_bodies(
+    target: Target,
+    tallies: dict[str, Tally],
+    max_bytes: int,
+    until: float,
+    pause: float,
+    answer_timeout: float,
+) -> None:
+    """In turn: a Content-Length over MAX_REQUEST_BYTES and no body sent (413 from the header
+    alone), and a chunked body that crosses the limit with its last chunk (413 while it
+    streams; nothing is left unread, so the answer is not lost to a reset)."""
+
+    async def claim(writer: asyncio.StreamWriter) -> None:
+        await asyncio.sleep(3600)  # not a byte of it: the answer comes from the header
+
+    async def stream(writer: asyncio.StreamWriter) -> None:
+        chunk, sent = 64 * 1024, 0
+        while sent < max_bytes:
+            n = min(chunk, max_bytes - sent)
+            await _write(writer, f"{n:x}\r\n".encode() + b"x" * n + b"\r\n")
+            sent += n
+        await _write(writer, b"400\r\n" + b"x" * 1024 + b"\r\n")
+        await asyncio.sleep(3600)
+
+    for n in range(MAX_LOOPS):
+        kind, length, feed = (
+            ("claimed_length", max_bytes + 1, claim)
+            if n % 2 == 0
+            else ("streamed_over_limit", None, stream)
+        )
+        if time.monotonic() >= until:
+            return
+        head = _head(target, _paths(target, n // 2), target.key, length, "application/json")
+        tic = time.perf_counter()
+        status, text = await raw_exchange(target, head, feed, answer_timeout)
+        tallies[kind].add(status, time.perf_counter() - tic, HOSTILE_EXPECTED[kind], text)
+        await asyncio.sleep(pause)
+
+
+def content_requests(target: Target, n: int) -> list[tuple[str, dict[str, Any]]]:
+    """(kind, httpx request arguments) of every content the API must refuse; ids start with
+    ``evil-``, so a stored one would show in the gallery's count."""
+    gallery = f"/v1/galleries/{target.gallery}"
+    ids = [f"evil-{n}-{i}" for i in range(2)]
+    ok_rows = np.ones((2, target.dim), dtype=np.float32)
+    nan_rows = ok_rows.copy()
+    nan_rows[1, n % target.dim] = np.nan if n % 2 else np.inf
+    ids_part = ("ids.npy", npy_bytes(np.array(ids)), OCTET)
+    deep = "[" * 100_000 + "]" * 100_000
+    json_row = ",".join(["0.5"] * (target.dim - 1))
+    return [
+        (
+            "npy_huge_rows",
+            {
+                "url": f"{gallery}/vectors",
+                "files": {
+                    "ids": ids_part,
+                    "vectors": ("v.npy", npy_claiming((CLAIMED_ROWS, target.dim), b""), OCTET),
+                },
+            },
+        ),
+        (
+            "npy_huge_strings",
+            {
+                "url": f"{gallery}/vectors",
+                "files": {
+                    "ids": (
+                        "ids.npy",
+                        npy_claiming((CLAIMED_ROWS,), b"ab" * 16, "<U1000000"),
+                        OCTET,
+                    ),
+                    "vectors": ("v.npy", npy_bytes(ok_rows), OCTET),
+                },
+            },
+        ),
+        (
+            "npy_search_huge",
+            {
+                "url": f"{gallery}/search",
+                "content": npy_claiming((CLAIMED_ROWS, target.dim), b"\0" * 64),
+                "headers": {"Content-Type": NPY},
+            },
+        ),
+        (
+            "json_deep",
+            {
+                "url": f"{gallery}/vectors",
+                "content": '{"ids": ["evil"], "vectors": ' + deep + "}",
+                "headers": {"Content-Type": "application/json"},
+            },
+        ),
+        (
+            "multipart_deep_metadata",
+            {
+                "url": f"{gallery}/vectors",
+                "files": {
+                    "ids": ids_part,
+                    "vectors": ("v.npy", npy_bytes(ok_rows), OCTET),
+                    "metadata": (None, '[{"a": ' + deep + "}, {}]", "application/json"),
+                },
+            },
+        ),
+        (
+            "nan_json",
+            {
+                "url": f"{gallery}/vectors",
+                "content": f'{{"ids": ["{ids[0]}"], "vectors": [[NaN,{json_row}]]}}',
+                "headers": {"Content-Type": "application/json"},
+            },
+        ),
+        (
+            "nan_npy",
+            {
+                "url": f"{gallery}/vectors",
+                "files": {"ids": ids_part, "vectors": ("v.npy", npy_bytes(nan_rows), OCTET)},
+            },
+        ),
+        (
+            "wrong_dim_upload",
+            {
+                "url": f"{gallery}/vectors",
+                "json": {"ids": ids, "vectors": np.ones((2, target.dim + 1)).tolist()},
+            },
+        ),
+        (
+            "wrong_dim_search",
+            {
+                "url": f"{gallery}/search",
+                "content": npy_bytes(np.ones((3, target.dim - 1), dtype=np.float32)),
+                "headers": {"Content-Type": NPY},
+            },
+        ),
+    ]
+
+
+async def timed(
+    client: httpx.AsyncClient, tally: Tally, expected: set[int], method: str, **kwargs: Any
+) -> httpx.Response | None:
+    """Send one request; record its status (or no answer) and latency in ``tally``."""
+    tic = time.perf_counter()
+    try:
+        response = await client.request(method, **kwargs)
+    except httpx.HTTPError as exc:
+        tally.add(None, time.perf_counter() - tic, expected, f"{type(exc).__name__}: {exc}")
+        return None
+    tally.add(response.status_code, time.perf_counter() - tic, expected, response.text)
+    return response
+
+
+async def hostile_content(
+    clients: list[tuple[httpx.AsyncClient, Target]],
+    tallies: dict[str, Tally],
+    until: float,
+    pause: float,
+) -> None:
+    """Every refused content in turn, against each target in turn, until ``until``."""
+    for n in range(MAX_LOOPS):
+        client, target = clients[n % len(clients)]
+        for kind, request in content_requests(target, n):
+            if time.monotonic() >= until:
+                return
+            await timed(client, tallies[kind], HOSTILE_EXPECTED[kind], "POST", **request)
+            await asyncio.sleep(pause)
+
+
+async def wrong_keys(
+    client: httpx.AsyncClient, gallery: str, tally: Tally, until: float, pause: float
+) -> None:
+    """Unknown keys (and none): 401, then 429 once the address has failed 20 times in 60 s.
+    ``client`` sends from its own loopback address, so the throttle holds only it back."""
+    expected = HOSTILE_EXPECTED["wrong_key"]
+    for n in range(MAX_LOOPS):
+        if time.monotonic() >= until:
+            return
+        headers = {} if n % 5 == 0 else {"Authorization": f"Bearer nbk_guess_{n:032d}"}
+        if n % 2:
+            body = json.dumps({"vectors": [[0.5, 0.5]], "k": 1})
+            await timed(
+                client,
+                tally,
+                expected,
+                "POST",
+                url=f"/v1/galleries/{gallery}/search",
+                content=body,
+                headers={**headers, "Content-Type": "application/json"},
+            )
+        else:
+            await timed(client, tally, expected, "GET", url="/v1/galleries", headers=headers)
+        await asyncio.sleep(pause)
