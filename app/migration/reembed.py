@@ -15,6 +15,7 @@ import io
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -34,6 +35,7 @@ from app.migration.models import BackfillFit
 from app.ml.backfill.mixed import (
     CALIBRATION,
     Candidates,
+    lorentz_time,
     merge,
     pick_reference,
     top_of,
@@ -288,24 +290,40 @@ def backfill_fit(
 # -- mixed search -------------------------------------------------------------------------------
 
 
-_ref_points: OrderedDict[tuple[str, str], np.ndarray] = OrderedDict()
+@dataclass(frozen=True)
+class PreparedReference:
+    """A model's reference documents as every search of one gallery scores them: the new
+    features as unit rows, the old vectors lifted into the gallery's frame (float32) with their
+    Lorentz time components. Computed once per (gallery, model), not per search: neither the
+    fit nor a gallery's lift ever changes."""
+
+    new_unit: np.ndarray
+    points: np.ndarray
+    points_time: np.ndarray
 
 
-def _reference_points(gallery: Gallery, model_id: str, ref_old: np.ndarray) -> np.ndarray:
-    """The reference documents' old vectors lifted into the gallery's frame, once per (gallery,
-    model): neither the fit nor a gallery's lift ever changes."""
+_references: OrderedDict[tuple[str, str], PreparedReference] = OrderedDict()
+
+
+def _prepared_reference(
+    gallery: Gallery, model_id: str, ref_new: np.ndarray, ref_old: np.ndarray
+) -> PreparedReference:
     key = (gallery.id, model_id)
     with _fits_lock:
-        cached = _ref_points.get(key)
+        cached = _references.get(key)
         if cached is not None:
-            _ref_points.move_to_end(key)
+            _references.move_to_end(key)
             return cached
-    points = lift_of(gallery)(torch.as_tensor(ref_old, dtype=torch.float64)).numpy()
+    lifted = lift_of(gallery)(torch.as_tensor(ref_old, dtype=torch.float64)).numpy()
+    points = np.ascontiguousarray(lifted, dtype=np.float32)
+    prepared = PreparedReference(
+        unit_rows(ref_new), points, lorentz_time(points, gallery.lift_curv)
+    )
     with _fits_lock:
-        _ref_points[key] = points
-        while len(_ref_points) > FIT_CACHE_SIZE:
-            _ref_points.popitem(last=False)
-    return points
+        _references[key] = prepared
+        while len(_references) > FIT_CACHE_SIZE:
+            _references.popitem(last=False)
+    return prepared
 
 
 def _without_reembedded(
@@ -318,7 +336,13 @@ def _without_reembedded(
 ) -> tuple[np.ndarray, np.ndarray]:
     """The k nearest items per query that are not re-embedded (ids −1 / distances inf padded):
     fetched with room for the re-embedded share, and only the queries still short of k fetched
-    again with four times the room (a batch is not searched again for one unlucky query)."""
+    again with four times the room (a batch is not searched again for one unlucky query).
+    An index that can skip them in its scan does (``can_exclude``): one pass over fewer rows."""
+    if getattr(index, "can_exclude", False):
+        ids, dist, _ = index.search_with_points(
+            query_points, k, overfetch=overfetch, min_candidates=min_candidates, exclude=reembedded
+        )
+        return ids, dist
     total = int(index.ntotal)
     nq = len(query_points)
     need = min(k, max(total - len(reembedded), 0))
@@ -371,9 +395,9 @@ def mixed_search(
         return None
     fit, ref_new, ref_old = backfill_fit(session, cache, row)
     curv = gallery.lift_curv
-    ref_points = _reference_points(gallery, row.id, ref_old)
-    native_fit = native_reference_fit(features, ref_new)
-    bridged_fit = bridged_reference_fit(query_points, ref_points, curv)
+    ref = _prepared_reference(gallery, row.id, ref_new, ref_old)
+    native_fit = native_reference_fit(features, ref.new_unit, unit_reference=True)
+    bridged_fit = bridged_reference_fit(query_points, ref.points, curv, ref.points_time)
     # Native list: an exact scan of the re-embedded items.
     cos = unit_rows(features) @ new_features.T
     pos, nscores = top_of(cos, k)

@@ -117,8 +117,11 @@ def faiss_gpu_count() -> int:
     return int(faiss.get_num_gpus())
 
 
-def top_inner_products(gallery: torch.Tensor, queries: torch.Tensor, m: int) -> torch.Tensor:
+def top_inner_products(
+    gallery: torch.Tensor, queries: torch.Tensor, m: int, allowed: torch.Tensor | None = None
+) -> torch.Tensor:
     """Row positions of the ``m`` largest inner products per query, best first (nq × m, int64).
+    ``allowed`` (N bools): rows outside it score −inf (``m`` must not exceed the rows allowed).
 
     ``gallery`` (N × D) and ``queries`` (nq × D) are float32 on one device. The gallery is
     scanned in blocks so that the score matrix stays within ``SCAN_BUDGET`` values: one query
@@ -129,10 +132,15 @@ def top_inner_products(gallery: torch.Tensor, queries: torch.Tensor, m: int) -> 
     nq = queries.shape[0]
     block = max(m, SCAN_BUDGET // max(nq, 1))
     if n <= block:
-        return torch.topk(queries @ gallery.T, m, dim=1, sorted=True).indices
+        scores = queries @ gallery.T
+        if allowed is not None:
+            scores.masked_fill_(~allowed, float("-inf"))
+        return torch.topk(scores, m, dim=1, sorted=True).indices
     best_scores, best_positions = [], []
     for start in range(0, n, block):
         scores = queries @ gallery[start : start + block].T
+        if allowed is not None:
+            scores.masked_fill_(~allowed[start : start + block], float("-inf"))
         top = torch.topk(scores, min(m, scores.shape[1]), dim=1, sorted=False)
         best_scores.append(top.values)
         best_positions.append(top.indices + start)
@@ -198,6 +206,8 @@ class LorentzIndex:
         self._faiss = self._empty_faiss()
         self._gpu_index: Any = None
         self._gpu_lock = threading.Lock()
+        # The last exclusion's rows (see ``_allowed``): (rows, excluded ids, allowed, bitmap, n).
+        self._allowed_cache: tuple[_Rows, np.ndarray, np.ndarray, np.ndarray, int] | None = None
         self._device_rows: tuple[_Rows, torch.Tensor] | None = None
 
     # -- structure ------------------------------------------------------------------------------
@@ -319,8 +329,28 @@ class LorentzIndex:
                 self._gpu_index = faiss.index_cpu_to_all_gpus(self._faiss)
             return self._gpu_index.search(lifted, m)
 
+    @property
+    def can_exclude(self) -> bool:
+        """Whether ``search_with_points`` takes ``exclude``: an exact scan (torch, or FAISS's flat
+        scan on the CPU) skips excluded rows; HNSW, IVF and GPU FAISS would need a filtered
+        search whose recall nothing here measures."""
+        return self.kind == "flat" and not self.use_gpu
+
+    def _allowed(self, rows: _Rows, exclude: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
+        """(bool per row position: its id is not in ``exclude``, the same as FAISS's little-endian
+        bitmap, how many are allowed), kept for one state of the rows and one exclusion list: a
+        partial backfill's searches exclude the same re-embedded items until the next write."""
+        cached = self._allowed_cache
+        if cached is not None and cached[0] is rows and np.array_equal(cached[1], exclude):
+            return cached[2], cached[3], cached[4]
+        allowed = ~np.isin(rows.ids, exclude)
+        bitmap = np.packbits(allowed, bitorder="little")
+        count = int(allowed.sum())
+        self._allowed_cache = (rows, exclude.copy(), allowed, bitmap, count)
+        return allowed, bitmap, count
+
     def _faiss_candidates(
-        self, rows: _Rows, lifted_q: np.ndarray, m: int
+        self, rows: _Rows, lifted_q: np.ndarray, m: int, bitmap: np.ndarray | None = None
     ) -> tuple[np.ndarray, np.ndarray]:
         """Row positions (and which are real) of FAISS's ``m`` best per query.
 
@@ -331,9 +361,18 @@ class LorentzIndex:
         ids themselves, mapped back through the id → row table."""
         n = len(rows.ids)
         if isinstance(self._faiss, faiss.IndexIDMap2) and not self.use_gpu:
-            _, labels = faiss.downcast_index(self._faiss.index).search(lifted_q, m)
+            inner = faiss.downcast_index(self._faiss.index)
+            if bitmap is None:
+                _, labels = inner.search(lifted_q, m)
+            else:
+                # Positions outside the bitmap are skipped by the scan itself (flat only).
+                selector = faiss.IDSelectorBitmap(n, faiss.swig_ptr(bitmap))
+                params = faiss.SearchParameters(sel=selector)
+                _, labels = inner.search(lifted_q, m, params=params)
             valid = (labels >= 0) & (labels < n)
             return np.where(valid, labels, 0), valid
+        if bitmap is not None:
+            raise ValueError("only a flat index on the CPU excludes ids (see can_exclude)")
         _, candidates = self._faiss_search(lifted_q, m)
         valid = candidates >= 0
         positions = np.zeros_like(candidates)
@@ -370,10 +409,17 @@ class LorentzIndex:
         return ids, dist
 
     def search_with_points(
-        self, queries: np.ndarray, k: int, *, overfetch: int = 4, min_candidates: int = 64
+        self,
+        queries: np.ndarray,
+        k: int,
+        *,
+        overfetch: int = 4,
+        min_candidates: int = 64,
+        exclude: np.ndarray | None = None,
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``search`` plus the hits' stored points (nq × k × d float32, NaN padded), read from
-        the same state of the rows as the distances (a concurrent write cannot mismatch them)."""
+        the same state of the rows as the distances (a concurrent write cannot mismatch them).
+        ``exclude``: ids never returned, skipped by the scan (only where ``can_exclude``)."""
         queries = np.asarray(queries, dtype=np.float64).reshape(-1, self.dim)
         nq = len(queries)
         out_ids = np.full((nq, k), -1, dtype=np.int64)
@@ -381,17 +427,26 @@ class LorentzIndex:
         out_points = np.full((nq, k, self.dim), np.nan, dtype=np.float32)
         rows = self._rows
         n = len(rows.ids)
-        if n == 0 or nq == 0:
+        allowed = bitmap = None
+        searchable = n
+        if exclude is not None and len(exclude) and n:
+            if not self.can_exclude:
+                raise ValueError(f"a {self.kind} index cannot exclude ids from its search")
+            allowed, bitmap, searchable = self._allowed(rows, np.asarray(exclude, dtype=np.int64))
+        if searchable == 0 or nq == 0:
             return out_ids, out_dist, out_points
-        m = min(n, max(overfetch * k, k + min_candidates))
+        m = min(searchable, max(overfetch * k, k + min_candidates))
         lifted_q = lifted_queries(queries, self.curv)
         if self._scans_with_torch(nq):
             gallery = self._scan_tensor(rows)
-            found_at = top_inner_products(gallery, torch.from_numpy(lifted_q).to(gallery.device), m)
+            mask = None if allowed is None else torch.from_numpy(allowed).to(gallery.device)
+            found_at = top_inner_products(
+                gallery, torch.from_numpy(lifted_q).to(gallery.device), m, mask
+            )
             positions = found_at.cpu().numpy()
-            valid = np.ones(positions.shape, dtype=bool)
+            valid = np.ones(positions.shape, dtype=bool) if allowed is None else allowed[positions]
         else:
-            positions, valid = self._faiss_candidates(rows, lifted_q, m)
+            positions, valid = self._faiss_candidates(rows, lifted_q, m, bitmap)
         found = min(k, m)
         # The re-rank gathers queries × candidates × dim float64 values: bound that working set.
         chunk = max(1, RERANK_BUDGET // (m * self.dim))

@@ -284,3 +284,41 @@ def test_faiss_rows_stay_in_the_order_of_the_stored_rows(kind: str) -> None:
     found, _ = index.search(queries, 5)
     expected = index.ids[order]
     assert np.mean(found == expected) >= (1.0 if kind == "flat" else 0.95)
+
+
+@pytest.mark.parametrize("engine", ["torch", "faiss"])
+@pytest.mark.parametrize("n_queries", [1, 8])
+def test_excluded_ids_are_skipped_by_the_scan(engine: str, n_queries: int) -> None:
+    """A partial backfill's old-space search excludes the re-embedded items: the answer is the
+    brute-force one over the other rows, for the torch scan and FAISS's, single queries and
+    batches, and the exclusion follows writes (a row added or removed after it is seen)."""
+    gallery = points_at_radius(400, 12, 2.5, seed=21).astype(np.float32)
+    queries = points_at_radius(n_queries, 12, 2.5, seed=22)
+    ids = np.arange(100, 500)
+    index = LorentzIndex.build(12, 1.0, "flat", {}, ids, gallery, engine=engine)
+    assert index.can_exclude
+    excluded = np.sort(np.random.default_rng(23).choice(ids, 150, replace=False))
+    kept = ~np.isin(ids, excluded)
+    for _ in range(2):  # the second search reuses the kept exclusion
+        found, dist, _ = index.search_with_points(queries, 10, exclude=excluded)
+        order, expected = brute_force(queries, gallery[kept].astype(np.float64), 10, 1.0)
+        np.testing.assert_array_equal(found, ids[kept][order])
+        np.testing.assert_allclose(dist, expected, rtol=1e-9)
+    # A write replaces the rows: the exclusion is worked out again.
+    index.remove(ids[kept][:50])
+    still = kept.copy()
+    still[np.flatnonzero(kept)[:50]] = False
+    found, _, _ = index.search_with_points(queries, 10, exclude=excluded)
+    order, _ = brute_force(queries, gallery[still].astype(np.float64), 10, 1.0)
+    np.testing.assert_array_equal(found, ids[still][order])
+    # Everything excluded: nothing found, padded.
+    found, dist, _ = index.search_with_points(queries, 10, exclude=ids)
+    assert (found == -1).all() and np.isinf(dist).all()
+
+
+def test_approximate_indexes_refuse_an_exclusion() -> None:
+    gallery = points_at_radius(300, 8, 2.0, seed=24).astype(np.float32)
+    index = LorentzIndex.build(8, 1.0, "hnsw", {}, np.arange(300), gallery)
+    assert not index.can_exclude
+    with pytest.raises(ValueError, match="cannot exclude"):
+        index.search_with_points(gallery[:2].astype(np.float64), 5, exclude=np.arange(3))

@@ -84,12 +84,26 @@ def unit_rows(x: np.ndarray) -> np.ndarray:
     return x / np.maximum(norms, 1e-12)
 
 
-def lorentz_scores(queries: np.ndarray, points: np.ndarray, curv: float) -> np.ndarray:
-    """⟨q, x⟩_L = q·x − q₀x₀ (nq × n float32; larger is nearer), in blocks of queries."""
+def lorentz_time(points: np.ndarray, curv: float) -> np.ndarray:
+    """x₀ = √(1/c + ‖x‖²) of points given by their space part x (float64)."""
+    x = np.asarray(points, dtype=np.float64)
+    return np.sqrt(1.0 / curv + np.einsum("ij,ij->i", x, x))
+
+
+def lorentz_scores(
+    queries: np.ndarray,
+    points: np.ndarray,
+    curv: float,
+    points_time: np.ndarray | None = None,
+) -> np.ndarray:
+    """⟨q, x⟩_L = q·x − q₀x₀ (nq × n float32; larger is nearer), in blocks of queries.
+    ``points_time``: the points' ``lorentz_time``, when the caller keeps it (a fixed reference
+    sample scored for every query)."""
     q = np.asarray(queries, dtype=np.float32)
     x = np.asarray(points, dtype=np.float32)
-    q0 = np.sqrt(1.0 / curv + np.einsum("ij,ij->i", q.astype(np.float64), q.astype(np.float64)))
-    x0 = np.sqrt(1.0 / curv + np.einsum("ij,ij->i", x.astype(np.float64), x.astype(np.float64)))
+    # From the float32 rows, as the product below sees them.
+    q0 = lorentz_time(q, curv)
+    x0 = lorentz_time(x, curv) if points_time is None else points_time
     out = np.empty((len(q), len(x)), dtype=np.float32)
     block = max(1, SCORE_BUDGET // max(len(x), 1))
     for start in range(0, len(q), block):
@@ -98,8 +112,13 @@ def lorentz_scores(queries: np.ndarray, points: np.ndarray, curv: float) -> np.n
     return out
 
 
-def cosine_scores(queries: np.ndarray, items: np.ndarray) -> np.ndarray:
-    q, x = unit_rows(queries), unit_rows(items)
+def cosine_scores(
+    queries: np.ndarray, items: np.ndarray, *, unit_items: bool = False
+) -> np.ndarray:
+    """cos(q, x) (nq × n float32). ``unit_items``: the items are already ``unit_rows`` (a fixed
+    reference sample normalised once, not for every query)."""
+    q = unit_rows(queries)
+    x = np.asarray(items, dtype=np.float32) if unit_items else unit_rows(items)
     out = np.empty((len(q), len(x)), dtype=np.float32)
     block = max(1, SCORE_BUDGET // max(len(x), 1))
     for start in range(0, len(q), block):

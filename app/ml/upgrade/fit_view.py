@@ -22,17 +22,26 @@ from app.ml.methods.models import EmbeddingModel
 from app.ml.upgrade.data import UpgradeData
 
 
-def native_reference_fit(features: np.ndarray, reference_new: np.ndarray):
+def native_reference_fit(
+    features: np.ndarray, reference_new: np.ndarray, *, unit_reference: bool = False
+):
     """The native list's tail per query: cosines of the new backbone's query features over the
-    reference documents' new features."""
-    return reference_fit(cosine_scores(features, reference_new), end=COSINE_END)
+    reference documents' new features (``unit_reference``: those are unit rows already)."""
+    scores = cosine_scores(features, reference_new, unit_items=unit_reference)
+    return reference_fit(scores, end=COSINE_END)
 
 
-def bridged_reference_fit(query_points: np.ndarray, reference_points: np.ndarray, curv: float):
+def bridged_reference_fit(
+    query_points: np.ndarray,
+    reference_points: np.ndarray,
+    curv: float,
+    reference_time: np.ndarray | None = None,
+):
     """The bridged list's tail per query: the bridged query's Lorentz scores over the reference
-    documents' old points (gallery frame)."""
+    documents' old points (gallery frame; ``reference_time``: their ``lorentz_time``, if kept)."""
     return reference_fit(
-        lorentz_scores(query_points, reference_points, curv), end=lorentz_end(curv)
+        lorentz_scores(query_points, reference_points, curv, reference_time),
+        end=lorentz_end(curv),
     )
 
 
