@@ -37,6 +37,7 @@ h1{font-size:1.5em}h2{font-size:1.2em;margin-top:2em;border-bottom:1px solid #dd
 table{border-collapse:collapse;margin:.8em 0}td,th{border:1px solid #ddd;padding:.25em .6em;
 text-align:right}th:first-child,td:first-child{text-align:left}
 .verdict{background:#f4f8ff;border-left:4px solid #3367d6;padding:.8em 1em}
+.warning{background:#fff4f2;border-left:4px solid #d93025;padding:.5em 1em;margin:.8em 0}
 .verdict.stay{border-color:#999}.verdict.reindex{border-color:#d93025}
 .served{font-weight:600}img{max-width:100%}dt{font-weight:600}small{color:#555}
 """
@@ -327,6 +328,19 @@ def render_report_html(job: dict[str, Any]) -> str:
             + (f"<p><b>Next step:</b> {html.escape(str(next_step))}</p>" if next_step else "")
             + f"<p><small>Rule: {html.escape(str(verdict.get('rule', '')))}</small></p></div>"
         )
+        below = verdict.get("below_old_model") or []
+        if below:
+            # Apart from the verdict's text: a served model worse than not upgrading must not
+            # be missed by a reader who skims the verdict.
+            items = "".join(
+                f"<li>{html.escape(str(b['view']))} {html.escape(str(b['metric']))}: "
+                f"bridge {_number(b['bridge'])}, stay {_number(b['stay'])}</li>"
+                for b in below
+            )
+            parts.append(
+                '<div class="warning"><b>The served model is below the old model</b> on '
+                f"held-out data:<ul>{items}</ul></div>"
+            )
     facts = {
         "method requested": job.get("method"),
         "method served": served,

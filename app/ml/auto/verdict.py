@@ -66,6 +66,36 @@ def _worse_than_stay(metrics: dict[str, dict[str, Any]], served: str, view: str)
     return f" It is below the old model on {'; '.join(worse)}." if worse else ""
 
 
+def below_old_model(metrics: dict[str, dict[str, Any]], served: str) -> list[dict[str, Any]]:
+    """Every measured view where the old model beats the served bridge on that view's primary
+    metric (query R@10, class CMC@1): whatever the verdict follows, a served model that is
+    worse than not upgrading somewhere must say so. Own-item recall is left out: staying is 1
+    there by construction, so every bridge is 'below' it and that says nothing about search."""
+    out = []
+    for view in ("query", "class"):
+        metric = PRIMARY_METRIC[view][1]
+        bridge = metrics.get(served, {}).get(view, {}).get(metric)
+        stay = metrics.get("stay", {}).get(view, {}).get(metric)
+        if bridge is None or stay is None or not (math.isfinite(bridge) and math.isfinite(stay)):
+            continue
+        if bridge < stay:
+            out.append({"view": view, "metric": metric, "bridge": bridge, "stay": stay})
+    return out
+
+
+def _below_sentence(below: list[dict[str, Any]], served: str) -> str:
+    if not below:
+        return ""
+    figures = "; ".join(
+        f"{b['view']} {b['metric']}: bridge ({served}) {_fmt(b['bridge'])}, stay {_fmt(b['stay'])}"
+        for b in below
+    )
+    return (
+        f" Searching the old gallery with this model is worse than not upgrading on held-out "
+        f"data: {figures}."
+    )
+
+
 def recommend(
     metrics: dict[str, dict[str, Any]],
     served: str,
@@ -165,6 +195,9 @@ def recommend(
         action = "stay"
         why = f"Neither a bridge nor the new model beats the old one: {numbers}. Keep it."
         next_step = "keep searching with the old model"
+    below = below_old_model(metrics, served)
+    if action != "bridge":  # a bridge's own shortfalls are named by ``_worse_than_stay``
+        why += _below_sentence(below, served)
     return {
         "action": action,
         "method": served,
@@ -174,5 +207,6 @@ def recommend(
         "why": why,
         "next_step": next_step,
         **out,
+        "below_old_model": below,
         "rule": RULE,
     }
