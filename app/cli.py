@@ -1,5 +1,5 @@
 """nobackfill: the server's commands (serve, migrate, create-key) and the client's (galleries,
-datasets, upgrades, search, export, reports, keys) against a running server.
+datasets, upgrades, backfill, search, export, reports, keys) against a running server.
 
 Client commands talk HTTP only: they import neither torch nor the service, so they start fast.
 The server is --url (or NOBACKFILL_URL; by default the URL `nobackfill serve` recorded in
@@ -27,9 +27,11 @@ def _client_parents() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]
     return connection, output
 
 
-def _add_upload_options(parser: argparse.ArgumentParser) -> None:
+def _add_upload_options(parser: argparse.ArgumentParser, *aliases: str) -> None:
     parser.add_argument(
         "--batch-size",
+        *aliases,
+        dest="batch_size",
         type=int,
         help="rows per request (default: as many as 10,000 rows and 32 MiB allow; "
         "lowered by itself when the server answers 413)",
@@ -78,6 +80,19 @@ def _add_client_commands(sub: argparse._SubParsersAction) -> None:
     _add_upload_options(upload)
     upload.set_defaults(handler="gallery_upload")
 
+    access = sub.add_parser("access", help="add a gallery's access counts (what users opened)")
+    access_sub = access.add_subparsers(dest="action", required=True, metavar="ACTION")
+    counts = access_sub.add_parser(
+        "upload",
+        parents=both,
+        help="add access counts from .npy files (batched; never retried: counts add up)",
+    )
+    counts.add_argument("gallery")
+    counts.add_argument("--ids", required=True, help=".npy of N strings (a repeated id sums)")
+    counts.add_argument("--counts", required=True, help=".npy of N non-negative integers")
+    counts.add_argument("--batch-size", type=int, help="rows per request (default: 10,000)")
+    counts.set_defaults(handler="access_upload")
+
     dataset = sub.add_parser("dataset", help="create, show or fill a dataset of new features")
     dataset_sub = dataset.add_subparsers(dest="action", required=True, metavar="ACTION")
     create = dataset_sub.add_parser("create", parents=both, help="create a dataset")
@@ -114,8 +129,14 @@ def _add_client_commands(sub: argparse._SubParsersAction) -> None:
     _add_upload_options(queries)
     queries.set_defaults(handler="dataset_queries")
 
-    upgrade = sub.add_parser("upgrade", parents=both, help="train an upgrade from a dataset")
-    upgrade.add_argument("--dataset", required=True)
+    upgrade = sub.add_parser(
+        "upgrade",
+        parents=both,
+        help="train an upgrade from a dataset (`upgrade list`: the upgrade jobs)",
+        usage="%(prog)s --dataset DATASET [options]\n       %(prog)s list [--status S] [--json]",
+    )
+    # Required unless `upgrade list` (checked in main: argparse cannot say "unless").
+    upgrade.add_argument("--dataset", help="required: the dataset to train on")
     upgrade.add_argument(
         "--method", default=None, help="see `nobackfill methods` (default: the server's, auto)"
     )
@@ -134,6 +155,7 @@ def _add_client_commands(sub: argparse._SubParsersAction) -> None:
     upgrade.add_argument("--idempotency-key")
     _add_wait_options(upgrade)
     upgrade.set_defaults(handler="upgrade_create")
+    _add_migration_commands(sub, upgrade, both)
 
     status = sub.add_parser("status", parents=both, help="show an upgrade job (or wait for it)")
     status.add_argument("upgrade")
@@ -189,6 +211,50 @@ def _add_client_commands(sub: argparse._SubParsersAction) -> None:
     )
     revoke.add_argument("key_id", metavar="KEY_ID")
     revoke.set_defaults(handler="key_revoke")
+
+
+def _add_migration_commands(
+    sub: argparse._SubParsersAction,
+    upgrade: argparse.ArgumentParser,
+    both: list[argparse.ArgumentParser],
+) -> None:
+    """``backfill plan|upload`` and ``upgrade list`` (app.client.migration_commands)."""
+    upgrade_sub = upgrade.add_subparsers(dest="action", required=False, metavar="[list]")
+    listing = upgrade_sub.add_parser("list", parents=both, help="list the upgrade jobs")
+    listing.add_argument(
+        "--status", choices=["queued", "running", "succeeded", "failed", "cancelled"]
+    )
+    listing.set_defaults(handler="upgrade_list")
+
+    backfill = sub.add_parser(
+        "backfill", help="re-embed part of a gallery: plan the next items, upload them"
+    )
+    backfill_sub = backfill.add_subparsers(dest="action", required=True, metavar="ACTION")
+    plan = backfill_sub.add_parser(
+        "plan", parents=both, help="the next items to re-embed, most valuable first (.npy)"
+    )
+    plan.add_argument("gallery")
+    plan.add_argument("--model", required=True, help="the upgrade's model (the new backbone's)")
+    size = plan.add_mutually_exclusive_group(required=True)
+    size.add_argument(
+        "--fraction",
+        type=float,
+        help="share of the gallery re-embedded once the planned items are (0–1)",
+    )
+    size.add_argument("--count", type=int, help="how many more items to plan")
+    plan.add_argument("-o", "--output", help="write the planned ids here (.npy of strings)")
+    plan.set_defaults(handler="backfill_plan")
+    upload = backfill_sub.add_parser(
+        "upload",
+        parents=both,
+        help="upload re-embedded items' new-backbone features (batched, resumable)",
+    )
+    upload.add_argument("gallery")
+    upload.add_argument("--model", required=True, help="the model the features are for")
+    upload.add_argument("--ids", required=True, help=".npy of N strings (e.g. backfill plan -o)")
+    upload.add_argument("--features", required=True, help=".npy float N×D, the new backbone's")
+    _add_upload_options(upload, "--batch")
+    upload.set_defaults(handler="backfill_upload")
 
 
 def _add_wait_options(parser: argparse.ArgumentParser) -> None:
@@ -268,12 +334,16 @@ def _server_command(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     if args.command in SERVER_COMMANDS:
         return _server_command(args)
+    if args.handler == "upgrade_create" and args.dataset is None:
+        parser.error("upgrade: the following arguments are required: --dataset (or: upgrade list)")
     from app.client.commands import run
+    from app.client.migration_commands import HANDLERS
 
-    return run(args)
+    return run(args, HANDLERS)
 
 
 if __name__ == "__main__":

@@ -10,13 +10,14 @@ from app.auth.models import ApiKey, Tenant
 from app.core.db import Base
 from app.core.idempotency import IdempotencyRecord
 from app.datasets.models import Dataset, DatasetItem, DatasetQuery
-from app.galleries.models import Gallery
+from app.galleries.models import AccessCount, Gallery
 from app.jobs.models import UpgradeJob
 from app.migration.models import BackfillFit
 from app.models.models import TrainedModel
 from app.vectors.tables import GalleryVector, ReembeddedVector
 
 __all__ = [
+    "AccessCount",
     "ApiKey",
     "BackfillFit",
     "Base",

@@ -11,6 +11,7 @@ from fastapi import FastAPI
 from fastapi_offline import FastAPIOffline
 
 import app.db_models  # noqa: F401  (the table registry: Database needs every mapped class)
+from app.api.access import router as access_router
 from app.api.body_guard import BodyGuardMiddleware
 from app.api.datasets import router as datasets_router
 from app.api.deps import ServiceState
@@ -126,6 +127,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     for router in (
         galleries_router,
+        access_router,
         search_router,
         datasets_router,
         upgrades_router,

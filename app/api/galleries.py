@@ -120,7 +120,7 @@ async def upsert_vectors(
     gallery_id: str, request: Request, state: StateDep, session: SessionDep, tenant_id: TenantDep
 ) -> dict:
     """Upsert by id, all or nothing: JSON, or multipart `.npy` parts (`ids`, `vectors` or
-    `features`, `labels`; `metadata` as JSON text)."""
+    `features`, `labels`; `metadata` as JSON text; `model_id` as plain text or a JSON string)."""
     # The body first, with no database connection held while it arrives (a slow client must
     # not hold one); then the lookup and the write, in the thread pool.
     fields = await read_body(
@@ -128,8 +128,9 @@ async def upsert_vectors(
         VectorsUpsert,
         array_fields={"vectors", "features"},
         string_fields={"ids", "labels"},
-        json_fields={"metadata", "model_id"},
+        json_fields={"metadata"},
         limits=ArrayLimits.of(state.settings),
+        text_fields={"model_id"},
     )
     if "ids" not in fields:
         raise invalid("ids", "required")
@@ -171,7 +172,7 @@ def _store_reembedded(
         )
     model_id = fields["model_id"]
     if not isinstance(model_id, str) or not 1 <= len(model_id) <= 40:
-        raise invalid("model_id", "expected a model id (a JSON string in multipart)")
+        raise invalid("model_id", "expected a model id (plain text or a JSON string in multipart)")
     row = reembed.backbone_for(session, tenant_id, gallery, model_id)
     stored, reembedded = reembed.store_reembedded(
         session, state.settings, state.indexes, gallery, row, fields["ids"], fields.get("features")

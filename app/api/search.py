@@ -101,15 +101,18 @@ async def search(
     elif content_type == "multipart/form-data":
         given = [n for n, v in (("k", k), ("model_id", model_id), ("modality", modality)) if v]
         if given:
-            raise invalid(given[0], "goes in a JSON part (query parameters are for .npy bodies)")
+            raise invalid(
+                given[0], "goes in a part of its own (query parameters are for .npy bodies)"
+            )
         query = _multipart_query(
             await read_body(
                 request,
                 SearchRequest,
                 array_fields={"vectors", "features", "old_vectors"},
                 string_fields=set(),
-                json_fields={"k", "model_id", "modality"},
+                json_fields={"k"},
                 limits=ArrayLimits.of(state.settings),
+                text_fields={"model_id", "modality"},
             )
         )
     elif content_type == NPY_MEDIA_TYPE:

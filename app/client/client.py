@@ -249,6 +249,75 @@ class Client:
             fixed={"model_id": model_id},
         )
 
+    def backfill_plan(
+        self,
+        gallery_id: str,
+        model_id: str,
+        *,
+        fraction: float | None = None,
+        count: int | None = None,
+    ) -> dict[str, Any]:
+        """The next items to re-embed for ``model_id``, most valuable first (``["ids"]``), and
+        what re-embedding them is expected to bring: ``fraction`` is the share of the gallery to
+        have re-embedded once they are, ``count`` how many more to list (one of them). Read-only:
+        retried like a GET."""
+        if (fraction is None) == (count is None):
+            raise InputError("give fraction or count (one of them)")
+        body = _drop_none({"model_id": model_id, "fraction": fraction, "count": count})
+        path = f"/v1/galleries/{gallery_id}/backfill-plan"
+        return self._json("POST", path, json=body, retry=True)
+
+    def upload_access(
+        self,
+        gallery_id: str,
+        ids: Sequence[str] | np.ndarray,
+        counts: Sequence[int] | np.ndarray,
+        *,
+        batch_size: int | None = None,
+        progress: Progress | None = None,
+    ) -> dict[str, Any]:
+        """Add access counts (what users opened or clicked) to the gallery's items, in batches
+        of ``.npy`` parts; a repeated id is summed by the server. Returns ``{"added", "rows",
+        "batches", "counted_items", "total"}``. Never retried: counts add up, so a batch sent
+        twice would count twice; a failure says how many rows were counted before it."""
+        names = string_array(ids, "ids")
+        values = np.asarray(counts)
+        if values.dtype.kind not in "iu" or values.ndim != 1:
+            raise InputError(f"counts: expected a 1-D integer array, got {values.dtype}")
+        if len(values) != len(names):
+            raise InputError(f"counts: {len(values)} values for {len(names)} ids")
+        if values.size and values.min() < 0:
+            raise InputError("counts: must not be negative")
+        parts = RowParts({"ids": names, "counts": values})
+        total, path = len(parts), f"/v1/galleries/{gallery_id}/access"
+        done, batches, added = 0, 0, 0
+        while done < total:
+            stop = min(total, done + self.limits.rows_for(parts, batch_size))
+            files, _ = parts.multipart(done, stop)
+            try:
+                answer = self._json("POST", path, files=files, retry=False)
+            except (ApiError, httpx.TransportError) as exc:
+                # A 413 is answered from the body's size, before anything is counted: the same
+                # rows go again in smaller batches.
+                too_large = isinstance(exc, ApiError) and exc.status == 413
+                if too_large and self.limits.lower_from(exc.detail, stop - done, parts):
+                    continue
+                if done:
+                    exc.add_note(f"rows 0–{done} of {total} were counted before this batch")
+                raise
+            done, batches, added = stop, batches + 1, added + answer["added"]
+            if progress is not None:
+                progress(done, total)
+        # The gallery's totals once every batch is in (one read, not one per batch).
+        summary = self._json("GET", path, params={"limit": 1})
+        return {
+            "added": added,
+            "rows": total,
+            "batches": batches,
+            "counted_items": summary["counted_items"],
+            "total": summary["total"],
+        }
+
     # -- datasets -------------------------------------------------------------------------------
     def create_dataset(
         self,
@@ -374,8 +443,11 @@ class Client:
     def get_upgrade(self, upgrade_id: str) -> dict[str, Any]:
         return self._json("GET", f"/v1/upgrades/{upgrade_id}")
 
-    def upgrades(self) -> list[dict[str, Any]]:
-        return list(self._pages("/v1/upgrades"))
+    def upgrades(self, *, status: str | None = None) -> list[dict[str, Any]]:
+        """Every upgrade job of this tenant (every page, in the server's order); ``status``: only
+        those (queued, running, succeeded, failed or cancelled), filtered here."""
+        jobs = self._pages("/v1/upgrades")
+        return [job for job in jobs if status is None or job["status"] == status]
 
     def cancel_upgrade(self, upgrade_id: str) -> dict[str, Any]:
         return self._json("POST", f"/v1/upgrades/{upgrade_id}/cancel", retry=True)

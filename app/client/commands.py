@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -203,6 +203,23 @@ def gallery_upload(client: Client, args: argparse.Namespace) -> int:
             progress=progress,
         )
     emit(args, result, upload_summary(result, "vectors"))
+    return 0
+
+
+def access_upload(client: Client, args: argparse.Namespace) -> int:
+    """``access upload``: add counts from the team's logs; never resumed or retried (a batch
+    counted twice would double its counts), so a failure says how far it got."""
+    ids = load_npy(args.ids, "--ids")
+    counts = load_npy(args.counts, "--counts")
+    with row_progress(f"gallery {args.gallery} (access counts)") as progress:
+        result = client.upload_access(
+            args.gallery, ids, counts, batch_size=args.batch_size, progress=progress
+        )
+    text = (
+        f"added {result['added']} accesses over {result['rows']} rows in {result['batches']} "
+        f"batches; the gallery counts {result['total']} over {result['counted_items']} items"
+    )
+    emit(args, result, text)
     return 0
 
 
@@ -495,6 +512,7 @@ HANDLERS: dict[str, Callable[[Client, argparse.Namespace], int]] = {
     "gallery_create": gallery_create,
     "gallery_get": gallery_get,
     "gallery_upload": gallery_upload,
+    "access_upload": access_upload,
     "dataset_create": dataset_create,
     "dataset_get": dataset_get,
     "dataset_upload": dataset_upload,
@@ -517,9 +535,13 @@ def fail(message: str) -> int:
     return EXIT_FAILED
 
 
-def run(args: argparse.Namespace) -> int:
-    """Run one client command; every failure is one readable message on stderr and exit 1."""
-    handler = HANDLERS[args.handler]
+def run(
+    args: argparse.Namespace,
+    handlers: Mapping[str, Callable[[Client, argparse.Namespace], int]] | None = None,
+) -> int:
+    """Run one client command; every failure is one readable message on stderr and exit 1.
+    ``handlers``: commands kept in other modules (``app.client.migration_commands``)."""
+    handler = {**HANDLERS, **(handlers or {})}[args.handler]
     try:
         with Client(args.url, args.key) as client:
             try:

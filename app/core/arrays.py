@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import math
+import re
 import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -140,6 +141,60 @@ def load_npy_strings(data: bytes, field: str, limits: ArrayLimits) -> list[str]:
         return [bytes(x).decode("utf-8") for x in array.tolist()]
     except UnicodeDecodeError as exc:
         raise invalid(field, "byte strings must be UTF-8") from exc
+
+
+def load_npy_ints(data: bytes, field: str, limits: ArrayLimits) -> np.ndarray:
+    """One ``.npy`` upload of non-negative integers (1-D, any integer dtype) as int64, never
+    unpickled. Checked from the header first (dtype, rank, bytes promised, rows), like
+    ``load_npy``; floats are refused rather than rounded (a 2.5 count is a client bug, and NaN
+    has no integer), and values that are negative or beyond int64 are named by position."""
+    header = _npy_header(data, field)
+    if header.dtype.kind not in ("i", "u"):
+        raise invalid(field, f"expected integer values, got dtype {header.dtype}")
+    if len(header.shape) != 1:
+        raise invalid(field, f"expected a 1-D array, got shape {list(header.shape)}")
+    _check_claim(data, header, field, limits)
+    array = _load_checked(data, field)
+    if array.dtype.kind == "u":
+        bad = np.flatnonzero(array > np.iinfo(np.int64).max)
+        message = "exceeds the largest count (2⁶³ − 1)"
+    else:
+        bad = np.flatnonzero(array < 0)
+        message = "must not be negative"
+    if len(bad):
+        raise invalid_fields([FieldError(f"{field}[{i}]", message) for i in bad[:20].tolist()])
+    return array.astype(np.int64, copy=False)
+
+
+# Cc (U+0000–U+001F, U+007F–U+009F) and Cs (surrogates): what ``_bad_id_reason`` refuses by
+# category, as one character class, so a batch of ids is checked by one regex scan in C.
+_BAD_ID_CHARS = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
+
+
+def check_id_values(ids: Sequence[Any], field: str, *, max_length: int) -> list[str]:
+    """``check_ids`` without the uniqueness rule (a repeated id is allowed: the caller decides
+    what it means), fast for large batches: a per-id loop in Python cost more than the SQL write
+    of an access-count upload, so the common case (every id fine) is checked by C-level scans
+    and only a failing batch is walked to name the bad ids."""
+    if not ids:
+        raise invalid(field, "must not be empty")
+    if all(isinstance(i, str) for i in ids):
+        lengths = list(map(len, ids))
+        if (
+            min(lengths) > 0
+            and max(lengths) <= max_length
+            and _BAD_ID_CHARS.search("".join(ids)) is None
+        ):
+            return list(ids)
+    errors: list[FieldError] = []
+    for i, item_id in enumerate(ids):
+        if not isinstance(item_id, str):
+            errors.append(FieldError(f"{field}[{i}]", "must be a string"))
+        elif (reason := _bad_id_reason(item_id, max_length)) is not None:
+            errors.append(FieldError(f"{field}[{i}]", reason))
+        if len(errors) >= 20:
+            break
+    raise invalid_fields(errors)
 
 
 def as_matrix(

@@ -9,7 +9,7 @@ from fastapi import Request
 from pydantic import BaseModel, ValidationError
 from starlette.datastructures import UploadFile
 
-from app.core.arrays import NPY_MAGIC, load_npy, load_npy_strings
+from app.core.arrays import NPY_MAGIC, load_npy, load_npy_ints, load_npy_strings
 from app.core.errors import Problem, invalid, validation_problem
 from app.core.limits import ArrayLimits
 
@@ -49,6 +49,18 @@ def parse_json(data: bytes, field: str) -> Any:
     raise invalid(field, "malformed JSON: nested deeper than the JSON body's limit")
 
 
+def parse_text(data: bytes, field: str) -> str:
+    """A string part, as plain text (``curl -F model_id=mdl_…`` sends ``mdl_…``) or as a JSON
+    string (``"mdl_…"``, as the Python client and ``--form-string`` send it): a part that starts
+    with a double quote is JSON, anything else the text itself."""
+    if data.startswith(b'"'):
+        return parse_json(data, field)  # one JSON value that opens with a quote: a string
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise invalid(field, "expected UTF-8 text or a JSON string") from exc
+
+
 async def _field_bytes(value: UploadFile | str) -> bytes:
     if isinstance(value, str):
         return value.encode("utf-8")
@@ -63,12 +75,16 @@ async def read_body(
     string_fields: set[str],
     json_fields: set[str],
     limits: ArrayLimits,
+    text_fields: frozenset[str] | set[str] = frozenset(),
+    int_fields: frozenset[str] | set[str] = frozenset(),
 ) -> dict[str, Any]:
     """The request's fields: validated JSON (lists), or multipart parts where each of
     ``array_fields`` is a ``.npy`` file of float rows (→ ndarray), each of ``string_fields`` a
-    ``.npy`` of strings or a JSON array, and each of ``json_fields`` a JSON text. A field named
-    ``<array_field>.<name>`` gathers into a dict (several modalities). Every ``.npy`` header is
-    held to ``limits`` before its array is loaded."""
+    ``.npy`` of strings or a JSON array, each of ``json_fields`` a JSON text and each of
+    ``text_fields`` a string (see ``parse_text``), and each of ``int_fields`` a 1-D ``.npy`` of
+    integers (→ int64 ndarray, see ``load_npy_ints``) or a JSON array. A field named ``<array_field>.<name>``
+    gathers into a dict (several modalities). Every ``.npy`` header is held to ``limits`` before
+    its array is loaded."""
     content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if content_type == "application/json":
         parsed = await read_json_model(request, model)
@@ -79,7 +95,7 @@ async def read_body(
             "Unsupported media type",
             "send application/json or multipart/form-data with .npy parts",
         )
-    allowed = array_fields | string_fields | json_fields
+    allowed = array_fields | string_fields | json_fields | text_fields | int_fields
     fields: dict[str, Any] = {}
     async with request.form(max_files=64, max_fields=64) as form:
         for name, value in form.multi_items():
@@ -93,6 +109,10 @@ async def read_body(
                 fields[name] = load_npy(await _field_bytes(value), name, limits)
             elif name in string_fields:
                 fields[name] = _strings(await _field_bytes(value), name, limits)
+            elif name in int_fields:
+                fields[name] = _ints(await _field_bytes(value), name, limits)
+            elif name in text_fields:
+                fields[name] = parse_text(await _field_bytes(value), name)
             elif name in json_fields:
                 fields[name] = parse_json(await _field_bytes(value), name)
             else:
@@ -112,3 +132,11 @@ def _strings(data: bytes, field: str, limits: ArrayLimits) -> list[str]:
     if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
         raise invalid(field, "expected a JSON array of strings")
     return values
+
+
+def _ints(data: bytes, field: str, limits: ArrayLimits) -> Any:
+    """A ``.npy`` of integers, or a JSON array (checked element by element by the caller's
+    model, as the JSON body's would be)."""
+    if data.startswith(NPY_MAGIC):
+        return load_npy_ints(data, field, limits)
+    return parse_json(data, field)

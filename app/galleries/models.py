@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import JSON, ForeignKey, String, UniqueConstraint
+from sqlalchemy import JSON, BigInteger, ForeignKey, String, UniqueConstraint
 from sqlalchemy.orm import Mapped, mapped_column
 
 from app.core.db import Base, utcnow
@@ -45,3 +45,23 @@ class Gallery(Base):
     vector_manifest: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
+
+
+class AccessCount(Base):
+    """How often users opened or clicked one item of a gallery, as the team's own logs count it
+    (``POST /v1/galleries/{id}/access``; ``app.migration.access`` adds to it). One row per item
+    that has a count, keyed by the item id the client knows; ``vector_id`` is the item's internal
+    id (stable while the item exists), so the backfill plan lines counts up with the gallery's
+    points without looking every counted name up. Deleting the item deletes its row
+    (``app.galleries.service``), deleting the gallery cascades; replacing an item's vector keeps
+    it (the traffic belongs to the item, not to its embedding)."""
+
+    __tablename__ = "gallery_access"
+
+    gallery_id: Mapped[str] = mapped_column(
+        ForeignKey("galleries.id", ondelete="CASCADE"), primary_key=True
+    )
+    item_id: Mapped[str] = mapped_column(String(256), primary_key=True)
+    vector_id: Mapped[int] = mapped_column(BigInteger)
+    # BigInteger on both databases: counts add up past 2³¹ on a busy gallery.
+    count: Mapped[int] = mapped_column(BigInteger)

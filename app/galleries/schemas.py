@@ -167,10 +167,35 @@ class ExpectedPoint(BaseModel):
     value: float
 
 
+class PlanAccess(BaseModel):
+    counted_items: int = Field(description="items of the gallery with an access count")
+    total: int = Field(description="the sum of the gallery's access counts")
+    covered_after: float = Field(
+        description="share of the counted accesses on items re-embedded once the listed are"
+    )
+
+
 class BackfillPlanOut(BaseModel):
     model_id: str
     ids: list[str] = Field(description="items to re-embed next, most valuable first")
     estimator: str = Field(description="expected_gain (learned) or uncertainty")
+    signals: list[str] = Field(
+        default_factory=list,
+        description="what the order used: access_counts (the gallery's, as expected traffic) "
+        "and the learned estimator (expected_gain or uncertainty)",
+    )
+    access: PlanAccess | None = Field(
+        default=None, description="the gallery's access counts, when it has any"
+    )
+    warning: str | None = Field(
+        default=None,
+        description="set when the plan's cross-fitted validation finds its learned order no "
+        "better than random (`validation.vs_random`)",
+    )
+    expected_note: str | None = Field(
+        default=None,
+        description="why `expected` falls somewhere as the share grows (null: it never does)",
+    )
     view: str = Field(
         description="query: the upgrade's held-out logged queries; instance: held-out items' "
         "own new features as queries"
@@ -224,6 +249,9 @@ VECTORS_MULTIPART = {
         "features": {"type": "string", "format": "binary", "description": ".npy float N×D"},
         "labels": {"type": "string", "format": "binary", "description": ".npy of strings"},
         "metadata": {"type": "string", "description": "JSON array of objects"},
-        "model_id": {"type": "string", "description": "JSON string: re-embedded items"},
+        "model_id": {
+            "type": "string",
+            "description": "re-embedded items: the model id, as plain text or a JSON string",
+        },
     },
 }

@@ -21,7 +21,7 @@ from app.core.db import new_id, utcnow
 from app.core.errors import FieldError, conflict, invalid, invalid_fields, not_found
 from app.core.settings import Settings
 from app.core.tenancy import check_name_free, check_tenant_limit, get_owned
-from app.galleries.models import Gallery
+from app.galleries.models import AccessCount, Gallery
 from app.galleries.schemas import GalleryCreate
 from app.ml.geometry.space import DEFAULT_CURVATURE, DEFAULT_LIFT_SCALE
 from app.models.models import TrainedModel
@@ -227,6 +227,18 @@ def _forget_reembedded(session: Session, gallery: Gallery, vector_ids: np.ndarra
         )
 
 
+def _forget_access(session: Session, gallery: Gallery, item_ids: list[str]) -> None:
+    """A deleted item's access counts go with it (an upload of counts checks its ids under the
+    gallery's lock, so none can land between this delete and its commit)."""
+    for start in range(0, len(item_ids), IN_CHUNK):
+        session.execute(
+            delete(AccessCount).where(
+                AccessCount.gallery_id == gallery.id,
+                AccessCount.item_id.in_(item_ids[start : start + IN_CHUNK]),
+            )
+        )
+
+
 def _lock_gallery(session: Session, gallery: Gallery) -> Gallery:
     """Re-read the gallery row under a row lock (PostgreSQL; SQLite serialises writers). The
     row is read afresh (populate_existing), not taken from the identity map: a writer that waited
@@ -333,6 +345,7 @@ def delete_vectors(
         previous_version = gallery.index_version
         removed = storage.delete(session, gallery, ids)
         _forget_reembedded(session, gallery, removed)
+        _forget_access(session, gallery, list(existing))
         gallery.count = _counted(session, storage, gallery, gallery.count - len(removed))
         gallery.index_version += 1
         gallery.updated_at = utcnow()

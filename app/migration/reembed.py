@@ -31,6 +31,7 @@ from app.core.settings import Settings
 from app.galleries.frames import same_space
 from app.galleries.models import Gallery
 from app.galleries.service import IN_CHUNK, _lock_gallery, gallery_points, index_for
+from app.migration import access
 from app.migration.models import BackfillFit
 from app.ml.backfill.mixed import (
     CALIBRATION,
@@ -42,6 +43,7 @@ from app.ml.backfill.mixed import (
     unit_rows,
 )
 from app.ml.backfill.plan import PlannerFit, expected_at, fit_planner, plan_order, plan_priority
+from app.ml.backfill.traffic import expected_note, no_better_warning, value_order, versus_random
 from app.ml.geometry.lorentz import uncertainty as norm_uncertainty
 from app.ml.upgrade.fit_view import bridged_reference_fit, build_fit_view, native_reference_fit
 from app.models.models import TrainedModel
@@ -443,7 +445,13 @@ def plan(
     fraction: float | None,
     count: int | None,
 ) -> dict[str, Any]:
-    """The next items to re-embed, most valuable first, and the expected quality curve."""
+    """The next items to re-embed, most valuable first, and the expected quality curve.
+
+    Most valuable: by the learned estimator alone, or, when the gallery has access counts, by
+    expected traffic × expected gain (``app.ml.backfill.traffic.value_order``; the gain only
+    breaks ties when the fit's cross-fitted validation finds it no better than random). The
+    answer names the signals used, compares the learned order with random (``vs_random``, from
+    the stored validation curves), warns when it is no better, and explains a falling curve."""
     fit, _, _ = backfill_fit(session, cache, row)
     vector_ids, _ = reembedded_features(session, gallery.id, row.id)
     all_ids, points = gallery_points(session, store, gallery)
@@ -456,7 +464,15 @@ def plan(
         uncertainty = norm_uncertainty(
             torch.as_tensor(points, dtype=torch.float64), gallery.lift_curv
         )
-    order = plan_order(plan_priority(fit, points, uncertainty), done)[:count]
+    priority = plan_priority(fit, points, uncertainty)
+    planned = min(1.0, (int(done.sum()) + count) / total) if total else 0.0
+    compared = versus_random(fit.validation, planned)
+    clicks = access.counts_by_point(session, gallery.id, all_ids)
+    if clicks is None:
+        order = plan_order(priority, done)[:count]
+    else:
+        gain_validated = compared is None or compared["better"]
+        order = value_order(priority, clicks, gain_validated, done)[:count]
     chosen = all_ids[order].tolist()
     names = {
         vector_id: item_id
@@ -466,18 +482,42 @@ def plan(
     }
     ids = [names[i] for i in chosen if i in names]
     after = (int(done.sum()) + len(ids)) / total if total else 0.0
+    expected = expected_at(fit, after)
+    traffic = None
+    if clicks is not None:
+        covered = done.copy()
+        covered[order] = True
+        traffic = {
+            "counted_items": int((clicks > 0).sum()),
+            "total": int(clicks.sum()),
+            "covered_after": float(clicks[covered].sum() / clicks.sum()),
+        }
     return {
         "model_id": row.id,
         "ids": ids,
         "estimator": fit.estimator,
+        "signals": ([] if clicks is None else ["access_counts"]) + [fit.estimator],
+        "access": traffic,
+        "warning": None if compared is None else no_better_warning(compared, clicks is not None),
         "view": fit.view,
         "reembedded": int(done.sum()),
         "total": total,
         "fraction_after": after,
-        "expected": expected_at(fit, after),
+        "expected": expected,
+        "expected_note": expected_note(expected, int(fit.validation.get("queries") or 0)),
         "validation": {
-            key: fit.validation.get(key)
-            for key in ("view", "held_out_items", "queries", "gain_correlation", "area", "chosen")
+            **{
+                key: fit.validation.get(key)
+                for key in (
+                    "view",
+                    "held_out_items",
+                    "queries",
+                    "gain_correlation",
+                    "area",
+                    "chosen",
+                )
+            },
+            "vs_random": compared,
         },
         "transition_expected": fit.transition,
         "calibration": {

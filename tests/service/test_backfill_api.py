@@ -4,6 +4,7 @@ and the mixed search, on real WordNet vectors (old: MiniLM glosses; new: mpnet).
 from __future__ import annotations
 
 import functools
+import json
 
 import numpy as np
 import pytest
@@ -390,3 +391,60 @@ def test_an_upgrade_without_the_old_model_never_answers_stay_or_transition(
     verdict = client.get(f"/v1/upgrades/{default.json()['id']}").json()["report"]["recommendation"]
     assert verdict["old_model_available"] is True
     assert verdict["action"] in ("stay", "bridge", "transition", "measure")
+
+
+def test_multipart_model_id_as_plain_text_or_a_json_string(
+    client: TestClient, wordnet_small
+) -> None:
+    """``curl -F model_id=mdl_…`` sends the id as a plain-text part: re-embedded uploads and
+    transition searches take it as they take a JSON string (``"mdl_…"``, with or without a JSON
+    content type), so the README's curl lines work as typed (issue 25)."""
+    setup = upgraded(client, wordnet_small)
+    url = f"/v1/galleries/{setup['gallery_id']}"
+    model = setup["model_id"]
+    row = {s: i for i, s in enumerate(wordnet_small["synset_id"][:N_GALLERY])}
+    ids = wordnet_small["synset_id"][:6].tolist()
+    features = wordnet_small[f"gloss.{NEW}"][[row[i] for i in ids]]
+    forms = [
+        {"data": {"model_id": model}},  # curl -F model_id=mdl_…
+        {"extra": {"model_id": (None, model)}},
+        {"extra": {"model_id": (None, f'"{model}"')}},  # curl --form-string 'model_id="mdl_…"'
+        {"extra": {"model_id": (None, f'"{model}"', "application/json")}},
+    ]
+    for n, form in enumerate(forms):
+        stored = client.post(
+            f"{url}/vectors",
+            files={"ids": npy(np.array(ids[n : n + 1])), "features": npy(features[n : n + 1])}
+            | form.get("extra", {}),
+            data=form.get("data"),
+        )
+        assert stored.status_code == 200, (n, stored.text)
+        assert stored.json()["reembedded"] == n + 1
+    new_q = wordnet_small[f"lemma.{NEW}"][:3]
+    old_q = wordnet_small[f"lemma.{OLD}"][:3]
+    answers = [
+        client.post(
+            f"{url}/search",
+            files={"features": npy(new_q), "old_vectors": npy(old_q)} | form.get("extra", {}),
+            data=form.get("data"),
+        )
+        for form in forms
+    ]
+    assert all(a.status_code == 200 for a in answers), [a.text for a in answers]
+    assert len({json.dumps(a.json()) for a in answers}) == 1
+    # Still refused: an empty id, a broken JSON string, an id no model has.
+    before = snapshot(client)
+    for value, status, field in (("", 422, "model_id"), ('"mdl_', 422, "model_id")):
+        bad = client.post(
+            f"{url}/vectors",
+            files={"ids": npy(np.array(ids[5:])), "features": npy(features[5:])},
+            data={"model_id": value},
+        )
+        assert field_names(problem(bad, status)) == [field], value
+    missing = client.post(
+        f"{url}/vectors",
+        files={"ids": npy(np.array(ids[5:])), "features": npy(features[5:])},
+        data={"model_id": "mdl_missing"},
+    )
+    assert missing.status_code == 404, missing.text
+    assert snapshot(client) == before

@@ -528,3 +528,47 @@ def test_key_commands(
     code, out, err = cli(capsys, "key", "revoke", by_name["bootstrap"]["id"])
     assert code == 1 and "Conflict (409)" in err and "admin" in err
     assert cli(capsys, "key", "list")[0] == 0
+
+
+def test_access_upload_command(
+    server: RunningService, capsys: pytest.CaptureFixture, tmp_path: Path
+) -> None:
+    """``nobackfill access upload``: counts from .npy files, in batches under the server's row
+    limit (300), a repeated id summed; bad input fails readably and counts nothing."""
+    gallery_id = make_gallery(capsys, 4, "access")
+    ids = np.array([f"item-{i}" for i in range(400)])
+    vectors = np.random.default_rng(0).normal(size=(400, 4)).astype(np.float32)
+    code, _, err = cli(capsys, "gallery", "upload", gallery_id, "--ids",
+                       save(tmp_path / "ids.npy", ids), "--vectors",
+                       save(tmp_path / "v.npy", vectors))  # fmt: skip
+    assert code == 0, err
+    clicked = save(tmp_path / "clicked.npy", np.concatenate([ids, ids[:50]]))
+    counts = save(tmp_path / "counts.npy", np.ones(450, dtype=np.int32))
+    result = cli_json(capsys, "access", "upload", gallery_id, "--ids", clicked, "--counts", counts)
+    assert result == {
+        "added": 450,
+        "rows": 450,
+        "batches": 2,
+        "counted_items": 400,
+        "total": 450,
+    }
+    code, out, err = cli(capsys, "access", "upload", gallery_id, "--ids", clicked,
+                         "--counts", counts)  # fmt: skip
+    assert code == 0, err
+    assert "added 450" in out and "900" in out
+
+    with server.client() as client:
+        before = client.get(f"/v1/galleries/{gallery_id}/access", params={"limit": 200}).json()
+    assert before["total"] == 900 and before["items"][0] == {"id": "item-0", "count": 4}
+    unknown = save(tmp_path / "unknown.npy", np.array(["item-1", "nope"]))
+    two = save(tmp_path / "two.npy", np.array([1, 1]))
+    code, out, err = cli(capsys, "access", "upload", gallery_id, "--ids", unknown,
+                         "--counts", two)  # fmt: skip
+    assert code == 1 and "Invalid request (422)" in err and "nope" in err and out == ""
+    floats = save(tmp_path / "floats.npy", np.array([1.0, 2.0]))
+    code, out, err = cli(capsys, "access", "upload", gallery_id, "--ids", unknown,
+                         "--counts", floats)  # fmt: skip
+    assert code == 1 and "counts: expected a 1-D integer array" in err
+    with server.client() as client:
+        after = client.get(f"/v1/galleries/{gallery_id}/access", params={"limit": 200}).json()
+    assert after == before
