@@ -550,14 +550,16 @@ def render_markdown(result: dict[str, Any]) -> str:
                     lines.append(f"- batch {batch}, {name}: {top}")
         lines.append("")
     lines.append(
-        "Reading it: a mixed or transition search is the plain search of the items not "
-        "re-embedded plus an exact scan of the re-embedded items' new features (MPNet, 768 "
+        "Reading it: a mixed or transition search is a scan of the items not re-embedded (the "
+        "flat scan skips the re-embedded ones: FAISS's through a bitmap selector, torch's "
+        "through a mask) plus an exact scan of the re-embedded items' new features (MPNet, 768 "
         "dimensions, against the gallery's 384), the two reference tails (2,048 documents per "
-        "space) and the merge. At 25 % re-embedded the extra scan alone reads about half the bytes "
-        "of the plain scan, so about 1.5× is the floor of this design; what is left above it is "
-        "the references, the merge and a second database read. The list of items not "
-        "re-embedded is fetched with room for the re-embedded share, and only the queries still "
-        "short of k are searched again."
+        "space, normalised and lifted once per gallery and model) and the merge. At 25 % "
+        "re-embedded the first scan reads three quarters of the plain scan's rows and the "
+        "second about half its bytes, so about 1.25× is the floor of this design; what is left "
+        "above it is the references, the merge and a second database read. Galleries whose "
+        "index cannot skip rows (HNSW, IVF, Milvus) fetch the items not re-embedded with room "
+        "for the re-embedded share and search again only the queries still short of k."
     )
     return "\n".join(lines)
 
