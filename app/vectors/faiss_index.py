@@ -118,10 +118,12 @@ def faiss_gpu_count() -> int:
 
 
 def top_inner_products(
-    gallery: torch.Tensor, queries: torch.Tensor, m: int, allowed: torch.Tensor | None = None
+    gallery: torch.Tensor, queries: torch.Tensor, m: int, bias: torch.Tensor | None = None
 ) -> torch.Tensor:
     """Row positions of the ``m`` largest inner products per query, best first (nq × m, int64).
-    ``allowed`` (N bools): rows outside it score −inf (``m`` must not exceed the rows allowed).
+    ``bias`` (N float32, 0 or −inf): added to every query's scores inside the product (addmm:
+    no extra pass over the score matrix, which a mask would cost), so rows at −inf are never
+    among the best (``m`` must not exceed the rows at 0).
 
     ``gallery`` (N × D) and ``queries`` (nq × D) are float32 on one device. The gallery is
     scanned in blocks so that the score matrix stays within ``SCAN_BUDGET`` values: one query
@@ -132,15 +134,16 @@ def top_inner_products(
     nq = queries.shape[0]
     block = max(m, SCAN_BUDGET // max(nq, 1))
     if n <= block:
-        scores = queries @ gallery.T
-        if allowed is not None:
-            scores.masked_fill_(~allowed, float("-inf"))
+        scores = queries @ gallery.T if bias is None else torch.addmm(bias, queries, gallery.T)
         return torch.topk(scores, m, dim=1, sorted=True).indices
     best_scores, best_positions = [], []
     for start in range(0, n, block):
-        scores = queries @ gallery[start : start + block].T
-        if allowed is not None:
-            scores.masked_fill_(~allowed[start : start + block], float("-inf"))
+        part = gallery[start : start + block]
+        scores = (
+            queries @ part.T
+            if bias is None
+            else torch.addmm(bias[start : start + block], queries, part.T)
+        )
         top = torch.topk(scores, min(m, scores.shape[1]), dim=1, sorted=False)
         best_scores.append(top.values)
         best_positions.append(top.indices + start)
@@ -208,6 +211,8 @@ class LorentzIndex:
         self._gpu_lock = threading.Lock()
         # The last exclusion's rows (see ``_allowed``): (rows, excluded ids, allowed, bitmap, n).
         self._allowed_cache: tuple[_Rows, np.ndarray, np.ndarray, np.ndarray, int] | None = None
+        # torch's form of the last exclusion: (allowed array it was made from, bias on a device).
+        self._bias_cache: tuple[np.ndarray, torch.Tensor] | None = None
         self._device_rows: tuple[_Rows, torch.Tensor] | None = None
 
     # -- structure ------------------------------------------------------------------------------
@@ -349,6 +354,16 @@ class LorentzIndex:
         self._allowed_cache = (rows, exclude.copy(), allowed, bitmap, count)
         return allowed, bitmap, count
 
+    def _scan_bias(self, allowed: np.ndarray, device: torch.device) -> torch.Tensor:
+        """0 for allowed rows, −inf for excluded ones (float32, on ``device``), made once per
+        exclusion (``allowed`` is the cached array ``_allowed`` returned)."""
+        cached = self._bias_cache
+        if cached is not None and cached[0] is allowed and cached[1].device == device:
+            return cached[1]
+        bias = torch.from_numpy(np.where(allowed, 0.0, -np.inf).astype(np.float32)).to(device)
+        self._bias_cache = (allowed, bias)
+        return bias
+
     def _faiss_candidates(
         self, rows: _Rows, lifted_q: np.ndarray, m: int, bitmap: np.ndarray | None = None
     ) -> tuple[np.ndarray, np.ndarray]:
@@ -439,9 +454,9 @@ class LorentzIndex:
         lifted_q = lifted_queries(queries, self.curv)
         if self._scans_with_torch(nq):
             gallery = self._scan_tensor(rows)
-            mask = None if allowed is None else torch.from_numpy(allowed).to(gallery.device)
+            bias = None if allowed is None else self._scan_bias(allowed, gallery.device)
             found_at = top_inner_products(
-                gallery, torch.from_numpy(lifted_q).to(gallery.device), m, mask
+                gallery, torch.from_numpy(lifted_q).to(gallery.device), m, bias
             )
             positions = found_at.cpu().numpy()
             valid = np.ones(positions.shape, dtype=bool) if allowed is None else allowed[positions]
