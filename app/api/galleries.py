@@ -36,14 +36,14 @@ from app.galleries.schemas import (
     VectorsOut,
     VectorsUpsert,
 )
-from app.migration import reembed
+from app.migration import progress, reembed
 from app.search.schemas import NPY_MEDIA_TYPE
 
 router = APIRouter(prefix="/v1/galleries", tags=["galleries"])
 
 
 def _gallery_out(session: Session, gallery: Gallery) -> dict[str, Any]:
-    return service.gallery_out(session, gallery, reembed.progress(session, gallery))
+    return service.gallery_out(session, gallery, progress.progress(session, gallery))
 
 
 @router.post("", status_code=201, response_model=GalleryOut)

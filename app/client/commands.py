@@ -163,6 +163,20 @@ def describe_gallery(gallery: dict[str, Any]) -> str:
             f"; re-embedded for {progress['model_id']}: {progress['reembedded']}/"
             f"{progress['total']} ({progress['fraction']:.0%})"
         )
+        if progress.get("traffic_covered") is not None:
+            text += f", {progress['traffic_covered']:.0%} of counted traffic"
+        expected = progress.get("expected")
+        if expected:
+            step = expected["next"]
+            later = (
+                ""
+                if step["value"] is None
+                else (f", {step['value']:.3f} at {step['fraction']:.0%}")
+            )
+            text += (
+                f", {expected['search']} search {expected['metric']} now "
+                f"{expected['now']:.3f}{later}"
+            )
     return text
 
 

@@ -65,11 +65,35 @@ class IndexOut(BaseModel):
     params: dict[str, int]
 
 
+class ExpectedStep(BaseModel):
+    fraction: float
+    value: float | None
+
+
+class ExpectedQuality(BaseModel):
+    search: Literal["transition", "mixed"] = Field(
+        description="transition: both models' query vectors; mixed: features alone (bridged)"
+    )
+    view: str
+    metric: str
+    now: float = Field(description="expected figure at the share re-embedded now")
+    next: ExpectedStep = Field(description="one plan step (a tenth of the gallery) further")
+
+
 class ReembedProgress(BaseModel):
     model_id: str
     reembedded: int = Field(description="items holding this model's new-backbone features")
     total: int = Field(description="items in the gallery")
     fraction: float
+    traffic_covered: float | None = Field(
+        default=None,
+        description="share of the gallery's access counts on re-embedded items (null: no counts)",
+    )
+    expected: ExpectedQuality | None = Field(
+        default=None,
+        description="expected search quality on the upgrade's held-out queries, from the "
+        "model's backfill fit (null until a plan or mixed search has stored one)",
+    )
 
 
 class GalleryOut(BaseModel):

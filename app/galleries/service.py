@@ -130,7 +130,7 @@ def gallery_out(
     session: Session, gallery: Gallery, reembedded: list[dict[str, Any]]
 ) -> dict[str, Any]:
     """The gallery as the API shows it; ``reembedded`` is its partial-backfill progress
-    (``app.migration.reembed.progress``), which the caller adds because it lies above this layer."""
+    (``app.migration.progress.progress``), which the caller adds because it lies above this layer."""
     input_dim = None
     if gallery.bound_model_id is not None:
         row = session.get(TrainedModel, gallery.bound_model_id)

@@ -151,25 +151,6 @@ def reembedded_count(session: Session, gallery_id: str, model_id: str) -> int:
     )
 
 
-def progress(session: Session, gallery: Gallery) -> list[dict[str, Any]]:
-    """Per model: items re-embedded / items in the gallery."""
-    rows = session.execute(
-        select(ReembeddedVector.model_id, func.count())
-        .where(ReembeddedVector.gallery_id == gallery.id)
-        .group_by(ReembeddedVector.model_id)
-        .order_by(ReembeddedVector.model_id)
-    )
-    return [
-        {
-            "model_id": model_id,
-            "reembedded": int(count),
-            "total": gallery.count,
-            "fraction": (int(count) / gallery.count) if gallery.count else 0.0,
-        }
-        for model_id, count in rows
-    ]
-
-
 # -- in-memory features ------------------------------------------------------------------------
 
 _features: OrderedDict[tuple[str, str], tuple[tuple[int, int], np.ndarray, np.ndarray]] = (

@@ -141,12 +141,16 @@ def test_a_migration_with_the_cli(
     result = json.loads(out)
     assert result["upserted"] == len(planned) - 40 and result["resumed_from"] == 40
     assert result["batches"] == rerun.batches == 2
-    assert result["reembedded"] == {
+    assert {
+        k: result["reembedded"][k] for k in ("model_id", "reembedded", "total", "fraction")
+    } == {
         "model_id": model,
         "reembedded": len(planned),
         "total": len(all_ids),
         "fraction": FRACTION,
     }
+    # The plan stored the model's fit: the progress quotes its expected quality.
+    assert result["reembedded"]["expected"]["next"]["fraction"] == pytest.approx(FRACTION + 0.1)
 
     # Progress, as people read it.
     code, out, err = cli(capsys, "gallery", "get", gallery)
