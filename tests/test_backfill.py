@@ -20,7 +20,7 @@ from app.ml.backfill.mixed import (
     tail_fit,
     top_of,
 )
-from app.ml.backfill.plan import FitView, fit_planner, plan_order
+from app.ml.backfill.plan import CURVE_FRACTIONS, FitView, fit_planner, plan_order
 from app.ml.geometry.space import EuclideanLift
 from app.ml.upgrade.fit_view import (
     bridged_reference_fit,
@@ -159,19 +159,107 @@ def test_the_planner_learns_a_gain_that_depends_on_the_old_point() -> None:
     assert predicted[hard].mean() > predicted[~hard].mean()
 
 
+# bench.quality.backfill's targets, restated so that its lines are checked against the figures.
+SHARE_AT_25, AT_100, PLAN_SECONDS = 0.90, 0.01, 10.0
+
+
+def check_backfill_targets(lines: list[str], payload: dict) -> None:
+    """Each target line shows its figures and states the verdict they give ("met", else the
+    margin, or the fractions where the plan does not beat random)."""
+
+    def r10(order: str, fraction: float) -> float:
+        return payload["summary"][order][str(fraction)]["query R@10"][0]
+
+    reindex, at25 = r10("plan", 1.0), r10("plan", 0.25)
+    need = SHARE_AT_25 * reindex
+    behind = [(f, r10("random", f) - r10("plan", f)) for f in CURVE_FRACTIONS if 0 < f < 1]
+    behind = [(f, d) for f, d in behind if d >= 0]
+    gap = max(
+        abs(r["results"]["plan"]["1.0"]["query R@10"] - r["reindex_r10"]) for r in payload["runs"]
+    )
+    secs = payload["plan_seconds_1m"]
+    expected = [
+        ([f"{at25:.3f}", f"{reindex:.3f}", f"{need:.3f}"], at25 >= need, f"{need - at25:.3f}"),
+        ([], not behind, ", ".join(f"{f:.0%} (by {d:.4f})" for f, d in behind)),
+        ([f"{gap:.4f}"], gap <= AT_100, f"{gap - AT_100:.3f}"),
+        ([f"{secs:.2f}"], secs < PLAN_SECONDS, f"{secs - PLAN_SECONDS:.3f}"),
+    ]
+    assert len(lines) == len(expected), lines
+    for i, (line, (shown, met, missed)) in enumerate(zip(lines, expected, strict=True)):
+        verdict = "met" if met else (f"missed at {missed}" if i == 1 else f"missed by {missed}")
+        assert line.endswith(f": {verdict}" if i == 1 else f" — {verdict}"), (line, verdict)
+        assert all(figure in line for figure in shown), (line, shown)
+
+
+def _backfill_payload(plan: dict[float, float], random: dict[float, float], secs: float) -> dict:
+    """A summary of one run: the plan's and random's R@10 per fraction (both reach reindex)."""
+    summary = {
+        order: {str(f): {"query R@10": [curve[f], 0.0]} for f in CURVE_FRACTIONS}
+        for order, curve in (("plan", plan), ("random", random))
+    }
+    run = {"reindex_r10": plan[1.0], "results": {"plan": {"1.0": {"query R@10": plan[1.0]}}}}
+    return {"summary": summary, "runs": [run], "plan_seconds_1m": secs}
+
+
+def test_backfill_targets_state_met_or_the_margin_and_the_check_fails_on_a_wrong_line() -> None:
+    from bench.quality import backfill_report
+
+    assert (backfill_report.TARGET_SHARE_AT_25, backfill_report.TARGET_AT_100) == (
+        SHARE_AT_25,
+        AT_100,
+    )
+    assert backfill_report.TARGET_PLAN_SECONDS == PLAN_SECONDS
+    fractions = (0.0, 0.05, 0.1, 0.25, 0.5, 1.0)
+    assert fractions == CURVE_FRACTIONS
+    random = dict(zip(fractions, (0.40, 0.41, 0.42, 0.45, 0.50, 0.60), strict=True))
+    good = _backfill_payload(
+        dict(zip(fractions, (0.40, 0.43, 0.47, 0.55, 0.58, 0.60), strict=True)), random, 3.0
+    )
+    lines = backfill_report.targets(good)
+    assert all(line.endswith("met") for line in lines)
+    check_backfill_targets(lines, good)
+    # 25 %: 0.50 < 0.9 × 0.60 = 0.54; behind random at 5 % and 50 %; planning too slow.
+    bad = _backfill_payload(
+        dict(zip(fractions, (0.40, 0.40, 0.45, 0.50, 0.49, 0.60), strict=True)), random, 12.5
+    )
+    bad["runs"][0]["reindex_r10"] = 0.62
+    lines = backfill_report.targets(bad)
+    assert lines[0].endswith("missed by 0.040")
+    assert lines[1].endswith("missed at 5% (by 0.0100), 50% (by 0.0100)")
+    assert lines[2].endswith("missed by 0.010") and lines[3].endswith("missed by 2.500")
+    check_backfill_targets(lines, bad)
+    for wrong in (
+        [lines[0].replace("missed by 0.040", "met"), *lines[1:]],  # a miss reported as met
+        [lines[0], lines[1].replace("50% (by 0.0100)", "50% (by 0.1000)"), *lines[2:]],
+        [*lines[:3], lines[3].replace("2.500", "0.250")],  # a wrong margin
+        backfill_report.targets(good),  # lines read from other figures
+        lines[:-1],  # a line missing
+    ):
+        with pytest.raises(AssertionError):
+            check_backfill_targets(wrong, bad)
+
+
 def test_bench_quick(tmp_path) -> None:
     from bench.quality.backfill import main
+    from bench.quality.backfill_report import ORDERS, targets
 
     out = main(["--quick", "--out", str(tmp_path / "backfill.json")])
     payload = json.loads(out.read_text())
     assert (tmp_path / "backfill.png").exists()
     summary = payload["summary"]
-    # At 100 % every order is the new backbone's own search; at 0 % the bridge's.
-    full = {summary[o]["1.0"]["query R@10"][0] for o in summary}
-    none = {summary[o]["0.0"]["query R@10"][0] for o in summary}
-    assert len(full) == 1 and len(none) == 1
-    assert summary["oracle"]["0.25"]["query R@10"][0] >= summary["random"]["0.25"]["query R@10"][0]
-    assert payload["plan_seconds_1m"] < 10
+    # At 100 % every order's mixed search is the new backbone's own search, measured apart.
+    for run in payload["runs"]:
+        for order in ORDERS:
+            assert run["results"][order]["1.0"]["query R@10"] == run["reindex_r10"], order
+    # The summary is the mean over seeds of each order's curve.
+    for order in ORDERS:
+        for f in CURVE_FRACTIONS:
+            values = [r["results"][order][str(f)]["query R@10"] for r in payload["runs"]]
+            assert summary[order][str(f)]["query R@10"][0] == pytest.approx(np.mean(values))
+    # The targets state what the figures give; the quick run plans a smaller gallery (its
+    # figure is not one for 1M items).
+    assert payload["plan_items"] == 20_000 and payload["plan_seconds_1m"] > 0
+    check_backfill_targets(targets(payload), payload)
 
 
 class _CountingIndex:

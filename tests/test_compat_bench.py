@@ -140,11 +140,11 @@ def test_quick_run_renders_targets_and_the_query_document_part(quick_payload: di
         assert qd["instance"][variant]["auto"]["recall@10"] is not None
     lines = compat_report.target_lines(quick_payload)
     ours = [line for line in lines if not line.startswith("- query → document")]
-    assert ours and all(
-        line.endswith("met") or "missed by" in line or "missed for" in line for line in ours
-    )
-    # bench.quality.querydoc's own target lines, carried over as it words them.
-    assert len(lines) - len(ours) == len(qd["targets"])
+    check_target_lines(ours, quick_payload)
+    # bench.quality.querydoc's own target lines, carried over as it words them, and what its
+    # carried summary gives (its lines are checked against their figures in its own tests).
+    carried = [f"- query → document, {line[2:]}" for line in querydoc.targets(qd["summary"])]
+    assert lines[len(ours) :] == carried and qd["targets"] == querydoc.targets(qd["summary"])
     text = compat_report.render_markdown(quick_payload)
     assert "| **auto** |" in text and "### query → document" in text
     # The units put auto's part first; the table still lists it after every single method.
@@ -155,6 +155,74 @@ def test_quick_run_renders_targets_and_the_query_document_part(quick_payload: di
     }
     assert first["| **auto** |"] > first["| class-map | "]
     assert "own-item R@10" in text and "stronger:" in text
+
+
+# The issue's targets, restated here so that the lines are checked against the figures.
+P_COM_TARGET, P_UP_FLOOR, INSTANCE_SHARE = 0.70, -0.01, 0.95
+
+
+def _expected_targets(payload: dict) -> list[tuple[list[str], bool, float | None]]:
+    """Per target line, in order: (figures the line must show, met, the margin a miss states)."""
+    out: list[tuple[list[str], bool, float | None]] = []
+
+    def value(rows: dict, row: str, key: str) -> float | None:
+        pair = rows.get(row, {}).get(key)
+        return None if pair is None else pair[0]
+
+    for sc in payload["scenarios"]:
+        rows = sc["summary"]["rows"]
+        own, proc = (
+            value(rows, "auto", "instance.recall@1"),
+            value(rows, "procrustes", "instance.recall@1"),
+        )
+        if own is not None and proc:
+            share = own / proc
+            shown = [f"{own:.3f}", f"{share:.3f}", f"{proc:.3f}"]
+            out.append((shown, share >= INSTANCE_SHARE, INSTANCE_SHARE - share))
+        if sc["scenario"]["name"] != "external":
+            continue
+        pc, pu = value(rows, "auto", "p_com.cmc1"), value(rows, "auto", "p_up.cmc1")
+        if pc is not None:
+            out.append(([f"{pc:.3f}"], pc >= P_COM_TARGET, P_COM_TARGET - pc))
+        if pu is not None:
+            out.append(([f"{pu:+.3f}"], pu >= P_UP_FLOOR, P_UP_FLOOR - pu))
+        singles = {m: value(rows, m, "p_com.cmc1") for m in compat_grid.BRIDGES}
+        singles = {m: v for m, v in singles.items() if v is not None}
+        if pc is None or not singles:
+            continue
+        # Above the best single method, and above the best of those that keep own-item R@1.
+        for rivals in (
+            singles,
+            {
+                m: v
+                for m, v in singles.items()
+                if proc
+                and (r1 := value(rows, m, "instance.recall@1")) is not None
+                and r1 >= INSTANCE_SHARE * proc
+            },
+        ):
+            if rivals:
+                best = max(rivals.values())
+                out.append(([f"{pc:.3f}", f"{best:.3f}"], pc > best, best - pc))
+    for sc in payload["scenarios"]:
+        edges = [m for m, e in sc["selection"]["edge"].items() if e]
+        out.append(([f"{len(edges)} of"] if edges else [], not edges, None))
+    return out
+
+
+def check_target_lines(lines: list[str], payload: dict) -> None:
+    """Each line shows its figures and states the verdict they give: "met", else "missed by"
+    the gap (or, for grid edges, "missed for" the number of methods on an edge)."""
+    expected = _expected_targets(payload)
+    assert len(lines) == len(expected), lines
+    for line, (shown, met, margin) in zip(lines, expected, strict=True):
+        if met:
+            assert line.endswith(" — met"), line
+        elif margin is None:
+            assert " — missed for " in line and not line.endswith("met"), line
+        else:
+            assert line.endswith(f" — missed by {margin:.3f}"), (line, margin)
+        assert all(figure in line for figure in shown), (line, shown)
 
 
 def _scenario(auto: tuple[float, float, float], best_single: float) -> dict:
@@ -195,6 +263,32 @@ def test_targets_say_met_or_by_how_much_they_are_missed() -> None:
     edge = compat_report.target_lines({"scenarios": [sc]})[-1]
     tuned = sum(1 for g in compat_grid.GRIDS.values() if g.axis)
     assert "l2 (high end)" in edge and edge.endswith(f"missed for 1 of {tuned} tuned methods")
+
+
+def test_the_target_check_follows_the_figures_and_fails_on_a_wrong_line() -> None:
+    assert (compat_report.TARGET_P_COM, compat_report.P_UP_FLOOR) == (P_COM_TARGET, P_UP_FLOOR)
+    assert compat_report.INSTANCE_FLOOR == INSTANCE_SHARE
+    good = {"scenarios": [_scenario((0.75, 0.0, 0.96), 0.5)]}
+    short = {"scenarios": [_scenario((0.65, -0.03, 0.90), 0.7)]}
+    edged = {"scenarios": [_scenario((0.75, 0.0, 0.96), 0.5)]}
+    edged["scenarios"][0]["selection"]["edge"]["l2"] = "high"
+    for payload in (good, short, edged):
+        check_target_lines(compat_report.target_lines(payload), payload)
+    lines = compat_report.target_lines(short)
+    for wrong in (
+        [lines[0].replace("missed by 0.050", "met"), *lines[1:]],  # a miss reported as met
+        [lines[0], lines[1].replace("0.050", "0.005"), *lines[2:]],  # a wrong margin
+        compat_report.target_lines(good),  # lines read from other figures
+        lines[:-1],  # a line missing
+    ):
+        with pytest.raises(AssertionError):
+            check_target_lines(wrong, short)
+    # A met line whose figure is not the payload's.
+    lines = compat_report.target_lines(good)
+    with pytest.raises(AssertionError):
+        check_target_lines([lines[0], lines[1].replace("0.750", "0.760"), *lines[2:]], good)
+    with pytest.raises(AssertionError):  # an edge left unreported
+        check_target_lines(lines, edged)
 
 
 def test_merge_keeps_the_benchmark_order(tmp_path: Path) -> None:

@@ -138,10 +138,44 @@ def test_a_tiny_benchmark_produces_every_figure_and_table(wordnet_small: dict) -
     assert ca["matrix"][0][0] == result["per_seed"]["finetune"][0]["matrix"][0][0]
     names = [t["target"] for t in result["targets"]]
     assert len(names) == 6  # no d = 768 timing in this run
-    assert {t["met"] for t in result["targets"]} <= {True, False}
+    check_targets(result["targets"], result["summary"], result["timing"])
     markdown = render_markdown({"command": "test", **result})
     assert "| hmcl-ca |" in markdown and "**Classification tasks**" in markdown
     assert "Issue 13's targets" in markdown
+
+
+# Issue 13's targets for hmcl-ca, restated here so that the verdicts are checked against the
+# figures: (kind, what) → threshold; task-end is a ratio to fine-tuning's.
+RETENTION, BWT_FLOOR, STEP_MAX = 0.95, -0.02, 1.05
+TASK_END_SHARE = {RETRIEVAL: 0.98, CLASSIFICATION: 0.95}
+
+
+def check_targets(got: list[dict], summary: dict, timing: dict) -> None:
+    """Every target's value, threshold, verdict and margin, recomputed from the seed means."""
+    ca, ft = summary["hmcl-ca"], summary["finetune"]
+    expected = []  # (words in the name, value, threshold, met, margin)
+    for kind in (RETRIEVAL, CLASSIFICATION):
+        if (key := f"no_backfill.{kind}.recorded_rotation") in ca:
+            kept = ca[key]["mean"]
+            expected.append(
+                ((kind, "retention"), kept, RETENTION, kept >= RETENTION, kept - RETENTION)
+            )
+        if (key := f"by_kind.{kind}.bwt") in ca and key in ft:
+            bwt, ft_bwt = ca[key]["mean"], ft[key]["mean"]
+            floor = max(BWT_FLOOR, ft_bwt)
+            met = bwt >= BWT_FLOOR and bwt > ft_bwt
+            expected.append(((kind, "BWT"), bwt, floor, met, bwt - floor))
+        if (key := f"by_kind.{kind}.task_end") in ca and ft.get(key, {}).get("mean"):
+            ratio, need = ca[key]["mean"] / ft[key]["mean"], TASK_END_SHARE[kind]
+            expected.append(((kind, "task-end"), ratio, need, ratio >= need, ratio - need))
+    if "768" in timing:
+        ratio = timing["768"]["hmcl-ca"]["ratio_median"]
+        expected.append((("CA step",), ratio, STEP_MAX, ratio <= STEP_MAX, STEP_MAX - ratio))
+    assert len(got) == len(expected), [t["target"] for t in got]
+    for t, (words, value, threshold, met, margin) in zip(got, expected, strict=True):
+        assert all(w in t["target"] for w in words), (t["target"], words)
+        assert t["value"] == pytest.approx(value) and t["threshold"] == pytest.approx(threshold)
+        assert t["met"] is met and t["margin"] == pytest.approx(margin), t
 
 
 def test_targets_state_margins() -> None:
@@ -170,6 +204,44 @@ def test_targets_state_margins() -> None:
     assert task_end["value"] == pytest.approx(0.98) and task_end["met"]
     step = got["CA step"]
     assert not step["met"] and step["margin"] == pytest.approx(-0.05)
+
+
+def test_the_target_check_recomputes_every_verdict_and_fails_on_a_wrong_one() -> None:
+    def stat(v: float) -> dict:
+        return {"mean": v, "sd": 0.0}
+
+    summary = {
+        "hmcl-ca": {
+            "no_backfill.retrieval.recorded_rotation": stat(0.97),
+            "no_backfill.classification.recorded_rotation": stat(0.90),
+            "by_kind.retrieval.bwt": stat(-0.01),
+            "by_kind.classification.bwt": stat(-0.03),
+            "by_kind.retrieval.task_end": stat(0.49),
+            "by_kind.classification.task_end": stat(0.40),
+        },
+        "finetune": {
+            "by_kind.retrieval.bwt": stat(-0.05),
+            "by_kind.classification.bwt": stat(-0.10),
+            "by_kind.retrieval.task_end": stat(0.5),
+            "by_kind.classification.task_end": stat(0.5),
+        },
+    }
+    timing = {"768": {"hmcl-ca": {"ratio_median": 1.02}}}
+    got = targets(summary, timing)
+    check_targets(got, summary, timing)
+    # Met where the figure clears its threshold, missed (negative margin) where it does not.
+    assert [t["met"] for t in got] == [True, True, True, False, False, False, True]
+    assert [round(t["margin"], 4) for t in got] == [0.02, 0.01, 0.0, -0.05, -0.01, -0.15, 0.03]
+    for field, wrong in (("met", True), ("margin", 0.1), ("value", 0.2), ("threshold", 0.5)):
+        tampered = [dict(t) for t in got]
+        tampered[3][field] = wrong  # classification retention 0.90: missed by 0.05
+        with pytest.raises(AssertionError):
+            check_targets(tampered, summary, timing)
+    with pytest.raises(AssertionError):  # a target left out
+        check_targets(got[:-1], summary, timing)
+    faster = {"768": {"hmcl-ca": {"ratio_median": 1.10}}}
+    with pytest.raises(AssertionError):  # the verdicts of other figures
+        check_targets(targets(summary, faster), summary, timing)
 
 
 @pytest.mark.slow

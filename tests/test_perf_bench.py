@@ -115,6 +115,25 @@ def test_sections_are_replaced_in_place(tmp_path: Path) -> None:
     assert text.index("bench.a:start") < text.index("bench.b:start")
 
 
+# The API-memory target, restated: Milvus's API-process growth ≤ 5 % of FAISS's.
+MEMORY_FRACTION = 0.05
+
+
+def check_memory_verdict(result: dict) -> None:
+    """Each engine's growth is the least-squares slope of its steps (the first, warm-up size left
+    out), and the verdict compares Milvus's with the fraction of FAISS's."""
+    growth = {}
+    for engine, run in result["engines"].items():
+        rows = np.array([s["rows"] for s in run["steps"]], dtype=float)[1:]
+        mib = np.array([s["api_mib"] for s in run["steps"]], dtype=float)[1:]
+        slope = np.polyfit(rows, mib, 1)[0] * 100_000
+        assert run["growth"]["api_mib_per_100k"] == pytest.approx(slope, abs=1e-9), engine
+        growth[engine] = slope
+    check = result["verdict"]
+    assert check["met"] is bool(growth["milvus"] <= MEMORY_FRACTION * growth["faiss"])
+    assert check["limit_mib_per_100k"] == pytest.approx(MEMORY_FRACTION * growth["faiss"])
+
+
 def test_api_memory_benchmark_runs(fixture_rows: WordNetRows, tmp_path: Path) -> None:
     out = tmp_path / "api_memory.json"
     result = bench.perf.api_memory.main(["--quick", "--no-markdown", "--out", str(out)])
@@ -126,7 +145,7 @@ def test_api_memory_benchmark_runs(fixture_rows: WordNetRows, tmp_path: Path) ->
         # The Milvus server is a process of its own, measured apart from the API's.
         assert all(("milvus_mib" in step) == (engine == "milvus") for step in run["steps"])
         assert run["growth"]["api_mib_per_100k"] is not None
-    assert result["verdict"]["met"] in (True, False)
+    check_memory_verdict(result)
     saved = json.loads(out.read_text())
     assert saved["sizes"] == sizes
     # A saved run republished: the same growth from its steps, the command line kept.
@@ -164,6 +183,26 @@ def test_api_memory_growth_is_the_slope_and_the_verdict_compares_it() -> None:
     np.testing.assert_allclose(check["milvus_over_faiss"], per_row[1] / per_row[0])
     engines["milvus"]["growth"]["api_mib_per_100k"] = per_row[0]
     assert bench.perf.api_memory.verdict({"engines": engines})["met"] is False
+
+    # The check of a run's verdict: on runs built from steps, and failing on a wrong verdict or a
+    # growth that is not its steps' slope.
+    assert bench.perf.api_memory.TARGET_FRACTION == MEMORY_FRACTION
+    for milvus_growth, met in ((0.05, True), (0.5, False)):
+        run = {"engines": {}}
+        for engine, g in (("faiss", 2.0), ("milvus", milvus_growth)):
+            steps = [{"rows": r, "api_mib": base + g * r / 100_000} for r in rows]
+            run["engines"][engine] = {
+                "steps": steps,
+                "growth": bench.perf.api_memory.growth_of(steps),
+            }
+        run["verdict"] = bench.perf.api_memory.verdict(run)
+        assert run["verdict"]["met"] is met
+        check_memory_verdict(run)
+        with pytest.raises(AssertionError):
+            check_memory_verdict({**run, "verdict": {**run["verdict"], "met": not met}})
+        run["engines"]["milvus"]["growth"]["api_mib_per_100k"] += 0.01
+        with pytest.raises(AssertionError):
+            check_memory_verdict(run)
 
 
 def test_mixed_search_benchmark_runs(fixture_rows: WordNetRows, tmp_path: Path) -> None:
