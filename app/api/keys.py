@@ -23,11 +23,17 @@ IncludeRevokedQuery = Annotated[
 
 @router.post("", status_code=201, response_model=KeyCreated, responses=ADMIN_ONLY)
 def create_key(
-    body: KeyCreate, response: Response, session: SessionDep, tenant_id: AdminTenantDep
+    body: KeyCreate,
+    response: Response,
+    state: StateDep,
+    session: SessionDep,
+    tenant_id: AdminTenantDep,
 ) -> dict[str, Any]:
     """A new key of this tenant. The key itself is in this answer only: the server keeps its
     SHA-256 digest. No `Idempotency-Key`: replaying the answer would mean storing the key."""
-    row, key = keys.create_key(session, tenant_id, body.name, body.admin)
+    row, key = keys.create_key(
+        session, tenant_id, body.name, body.admin, state.settings.max_keys_per_tenant
+    )
     # A secret: no cache between here and the client may keep a copy.
     response.headers["Cache-Control"] = "no-store"
     return {**keys.key_out(row), "key": key}

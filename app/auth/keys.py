@@ -14,7 +14,7 @@ from sqlalchemy.orm import Session
 from app.auth.models import ApiKey, Tenant
 from app.auth.service import new_key_row
 from app.core.db import utcnow
-from app.core.errors import conflict
+from app.core.errors import Problem, conflict
 from app.core.pagination import paginate
 from app.core.security import generate_api_key, hash_api_key
 from app.core.tenancy import get_owned
@@ -30,9 +30,22 @@ def is_admin_key(session: Session, key: str) -> bool:
     return bool(admin)
 
 
-def create_key(session: Session, tenant_id: str, name: str, admin: bool) -> tuple[ApiKey, str]:
+def create_key(
+    session: Session, tenant_id: str, name: str, admin: bool, max_keys: int
+) -> tuple[ApiKey, str]:
     """A new key of the tenant, committed; returns its row and the key itself, which is stored
     nowhere (only its digest is) and so can be shown only now."""
+    active = session.scalar(
+        select(func.count()).where(ApiKey.tenant_id == tenant_id, ApiKey.revoked_at.is_(None))
+    )
+    if (active or 0) >= max_keys:
+        raise Problem(
+            403,
+            "Limit reached",
+            f"this tenant has {active} active API keys, the limit is {max_keys} "
+            "(NOBACKFILL_MAX_KEYS_PER_TENANT); revoke one first",
+            slug="limit-reached",
+        )
     key = generate_api_key()
     row = new_key_row(tenant_id, key, name, admin=admin)
     session.add(row)

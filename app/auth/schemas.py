@@ -4,19 +4,33 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from pydantic import BaseModel, Field, StrictBool
+from pydantic import BaseModel, Field, StrictBool, field_validator
 
 from app.core.schemas import Page, StrictModel, Text
+
+# The server's own keys' names: a changed bootstrap key revokes the earlier keys so named, so a
+# key created under one of them would be revoked by the next rotation.
+RESERVED_KEY_NAMES = frozenset({"bootstrap", "local"})
 
 
 class KeyCreate(StrictModel):
     name: Text = Field(
-        default="", max_length=128, description="a label to tell keys apart (not secret)"
+        default="",
+        max_length=128,
+        description="a label to tell keys apart (not secret; 'bootstrap' and 'local' are the "
+        "server's own)",
     )
     # Strict: "yes", 1 or null granting (or not) admin rights is a client bug, not a boolean.
     admin: StrictBool = Field(
         default=False, description="whether the new key may create, list and revoke keys too"
     )
+
+    @field_validator("name")
+    @classmethod
+    def _not_reserved(cls, name: str) -> str:
+        if name in RESERVED_KEY_NAMES:
+            raise ValueError(f"{name!r} names the server's own key; choose another name")
+        return name
 
 
 class KeyOut(BaseModel):

@@ -132,6 +132,9 @@ class Settings(BaseSettings):
     max_k: int = Field(default=1000, ge=1)
     max_galleries_per_tenant: int = Field(default=100, ge=1)
     max_datasets_per_tenant: int = Field(default=100, ge=1)
+    max_keys_per_tenant: int = Field(
+        default=100, ge=1, description="active (unrevoked) API keys per tenant (403 above)"
+    )
     max_page_size: int = Field(default=200, ge=1)
     max_id_length: int = Field(default=256, ge=1)
 

@@ -258,3 +258,26 @@ def test_concurrent_revocations_leave_one_admin_key(client: TestClient) -> None:
     assert sorted(statuses) == [204, 204, 204, 409], statuses
     survivor = ids[statuses.index(409)]
     assert [k["id"] for k in listed(client, secrets[survivor])] == [survivor]
+
+
+def test_active_keys_per_tenant_are_capped(make_client: Callable[..., TestClient]) -> None:
+    """An admin key cannot mint keys without end: past MAX_KEYS_PER_TENANT active keys a create
+    answers 403 naming the setting; revoking one makes room (revoked keys do not count)."""
+    client = make_client(max_keys_per_tenant=3)
+    made = [new_key(client, name=f"k{i}")["id"] for i in range(2)]  # + the test's own key = 3
+    before = snapshot(client)
+    refused = problem(client.post("/v1/keys", json={"name": "one too many"}), 403)
+    assert "NOBACKFILL_MAX_KEYS_PER_TENANT" in refused["detail"]
+    assert snapshot(client) == before
+    assert client.delete(f"/v1/keys/{made[0]}").status_code == 204
+    new_key(client, name="room again")
+
+
+@pytest.mark.parametrize("name", ["bootstrap", "local"])
+def test_the_names_of_the_servers_own_keys_are_reserved(client: TestClient, name: str) -> None:
+    """A changed NOBACKFILL_BOOTSTRAP_KEY revokes the tenant's earlier keys named 'bootstrap': a
+    key created over HTTP under that name would be revoked by the next rotation."""
+    before = snapshot(client)
+    refused = problem(client.post("/v1/keys", json={"name": name}), 422)
+    assert field_names(refused) == ["name"]
+    assert snapshot(client) == before
