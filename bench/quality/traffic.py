@@ -1,0 +1,448 @@
+"""Skewed traffic on real text: which 10 % of the gallery to re-embed when searches follow a
+popularity, and what future searches then find (issue 25, item 5).
+
+    python -m bench.quality.traffic                # all 24,000 WordNet nouns, seeds 0,1,2
+    python -m bench.quality.traffic --quick        # the committed 800-synset fixture, one seed
+
+Per seed the protocol of ``bench.quality.transition`` (its split, its upgrade, its held-out fit):
+a fresh random 60/40 split of the synsets; the upgrade (``--method``, default ``procrustes``) and
+the planner (``app.ml.backfill.plan.fit_planner``, as the service fits it) see only the 60 %.
+The gallery is every synset's old gloss vector. A popularity over the 40 % evaluation synsets is
+Zipf (s = 1.0) over a seeded random permutation of them; 8,000 past and 4,000 future searches are
+drawn from it i.i.d. (a search: the synset's lemma as the query, its gloss the relevant item).
+Past clicks are the counts of the past searches' relevant items.
+
+Orders of what to re-embed: ``plan`` (``app.ml.backfill.traffic.value_order`` of the planner's
+per-item priority and the past clicks, the gain factor on or off as the service decides from the
+planner's validation against random), ``access`` (past clicks alone, ties random) and ``random``.
+For each, future-search R@1/R@10 of **transition** search (the query's new features for
+re-embedded items, its old vector for the others) and **bridged** mixed search (the old model
+gone: the bridged query for the others), both merged as the service merges them (served
+calibration, the planner's relevance maps); baselines stay and reindex. ± is a 95 % bootstrap
+interval over future searches (resampled within each seed, averaged over seeds; transition's
+``bootstrap``). JSON to ``bench/results/traffic.json`` (``traffic-quick.json``), markdown out and,
+for the full run, into BENCHMARKS.md (``--render``: again from the saved JSON).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import platform
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from app.ml.backfill.mixed import (
+    CALIBRATION,
+    REFERENCE_SIZE,
+    calibrated_pair,
+    mixed,
+    pick_reference,
+    ranks_of,
+)
+from app.ml.backfill.plan import fit_planner, plan_priority
+from app.ml.backfill.traffic import value_order, versus_random
+from app.ml.geometry.lorentz import uncertainty as norm_uncertainty
+from app.ml.upgrade.fit_view import (
+    bridged_reference_fit,
+    cosine_scores,
+    lorentz_scores,
+    native_reference_fit,
+)
+from bench.common.partial import upgrade_on
+from bench.common.report import publish
+from bench.common.wordnet import REPO_ROOT
+from bench.quality.querydoc import load_arrays
+from bench.quality.transition import TRAIN_FRACTION, _ci, _hits, bootstrap, split
+
+RESULTS = REPO_ROOT / "bench/results/traffic.json"
+SECTION, TITLE = "bench.quality.traffic", "Skewed traffic (bench.quality.traffic)"
+ZIPF_S = 1.0
+PAST_SEARCHES = 8000
+FUTURE_SEARCHES = 4000
+ORDERS = ("plan", "access", "random")
+SEARCHES = ("transition", "bridged")
+FRACTIONS = (0.0, 0.05, 0.1, 0.25, 1.0)
+METRICS = ("R@1", "R@10")
+# Issue 25's targets: transition search with the plan's 10 % at least this share of reindex
+# R@10, and above a random 10 % by at least this much.
+TARGET_FRACTION = 0.1
+TARGET_SHARE = 0.97
+TARGET_MARGIN = 0.02
+
+
+# -- pure helpers ---------------------------------------------------------------------------------
+
+
+def zipf_popularity(n: int, s: float, rng: np.random.Generator) -> np.ndarray:
+    """Probability of each of ``n`` items: ∝ 1/rankˢ, the ranks a random permutation."""
+    ranks = rng.permutation(n) + 1.0
+    weights = ranks**-s
+    return weights / weights.sum()
+
+
+def sample_searches(popularity: np.ndarray, count: int, rng: np.random.Generator) -> np.ndarray:
+    """``count`` positions drawn i.i.d. from ``popularity``."""
+    return rng.choice(len(popularity), size=count, p=popularity)
+
+
+def click_counts(clicked: np.ndarray, n: int) -> np.ndarray:
+    """How often each of ``n`` items was the relevant item of a search."""
+    return np.bincount(np.asarray(clicked, dtype=np.int64), minlength=n)
+
+
+def access_order(clicks: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """Positions by descending clicks, ties in random order."""
+    return np.lexsort((rng.random(len(clicks)), -np.asarray(clicks)))
+
+
+def first(order: np.ndarray, fraction: float, n: int) -> np.ndarray:
+    """The mask of the first ``fraction`` of ``n`` items of ``order``."""
+    mask = np.zeros(n, dtype=bool)
+    mask[order[: round(fraction * n)]] = True
+    return mask
+
+
+# -- one seed -------------------------------------------------------------------------------------
+
+
+def run_seed(
+    arrays: dict[str, np.ndarray],
+    seed: int,
+    method: str,
+    past: int = PAST_SEARCHES,
+    future: int = FUTURE_SEARCHES,
+    reference_size: int = REFERENCE_SIZE,
+) -> dict[str, Any]:
+    """One seed: the upgrade and the planner on the training synsets, then every order's
+    per-search hits at each fraction for both searches, on the future searches."""
+    started = time.perf_counter()
+    n = arrays["doc_new"].shape[0]
+    train, test = split(n, seed, TRAIN_FRACTION)
+    outcome, lift, view = upgrade_on(arrays, train, method, seed)
+    model = outcome.model
+    curv = float(model.curv)
+    fit = fit_planner(view, seed)
+    del view
+    rng = np.random.default_rng([seed, 25])
+    popularity = zipf_popularity(len(test), ZIPF_S, rng)
+    clicks = click_counts(test[sample_searches(popularity, past, rng)], n)
+    searches = test[sample_searches(popularity, future, rng)]
+    # Each distinct future query is scored once; a search's hits are its query's.
+    queries, per_search = np.unique(searches, return_inverse=True)
+    lifted = lift(torch.as_tensor(arrays["doc_old"], dtype=torch.float64))
+    uncertainty = norm_uncertainty(lifted, curv).numpy() if fit.estimator == "uncertainty" else None
+    gallery = lifted.numpy().astype(np.float32)
+    # The orders (the service's plan: app.migration.reembed.plan).
+    priority = plan_priority(fit, gallery, uncertainty)
+    compared = versus_random(fit.validation, TARGET_FRACTION)
+    gain_validated = compared is None or bool(compared["better"])
+    orders = {
+        "plan": value_order(priority, clicks, gain_validated),
+        "access": access_order(clicks, rng),
+        "random": rng.permutation(n),
+    }
+    reference = train[pick_reference(len(train), seed, reference_size)]
+    q_new = arrays["query_new"][queries]
+    q_old = lift(torch.as_tensor(arrays["query_old"][queries], dtype=torch.float64)).numpy()
+    others = {"transition": q_old, "bridged": model.embed(q_new)}
+    native = cosine_scores(q_new, arrays["doc_new"])
+    native_fit = native_reference_fit(q_new, arrays["doc_new"][reference])
+    relevant = [np.array([i]) for i in queries]
+    reindex = ranks_of(native, relevant)
+    hits: dict[str, Any] = {"reindex": _searches(reindex, per_search)}
+    exact: dict[str, int] = {}
+    coverage = {
+        name: {str(f): float(first(order, f, n)[searches].mean()) for f in FRACTIONS if 0 < f < 1}
+        for name, order in orders.items()
+    }
+    for search, points in others.items():
+        space = "old" if search == "transition" else "bridged"
+        scores = lorentz_scores(points, gallery, curv)
+        other_fit = bridged_reference_fit(points, gallery[reference], curv)
+        alone = ranks_of(scores, relevant)
+        hits["stay" if search == "transition" else "bridge"] = _searches(alone, per_search)
+        keys = calibrated_pair(native, scores, (native_fit, other_fit), fit.maps(space))
+        del scores
+        for name, order in orders.items():
+            curve = {}
+            for fraction in FRACTIONS:
+                ranks = ranks_of(mixed(*keys, first(order, fraction, n)), relevant)
+                curve[str(fraction)] = _searches(ranks, per_search)
+                if fraction in (0.0, 1.0):
+                    ends = reindex if fraction else alone
+                    exact[f"{search} {name} {fraction:.0%}"] = int(np.abs(ranks - ends).max())
+            hits[f"{search}/{name}"] = curve
+        del keys
+    return {
+        "seed": seed,
+        "method": outcome.method,
+        "n_items": n,
+        "evaluation_synsets": len(test),
+        "future_searches": len(searches),
+        "distinct_future_queries": len(queries),
+        "past_searches": int(clicks.sum()),
+        "clicked_items": int((clicks > 0).sum()),
+        "planner": {
+            "estimator": fit.estimator,
+            "gain_correlation": fit.validation.get("gain_correlation"),
+            "versus_random": compared,
+            "gain_validated": gain_validated,
+        },
+        "future_coverage": coverage,
+        "max_rank_change_at_ends": exact,
+        "seconds": time.perf_counter() - started,
+        "hits": hits,
+    }
+
+
+def _searches(ranks: np.ndarray, per_search: np.ndarray) -> dict[str, np.ndarray]:
+    """Per future search (repeats included), its query's hits."""
+    return {m: v[per_search] for m, v in _hits(ranks).items()}
+
+
+def seed_job(quick: bool, seed: int, method: str, threads: int, arrays=None) -> dict[str, Any]:
+    """One seed's run (in a worker process with ``--jobs``: it loads the data itself)."""
+    torch.set_num_threads(threads)
+    run = run_seed(load_arrays(quick) if arrays is None else arrays, seed, method)
+    print(f"[{time.strftime('%H:%M:%S')}] seed {seed}: {run['seconds']:.0f} s", flush=True)
+    return run
+
+
+# -- summary and report ---------------------------------------------------------------------------
+
+
+def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Baselines and every curve (mean, interval), and the plan's paired differences with the
+    other orders (per future search, so the interval is the difference's)."""
+
+    def per_seed(r: dict[str, Any], key: str, fraction: str | None, m: str) -> np.ndarray:
+        h = r["hits"][key] if fraction is None else r["hits"][key][fraction]
+        return h[m].astype(float)
+
+    def boot(key: str, fraction: str | None = None, minus: str | None = None):
+        return {
+            m: bootstrap(
+                [
+                    per_seed(r, key, fraction, m)
+                    - (0.0 if minus is None else per_seed(r, minus, fraction, m))
+                    for r in runs
+                ]
+            )
+            for m in METRICS
+        }
+
+    out: dict[str, Any] = {
+        "baselines": {b: boot(b) for b in ("stay", "reindex", "bridge")},
+        "curves": {},
+        "plan_minus": {},
+    }
+    for search in SEARCHES:
+        out["curves"][search] = {
+            o: {str(f): boot(f"{search}/{o}", str(f)) for f in FRACTIONS} for o in ORDERS
+        }
+        out["plan_minus"][search] = {
+            o: {
+                str(f): boot(f"{search}/plan", str(f), f"{search}/{o}")
+                for f in FRACTIONS
+                if 0 < f < 1
+            }
+            for o in ORDERS
+            if o != "plan"
+        }
+    return out
+
+
+def targets(payload: dict[str, Any]) -> list[str]:
+    """Issue 25's three targets, each met or missed by a stated amount."""
+    s = payload["summary"]
+    f = str(TARGET_FRACTION)
+    reindex = s["baselines"]["reindex"]["R@10"][0]
+    plan = s["curves"]["transition"]["plan"][f]["R@10"][0]
+    goal = TARGET_SHARE * reindex
+    out = [
+        f"- transition R@10 with the plan's {TARGET_FRACTION:.0%} {plan:.3f} ≥ {TARGET_SHARE} × "
+        f"reindex = {goal:.3f} ({plan / reindex:.3f} × reindex) — "
+        + ("met" if plan >= goal else f"missed by {goal - plan:.3f}")
+    ]
+    diff = s["plan_minus"]["transition"]["random"][f]["R@10"]
+    out.append(
+        f"- transition R@10 at {TARGET_FRACTION:.0%}, plan − random {_ci(diff)} ≥ "
+        f"{TARGET_MARGIN} — "
+        + ("met" if diff[0] >= TARGET_MARGIN else f"missed by {TARGET_MARGIN - diff[0]:.3f}")
+    )
+    worst = max(
+        v
+        for r in payload["runs"]
+        for k, v in r["max_rank_change_at_ends"].items()
+        if k.startswith("transition") and k.endswith(" 0%")
+    )
+    start = s["curves"]["transition"]["plan"]["0.0"]["R@10"][0]
+    stay = s["baselines"]["stay"]["R@10"][0]
+    out.append(
+        f"- transition at 0 % equals stay, exactly: R@10 {start:.3f} vs {stay:.3f}, largest "
+        f"change of any query's rank {worst} — " + ("met" if worst == 0 else f"missed by {worst}")
+    )
+    return out
+
+
+def render_markdown(payload: dict[str, Any]) -> str:
+    s = payload["summary"]
+    runs = payload["runs"]
+    fs = [str(f) for f in FRACTIONS]
+    head = "| search | order | metric | " + " | ".join(f"{float(f):.0%}" for f in fs) + " |"
+    b = s["baselines"]
+    lines = [
+        f"Command: `{payload['command']}` — seeds {payload['seeds']}, {payload['n_items']} "
+        f"synsets in the gallery, popularity Zipf s = {ZIPF_S} over the "
+        f"{runs[0]['evaluation_synsets']} evaluation synsets, {PAST_SEARCHES} past and "
+        f"{FUTURE_SEARCHES} future searches per seed "
+        f"({', '.join(str(r['distinct_future_queries']) for r in runs)} distinct future queries, "
+        f"{', '.join(str(r['clicked_items']) for r in runs)} clicked items), bridge "
+        f"`{payload['method']}`, calibration `{payload['served_calibration']}`, "
+        f"{payload['elapsed_minutes']:.1f} min on {payload['machine']}.",
+        "",
+        "Baselines on the future searches (R@10): stay "
+        + _ci(b["stay"]["R@10"])
+        + ", reindex "
+        + _ci(b["reindex"]["R@10"])
+        + f", bridge alone ({payload['method']}) "
+        + _ci(b["bridge"]["R@10"])
+        + "; R@1: stay "
+        + _ci(b["stay"]["R@1"])
+        + ", reindex "
+        + _ci(b["reindex"]["R@1"])
+        + ".",
+        "",
+        "Planner per seed (fitted on the upgrade's held-out part, as the service fits it): "
+        + "; ".join(
+            f"seed {r['seed']}: `{r['planner']['estimator']}`, gain correlation "
+            f"{r['planner']['gain_correlation']:.3f}, "
+            + (
+                "gain factor on (better than random)"
+                if r["planner"]["gain_validated"]
+                else "no better than random, so the plan orders by clicks alone"
+            )
+            for r in runs
+        )
+        + ".",
+        "",
+        "Targets:",
+        "",
+        *targets(payload),
+        "",
+        head,
+        "|---|---|---|" + "---|" * len(fs),
+    ]
+    for search in SEARCHES:
+        for order in ORDERS:
+            for m in ("R@10", "R@1"):
+                curve = s["curves"][search][order]
+                lines.append(
+                    f"| {search} | {order} | {m} | "
+                    + " | ".join(_ci(curve[f][m]) for f in fs)
+                    + " |"
+                )
+    inner = [f for f in fs if 0 < float(f) < 1]
+    lines += [
+        "",
+        "The plan against the other orders (R@10, per future search; + is the plan ahead):",
+        "",
+        "| search | plan − | " + " | ".join(f"{float(f):.0%}" for f in inner) + " |",
+        "|---|---|" + "---|" * len(inner),
+    ]
+    for search in SEARCHES:
+        for other, diffs in s["plan_minus"][search].items():
+            lines.append(
+                f"| {search} | {other} | " + " | ".join(_ci(diffs[f]["R@10"]) for f in inner) + " |"
+            )
+    lines += [
+        "",
+        "Share of the future searches whose relevant item is re-embedded (mean over seeds): "
+        + "; ".join(
+            f"{order} "
+            + ", ".join(
+                f"{float(f):.0%} {np.mean([r['future_coverage'][order][f] for r in runs]):.3f}"
+                for f in inner
+            )
+            for order in ORDERS
+        )
+        + ".",
+    ]
+    ends = {
+        k: max(r["max_rank_change_at_ends"][k] for r in runs)
+        for k in runs[0]["max_rank_change_at_ends"]
+    }
+    lines += [
+        "",
+        "Largest change of any query's rank at the ends against the one-space search (0 %: stay "
+        "or the bridge; 100 %: reindex): " + ", ".join(f"{k} {v}" for k, v in ends.items()) + ".",
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> Path:
+    parser = argparse.ArgumentParser(description="re-embedding orders under skewed traffic")
+    parser.add_argument("--quick", action="store_true", help="the 800-synset fixture, one seed")
+    parser.add_argument("--seeds", default=None, help="comma-separated (default 0,1,2; quick 0)")
+    parser.add_argument("--method", default="procrustes", help="the bridge's method")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads per seed")
+    parser.add_argument("--jobs", type=int, default=1, help="seeds run at once (processes)")
+    parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument(
+        "--render",
+        action="store_true",
+        help="rewrite the BENCHMARKS.md section from the saved full-run JSON (no run)",
+    )
+    args = parser.parse_args(argv)
+    if args.render:
+        payload = json.loads(RESULTS.read_text())
+        payload["targets"] = targets(payload)
+        publish(payload, RESULTS, render_markdown(payload), SECTION, TITLE)
+        return RESULTS
+    threads = args.threads or torch.get_num_threads()
+    seeds = [int(s) for s in (args.seeds or ("0" if args.quick else "0,1,2")).split(",")]
+    started = time.time()
+    if args.jobs > 1:
+        ctx = multiprocessing.get_context("spawn")
+        with ctx.Pool(min(args.jobs, len(seeds))) as pool:
+            jobs = [(args.quick, seed, args.method, threads) for seed in seeds]
+            runs = pool.starmap(seed_job, jobs)
+    else:
+        arrays = load_arrays(args.quick)
+        runs = [seed_job(args.quick, seed, args.method, threads, arrays) for seed in seeds]
+    command = "python -m bench.quality.traffic" + (" --quick" if args.quick else "")
+    command += f" --seeds {args.seeds}" if args.seeds else ""
+    command += f" --method {args.method}" if args.method != "procrustes" else ""
+    command += f" --jobs {args.jobs}" if args.jobs > 1 else ""
+    command += f" --threads {args.threads}" if args.threads else ""
+    payload = {
+        "command": command,
+        "quick": args.quick,
+        "method": args.method,
+        "seeds": seeds,
+        "n_items": runs[0]["n_items"],
+        "zipf_s": ZIPF_S,
+        "past_searches": PAST_SEARCHES,
+        "future_searches": FUTURE_SEARCHES,
+        "machine": f"{platform.machine()}, {threads} torch thread(s) × {max(args.jobs, 1)} job(s)",
+        "elapsed_minutes": (time.time() - started) / 60,
+        "served_calibration": CALIBRATION,
+        "summary": summarise(runs),
+        "runs": [{k: v for k, v in r.items() if k != "hits"} for r in runs],
+    }
+    payload["targets"] = targets(payload)
+    out = args.out or RESULTS.with_name("traffic-quick.json" if args.quick else "traffic.json")
+    section = SECTION if not args.quick and args.out is None else None
+    publish(payload, out, render_markdown(payload), section, TITLE)
+    print(out)
+    return out
+
+
+if __name__ == "__main__":
+    main()
