@@ -163,6 +163,40 @@ def test_a_503_is_retried_and_the_upload_completes(server: RunningService, tmp_p
     assert transport.batches == 4 and transport.acknowledged == [30, 30, 30]
 
 
+class LostAnswerTransport(httpx.HTTPTransport):
+    """Delivers the n-th access upload to the server, then loses its answer (a read error):
+    the server counted the batch, the client cannot know it."""
+
+    def __init__(self, lose: int) -> None:
+        super().__init__()
+        self.lose, self.sent, self.keys = lose, 0, []
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        response = super().handle_request(request)
+        if request.method == "POST" and request.url.path.endswith("/access"):
+            self.sent += 1
+            self.keys.append(request.headers.get("Idempotency-Key"))
+            if self.sent == self.lose:
+                response.read()
+                raise httpx.ReadError("connection reset (injected)", request=request)
+        return response
+
+
+def test_an_access_batch_whose_answer_was_lost_is_counted_once(
+    server: RunningService, tmp_path: Path
+) -> None:
+    ids = np.array([f"a{i}" for i in range(60)])
+    vectors = np.random.default_rng(3).normal(size=(60, 8)).astype(np.float32)
+    transport = LostAnswerTransport(lose=2)
+    with make_client(server, tmp_path, transport=transport, batch_rows=30) as client:
+        gallery_id = external_gallery(client, 8, "clicks")
+        client.upload_vectors(gallery_id, ids, vectors)
+        result = client.upload_access(gallery_id, ids, np.arange(60))
+    # Batch 2 was sent twice (its answer lost), with the same key: counted once.
+    assert transport.sent == 3 and transport.keys[1] == transport.keys[2] != transport.keys[0]
+    assert result["total"] == int(np.arange(60).sum()) and result["batches"] == 2
+
+
 def test_problem_details_become_api_errors(server: RunningService, tmp_path: Path) -> None:
     with make_client(server, tmp_path) as client:
         with pytest.raises(ApiError) as bad:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request
+from typing import Annotated
+
+from fastapi import APIRouter, Header, Request
 from starlette.concurrency import run_in_threadpool
 
 from app.api.deps import SessionDep, StateDep, TenantDep
@@ -30,7 +32,20 @@ router = APIRouter(prefix="/v1/galleries", tags=["galleries"])
     openapi_extra=openapi_body(AccessUpload, multipart=ACCESS_MULTIPART),
 )
 async def add_access_counts(
-    gallery_id: str, request: Request, state: StateDep, session: SessionDep, tenant_id: TenantDep
+    gallery_id: str,
+    request: Request,
+    state: StateDep,
+    session: SessionDep,
+    tenant_id: TenantDep,
+    idempotency_key: Annotated[
+        str | None,
+        Header(
+            alias="Idempotency-Key",
+            description="retrying the same counts with the same key replays the first answer "
+            "and counts nothing again",
+            max_length=255,
+        ),
+    ] = None,
 ) -> dict:
     """Add access counts (what users opened or clicked) to the gallery's items, all or nothing:
     JSON `{"ids": [...], "counts": [...]}`, or multipart `.npy` parts `ids` (strings) and
@@ -52,7 +67,13 @@ async def add_access_counts(
             raise invalid(name, "required")
     gallery = await run_in_threadpool(service.get_gallery, session, tenant_id, gallery_id)
     return await run_in_threadpool(
-        access.add_counts, session, state.settings, gallery, fields["ids"], fields["counts"]
+        access.add_counts,
+        session,
+        state.settings,
+        gallery,
+        fields["ids"],
+        fields["counts"],
+        idempotency_key,
     )
 
 

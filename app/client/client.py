@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+import uuid
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -165,8 +166,9 @@ class Client(Transport):
     ) -> dict[str, Any]:
         """Add access counts (what users opened or clicked) to the gallery's items, in batches
         of ``.npy`` parts; a repeated id is summed by the server. Returns ``{"added", "rows",
-        "batches", "counted_items", "total"}``. Never retried: counts add up, so a batch sent
-        twice would count twice; a failure says how many rows were counted before it."""
+        "batches", "counted_items", "total"}``. Each batch carries an Idempotency-Key of its
+        own, so a batch retried after a lost answer is counted once (the server replays its
+        first answer); a failure says how many rows were counted before it."""
         names = string_array(ids, "ids")
         values = np.asarray(counts)
         if values.dtype.kind not in "iu" or values.ndim != 1:
@@ -182,7 +184,8 @@ class Client(Transport):
             stop = min(total, done + self.limits.rows_for(parts, batch_size))
             files, _ = parts.multipart(done, stop)
             try:
-                answer = self._json("POST", path, files=files, retry=False)
+                key = {"Idempotency-Key": f"access-{uuid.uuid4()}"}
+                answer = self._json("POST", path, files=files, headers=key, retry=True)
             except (ApiError, httpx.TransportError) as exc:
                 # A 413 is answered from the body's size, before anything is counted: the same
                 # rows go again in smaller batches.

@@ -23,10 +23,12 @@ from typing import Any
 
 import numpy as np
 from sqlalchemy import func, select, text
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from app.core.arrays import check_batch_size, check_count, check_id_values
 from app.core.errors import FieldError, Problem, invalid, invalid_fields, not_found
+from app.core.idempotency import IdempotencyRequest, StoredResponse, find_replay, remember
 from app.core.settings import Settings
 from app.galleries.models import AccessCount, Gallery
 from app.galleries.service import _lock_gallery
@@ -124,16 +126,38 @@ def _unknown(ids: Sequence[str], present: dict[str, Any]) -> Problem:
     )
 
 
+def _fingerprinted(
+    key: str | None, gallery: Gallery, ids: Sequence[str], values: np.ndarray
+) -> IdempotencyRequest | None:
+    """The Idempotency-Key with a fingerprint of what the request says (the ids and counts in
+    order), not of its bytes: a multipart body differs on every send by its boundary alone."""
+    canonical = json.dumps([list(ids), values.tolist()], separators=(",", ":")).encode()
+    return IdempotencyRequest.from_parts(
+        key, "POST", f"/v1/galleries/{gallery.id}/access", canonical
+    )
+
+
 def add_counts(
-    session: Session, settings: Settings, gallery: Gallery, ids: Sequence[Any], counts: Any
+    session: Session,
+    settings: Settings,
+    gallery: Gallery,
+    ids: Sequence[Any],
+    counts: Any,
+    idempotency_key: str | None = None,
 ) -> dict[str, int]:
     """Add ``counts`` to the gallery's items ``ids``, all or nothing, committed before it
     returns. Returns ``updated`` (distinct items given a positive count) and ``added`` (the
-    sum of the counts)."""
+    sum of the counts). With ``idempotency_key`` a retry of the same counts replays the first
+    answer and adds nothing (counts add up: a retried batch would otherwise count twice); the
+    record commits with the counts, so either both are stored or neither."""
     check_batch_size(len(ids), "ids", settings.max_vectors_per_request)
     ids = check_id_values(ids, "ids", max_length=settings.max_id_length)
     values = as_counts(counts)
     check_count(len(values), "counts", len(ids))
+    request = _fingerprinted(idempotency_key, gallery, ids, values)
+    replay = find_replay(session, gallery.tenant_id, request)
+    if replay is not None:
+        return replay.body
     keys, sums = summed(ids, values)
     gallery = _lock_shared(session, gallery)
     present = storage_for(session, gallery).lookup(session, gallery, keys)
@@ -160,10 +184,21 @@ def add_counts(
                 _UPSERT_SQLITE,
                 list(zip([gallery.id] * len(item_ids), item_ids, vector_ids, amounts, strict=True)),
             )
-    session.commit()
     # The gallery's totals are left to GET (an aggregate over all its counts): per upload, it
     # cost as much as the write itself.
-    return {"updated": len(item_ids), "added": min(int(sum(amounts)), INT64_MAX)}
+    result = {"updated": len(item_ids), "added": min(int(sum(amounts)), INT64_MAX)}
+    remember(session, gallery.tenant_id, request, StoredResponse(200, result, None))
+    try:
+        session.commit()
+    except IntegrityError:
+        # The same key committed by a concurrent retry first: this one's counts are rolled
+        # back with it, and its answer is the one stored.
+        session.rollback()
+        replay = find_replay(session, gallery.tenant_id, request)
+        if replay is None:
+            raise
+        return replay.body
+    return result
 
 
 def counted(session: Session, gallery_id: str) -> tuple[int, int]:

@@ -256,3 +256,29 @@ def _check_expected(plan: dict[str, Any]) -> None:
         monotone = all(b >= a for a, b in itertools.pairwise(values))
         if not monotone:
             assert plan["expected_note"], plan["expected"]
+
+
+def test_a_retried_upload_with_an_idempotency_key_counts_once(client: TestClient) -> None:
+    """Counts add up, so a retry after a lost answer would count twice: with the same
+    Idempotency-Key the first answer is replayed and nothing is added again; the same key with
+    another body is refused and changes nothing."""
+    gallery_id = gallery_with_items(client)
+    url = f"/v1/galleries/{gallery_id}/access"
+    ids = np.array(["item-1", "item-2"])
+    headers = {"Idempotency-Key": "clicks-2026-12-03-batch-1"}
+    files = {"ids": npy(ids), "counts": npy(np.array([3, 4]))}
+    first = client.post(url, files=files, headers=headers)
+    assert first.status_code == 200, first.text
+    again = client.post(url, files=files, headers=headers)
+    assert again.status_code == 200 and again.json() == first.json()
+    assert dict(all_counts(client, gallery_id)) == {"item-1": 3, "item-2": 4}
+    before = snapshot(client)
+    other = {"ids": npy(ids), "counts": npy(np.array([5, 5]))}
+    problem(client.post(url, files=other, headers=headers), 422)
+    assert snapshot(client) == before
+    # JSON bodies too.
+    body = {"ids": ["item-1"], "counts": [10]}
+    json_key = {"Idempotency-Key": "clicks-json-1"}
+    assert client.post(url, json=body, headers=json_key).status_code == 200
+    assert client.post(url, json=body, headers=json_key).status_code == 200
+    assert dict(all_counts(client, gallery_id))["item-1"] == 13
