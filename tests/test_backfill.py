@@ -294,3 +294,22 @@ def test_the_other_list_fetches_again_only_for_the_queries_short_of_k() -> None:
     ids, dist = _without_reembedded(small, np.array([[0.0]]), np.arange(6), 5, 4, 64)
     assert ids[0].tolist()[:2] == [6, 7] and ids[0, 2:].tolist() == [-1, -1, -1]
     assert np.isinf(dist[0, 2:]).all() and small.searched[-1][1] == 8
+
+
+def test_top_cosines_match_a_full_sort_in_blocks(monkeypatch) -> None:
+    """The native list's scan (torch's top-k, blocked over queries) finds what a full sort of
+    the cosines finds, best first, with the cosines themselves."""
+    import app.ml.backfill.mixed as mixed_module
+    from app.ml.backfill.mixed import top_cosines, unit_rows
+
+    rng = np.random.default_rng(5)
+    items = unit_rows(rng.normal(size=(300, 16)))
+    queries = unit_rows(rng.normal(size=(40, 16)))
+    expected = np.argsort(-(queries @ items.T), axis=1, kind="stable")[:, :7]
+    monkeypatch.setattr(mixed_module, "SCORE_BUDGET", 300 * 6)  # blocks of 6 queries
+    positions, cosines = top_cosines(queries, items, 7)
+    np.testing.assert_array_equal(positions, expected)
+    np.testing.assert_allclose(cosines, np.take_along_axis(queries @ items.T, expected, 1), 1e-5)
+    # k above the items: all of them; no items: empty rows.
+    assert top_cosines(queries, items[:3], 7)[0].shape == (40, 3)
+    assert top_cosines(queries, items[:0], 7)[0].shape == (40, 0)

@@ -39,7 +39,7 @@ from app.ml.backfill.mixed import (
     lorentz_time,
     merge,
     pick_reference,
-    top_of,
+    top_cosines,
     unit_rows,
 )
 from app.ml.backfill.plan import PlannerFit, expected_at, fit_planner, plan_order, plan_priority
@@ -382,8 +382,7 @@ def mixed_search(
     native_fit = native_reference_fit(features, ref.new_unit, unit_reference=True)
     bridged_fit = bridged_reference_fit(query_points, ref.points, curv, ref.points_time)
     # Native list: an exact scan of the re-embedded items.
-    cos = unit_rows(features) @ new_features.T
-    pos, nscores = top_of(cos, k)
+    pos, nscores = top_cosines(unit_rows(features), new_features, k)
     native_ids = vector_ids[pos]
     # Bridged (or old) list: the gallery's index, re-embedded items dropped.
     index = index_for(session, store, gallery)

@@ -51,6 +51,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
 from app.ml.backfill.relevance import RelevanceMap, merge_key
 
@@ -249,6 +250,28 @@ def merge(native: Candidates, other: Candidates, k: int, maps: Maps = NO_MAPS):
         c = np.pad(c, ((0, 0), (0, pad)), constant_values=-np.inf)
         src = np.pad(src, ((0, 0), (0, pad)), constant_values=False)
     return ids, c, src
+
+
+def top_cosines(
+    queries_unit: np.ndarray, items_unit: np.ndarray, k: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """(positions, cosines) of the k most similar items per query, best first, for unit rows
+    (float32): torch's product and top-k (a partial sort in C, several times faster than
+    argpartition on a 256 × 25,000 block), in blocks of queries within ``SCORE_BUDGET``."""
+    nq, n = len(queries_unit), len(items_unit)
+    k = min(k, n)
+    positions = np.zeros((nq, k), dtype=np.int64)
+    values = np.zeros((nq, k), dtype=np.float32)
+    if k == 0 or nq == 0:
+        return positions, values
+    items = torch.from_numpy(np.ascontiguousarray(items_unit, dtype=np.float32))
+    queries = torch.from_numpy(np.ascontiguousarray(queries_unit, dtype=np.float32))
+    block = max(1, SCORE_BUDGET // max(n, 1))
+    for start in range(0, nq, block):
+        top = torch.topk(queries[start : start + block] @ items.T, k, dim=1, sorted=True)
+        positions[start : start + block] = top.indices.numpy()
+        values[start : start + block] = top.values.numpy()
+    return positions, values
 
 
 def top_of(scores: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
