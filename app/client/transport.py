@@ -64,16 +64,9 @@ def drop_none(values: Mapping[str, Any]) -> dict[str, Any]:
 
 
 class Transport:
-    """A nobackfill server. ``url`` defaults to ``$NOBACKFILL_URL`` (else the URL ``nobackfill
-    serve`` recorded in ``$NOBACKFILL_DATA_DIR/server_url``, else http://127.0.0.1:8000), ``key`` to ``$NOBACKFILL_KEY`` (else, for a server on this machine,
-    ``$NOBACKFILL_DATA_DIR/api_key`` as ``nobackfill serve`` writes it).
-
-    Uploads are cut into batches of at most ``batch_rows`` rows and ``batch_bytes`` bytes (below
-    the server's default limits; a 413 naming a lower limit lowers them for this client) and
-    resume after an interruption from a checkpoint in ``checkpoint_dir`` (default
-    ``$NOBACKFILL_CHECKPOINT_DIR`` or ``~/.cache/nobackfill/uploads``). Requests that are safe to
-    repeat (reads, upserts, creates with an Idempotency-Key) are retried ``retries`` times after a
-    connection error or a 502/503/504."""
+    """The connection to a server: its URL and key, retries of requests safe to repeat,
+    paging, batched resumable uploads and streamed downloads (``Client`` documents the
+    arguments and adds the resources)."""
 
     def __init__(
         self,
