@@ -10,7 +10,7 @@ from app.auth.models import ApiKey, Tenant
 from app.core.db import Base
 from app.core.idempotency import IdempotencyRecord
 from app.datasets.models import Dataset, DatasetItem, DatasetQuery
-from app.galleries.models import AccessCount, Gallery
+from app.galleries.models import AccessCount, Gallery, ReturnedWeight
 from app.jobs.models import UpgradeJob
 from app.migration.models import BackfillFit
 from app.models.models import TrainedModel
@@ -28,6 +28,7 @@ __all__ = [
     "GalleryVector",
     "IdempotencyRecord",
     "ReembeddedVector",
+    "ReturnedWeight",
     "Tenant",
     "TrainedModel",
     "UpgradeJob",

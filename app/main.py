@@ -30,6 +30,7 @@ from app.core.openapi import install_openapi
 from app.core.security import display_prefix
 from app.core.settings import Settings, get_settings
 from app.galleries.service import verify_all_indexes
+from app.migration.returned import ReturnedTally
 from app.models.service import ModelCache, remove_orphan_artifacts
 from app.upgrades.runner import make_runner
 from app.vectors.index_store import IndexStore
@@ -70,8 +71,9 @@ def build_state(settings: Settings) -> ServiceState:
         log.info("startup check: %d indexes, %d rebuilt", len(outcome), len(repaired))
         remove_orphan_artifacts(session, settings)
     throttle = AuthThrottle(settings.auth_failure_limit, settings.auth_failure_window_s)
+    returned = ReturnedTally(settings.search_returned_tally, settings.search_returned_flush_s)
     return ServiceState(
-        settings, db, store, ModelCache(settings), make_runner(db, settings), throttle
+        settings, db, store, ModelCache(settings), make_runner(db, settings), throttle, returned
     )
 
 
@@ -91,9 +93,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             print(f"API key: {display_prefix(local.key)}… (from {local.source})", flush=True)
         state.runner.start(sweep=settings.job_runner != "inline")
         state.indexes.start()
+        state.returned.start(state.db.sessions)
         try:
             yield
         finally:
+            state.returned.stop()
             state.runner.stop()
             state.indexes.close()
             state.db.dispose()

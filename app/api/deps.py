@@ -16,6 +16,7 @@ from app.core.db import Database
 from app.core.errors import Problem
 from app.core.idempotency import IdempotencyRequest
 from app.core.settings import Settings
+from app.migration.returned import ReturnedTally
 
 if TYPE_CHECKING:
     from app.models.service import ModelCache
@@ -33,6 +34,8 @@ class ServiceState:
     models: ModelCache
     runner: JobRunner
     throttle: AuthThrottle = field(default_factory=lambda: AuthThrottle(20, 60.0))
+    # What searches returned, tallied for the backfill plan (off unless built from settings).
+    returned: ReturnedTally = field(default_factory=lambda: ReturnedTally(False, 0))
 
 
 def get_state(request: Request) -> ServiceState:

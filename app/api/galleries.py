@@ -193,6 +193,8 @@ def backfill_plan(
     and simulated on the upgrade's held-out data."""
     gallery = service.get_gallery(session, tenant_id, gallery_id)
     row = reembed.backbone_for(session, tenant_id, gallery, body.model_id)
+    # This process's searches of the gallery count in the plan, not only those already written.
+    state.returned.flush(gallery.id)
     return reembed.plan(
         session, state.indexes, state.models, gallery, row, body.fraction, body.count
     )

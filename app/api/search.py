@@ -129,7 +129,14 @@ async def search(
     def run() -> dict:
         gallery = get_gallery(session, tenant_id, gallery_id)
         results = service.search_gallery(
-            session, state.settings, state.indexes, state.models, tenant_id, gallery, query
+            session,
+            state.settings,
+            state.indexes,
+            state.models,
+            tenant_id,
+            gallery,
+            query,
+            state.returned,
         )
         return {"results": results}
 

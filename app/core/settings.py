@@ -144,6 +144,17 @@ class Settings(BaseSettings):
         default=4, ge=1, description="FAISS candidates per requested neighbour before re-rank"
     )
     search_min_candidates: int = Field(default=64, ge=1)
+    search_returned_tally: bool = Field(
+        default=True,
+        description="keep a per-item tally of what searches returned (1/rank per hit), a weak "
+        "traffic signal the backfill plan may use; false: nothing is tallied",
+    )
+    search_returned_flush_s: float = Field(
+        default=5.0,
+        ge=0,
+        description="write the returned tally to the database at most this often (0: on every "
+        "search); a crash loses at most this long of it",
+    )
     max_radius: float = Field(
         default=6.0,
         gt=0,

@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import JSON, BigInteger, ForeignKey, String, UniqueConstraint
+from sqlalchemy import JSON, BigInteger, Float, ForeignKey, String, UniqueConstraint
 from sqlalchemy.orm import Mapped, mapped_column
 
 from app.core.db import Base, utcnow
@@ -65,3 +65,19 @@ class AccessCount(Base):
     vector_id: Mapped[int] = mapped_column(BigInteger)
     # BigInteger on both databases: counts add up past 2³¹ on a busy gallery.
     count: Mapped[int] = mapped_column(BigInteger)
+
+
+class ReturnedWeight(Base):
+    """The service's own tally of what its searches returned (``app.migration.returned``): per
+    item, keyed by internal id, the sum of 1 / rank over the searches that returned it. A weak
+    signal of traffic (most returned items are not what the user chose), used by the backfill
+    plan only where its validation against the access counts finds it helps. Deleting the item
+    deletes its row (``app.galleries.service``), deleting the gallery cascades."""
+
+    __tablename__ = "gallery_returned"
+
+    gallery_id: Mapped[str] = mapped_column(
+        ForeignKey("galleries.id", ondelete="CASCADE"), primary_key=True
+    )
+    vector_id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    weight: Mapped[float] = mapped_column(Float)

@@ -21,7 +21,7 @@ from app.core.db import new_id, utcnow
 from app.core.errors import FieldError, conflict, invalid, invalid_fields, not_found
 from app.core.settings import Settings
 from app.core.tenancy import check_name_free, check_tenant_limit, get_owned
-from app.galleries.models import AccessCount, Gallery
+from app.galleries.models import AccessCount, Gallery, ReturnedWeight
 from app.galleries.schemas import GalleryCreate
 from app.ml.geometry.space import DEFAULT_CURVATURE, DEFAULT_LIFT_SCALE
 from app.models.models import TrainedModel
@@ -215,28 +215,34 @@ def _validate_batch(
     return ids, stored, points
 
 
-def _forget_reembedded(session: Session, gallery: Gallery, vector_ids: np.ndarray) -> None:
-    """Features re-embedded from items that were replaced or deleted are stale: drop them."""
-    replaced = vector_ids.tolist()
-    for start in range(0, len(replaced), IN_CHUNK):
+def _delete_rows(session: Session, table: Any, gallery: Gallery, column: Any, values: list) -> None:
+    """Delete the gallery's rows of ``table`` whose ``column`` is among ``values`` (in chunks:
+    an IN list has a bound-parameter limit)."""
+    for start in range(0, len(values), IN_CHUNK):
         session.execute(
-            delete(ReembeddedVector).where(
-                ReembeddedVector.gallery_id == gallery.id,
-                ReembeddedVector.vector_id.in_(replaced[start : start + IN_CHUNK]),
+            delete(table).where(
+                table.gallery_id == gallery.id, column.in_(values[start : start + IN_CHUNK])
             )
         )
+
+
+def _forget_reembedded(session: Session, gallery: Gallery, vector_ids: np.ndarray) -> None:
+    """Features re-embedded from items that were replaced or deleted are stale: drop them."""
+    _delete_rows(
+        session, ReembeddedVector, gallery, ReembeddedVector.vector_id, vector_ids.tolist()
+    )
 
 
 def _forget_access(session: Session, gallery: Gallery, item_ids: list[str]) -> None:
     """A deleted item's access counts go with it (an upload of counts checks its ids under the
     gallery's lock, so none can land between this delete and its commit)."""
-    for start in range(0, len(item_ids), IN_CHUNK):
-        session.execute(
-            delete(AccessCount).where(
-                AccessCount.gallery_id == gallery.id,
-                AccessCount.item_id.in_(item_ids[start : start + IN_CHUNK]),
-            )
-        )
+    _delete_rows(session, AccessCount, gallery, AccessCount.item_id, item_ids)
+
+
+def _forget_returned(session: Session, gallery: Gallery, vector_ids: np.ndarray) -> None:
+    """A deleted item's search-returned tally goes with it (its internal id could otherwise be
+    counted for an item that takes the id later)."""
+    _delete_rows(session, ReturnedWeight, gallery, ReturnedWeight.vector_id, vector_ids.tolist())
 
 
 def _lock_gallery(session: Session, gallery: Gallery) -> Gallery:
@@ -346,6 +352,7 @@ def delete_vectors(
         removed = storage.delete(session, gallery, ids)
         _forget_reembedded(session, gallery, removed)
         _forget_access(session, gallery, list(existing))
+        _forget_returned(session, gallery, removed)
         gallery.count = _counted(session, storage, gallery, gallery.count - len(removed))
         gallery.index_version += 1
         gallery.updated_at = utcnow()

@@ -15,6 +15,7 @@ from app.core.settings import Settings
 from app.galleries.frames import frame_map, same_space
 from app.galleries.models import Gallery
 from app.galleries.service import index_for
+from app.migration.returned import ReturnedTally
 from app.models.service import BACKBONE, ModelCache, embed_features, get_model, resolve_modality
 from app.search.schemas import SearchRequest
 from app.vectors.index_store import IndexStore
@@ -141,6 +142,7 @@ def _mixed_search(
     gallery: Gallery,
     request: SearchQuery,
     queries: np.ndarray,
+    tally: ReturnedTally | None,
 ) -> list[list[dict[str, Any]]] | None:
     """A backbone model's search of a gallery holding items re-embedded for it (partial
     backfill, ``app.migration.reembed``); None when it holds none."""
@@ -169,6 +171,8 @@ def _mixed_search(
     if found is None:
         return None
     ids, scores, distances, from_native = found
+    if tally is not None:
+        tally.record(gallery.id, ids)
     items = _item_names(session, gallery, sorted({int(i) for i in ids[ids >= 0]}))
     results = []
     for q in range(len(ids)):
@@ -225,7 +229,9 @@ def search_gallery(
     tenant_id: str,
     gallery: Gallery,
     request: SearchQuery | SearchRequest,
+    tally: ReturnedTally | None = None,
 ) -> list[list[dict[str, Any]]]:
+    """The hits of every query row; ``tally`` (the service's) records what was returned."""
     if isinstance(request, SearchRequest):
         request = SearchQuery.of(request)
     if request.k > settings.max_k:
@@ -237,11 +243,13 @@ def search_gallery(
     else:
         queries = _queries(session, settings, cache, tenant_id, gallery, request)
     if request.model_id is not None:
-        mixed = _mixed_search(session, settings, store, cache, tenant_id, gallery, request, queries)
+        mixed = _mixed_search(
+            session, settings, store, cache, tenant_id, gallery, request, queries, tally
+        )
         if mixed is not None:
             return mixed
     # Nothing re-embedded: a transition search is the old model's own search, exactly.
-    return _plain_search(session, settings, store, gallery, queries, request.k, transition)
+    return _plain_search(session, settings, store, gallery, queries, request.k, transition, tally)
 
 
 def _plain_search(
@@ -252,6 +260,7 @@ def _plain_search(
     queries: np.ndarray,
     k: int,
     old_space: bool,
+    tally: ReturnedTally | None,
 ) -> list[list[dict[str, Any]]]:
     index = index_for(session, store, gallery)
     ids, distances, points = index.search_with_points(
@@ -260,6 +269,8 @@ def _plain_search(
         overfetch=settings.search_overfetch,
         min_candidates=settings.search_min_candidates,
     )
+    if tally is not None:
+        tally.record(gallery.id, ids)
     scores = hit_scores(gallery, queries, points, distances)
     items = _item_names(session, gallery, sorted({int(i) for i in ids[ids >= 0]}))
     results = []
