@@ -191,12 +191,42 @@ class ExpectedPoint(BaseModel):
     value: float
 
 
+class TrafficCandidate(BaseModel):
+    name: str
+    returned_weight: float
+    neighbourhood_weight: float
+    covered_future: float = Field(
+        description="mean share of the held-out half of the clicks its top items hold"
+    )
+    gain_min: float = Field(description="its smallest gain over the counts alone on a split")
+
+
+class TrafficModel(BaseModel):
+    chosen: str = Field(description="the traffic estimate the order used")
+    splits: int = Field(description="random halvings of the clicks it was validated on (0: none)")
+    rule: str
+    candidates: list[TrafficCandidate]
+    note: str | None = None
+
+
 class PlanAccess(BaseModel):
     counted_items: int = Field(description="items of the gallery with an access count")
     total: int = Field(description="the sum of the gallery's access counts")
     covered_after: float = Field(
         description="share of the counted accesses on items re-embedded once the listed are"
     )
+    model: TrafficModel | None = Field(
+        default=None,
+        description="which combination of the access counts, the search-returned tally and "
+        "the neighbourhood of clicked items estimated the traffic, and its validation",
+    )
+
+
+class PlanReturned(BaseModel):
+    items: int = Field(description="items the service's searches have returned")
+    weight: float = Field(description="the tally's total (1 / rank per returned hit)")
+    used: bool = Field(description="whether the order used it")
+    why: str
 
 
 class BackfillPlanOut(BaseModel):
@@ -205,11 +235,17 @@ class BackfillPlanOut(BaseModel):
     estimator: str = Field(description="expected_gain (learned) or uncertainty")
     signals: list[str] = Field(
         default_factory=list,
-        description="what the order used: access_counts (the gallery's, as expected traffic) "
-        "and the learned estimator (expected_gain or uncertainty)",
+        description="what the order used: access_counts (the gallery's, as expected traffic), "
+        "search_returned and neighbourhood (where validation picked them), and the learned "
+        "estimator (expected_gain or uncertainty)",
     )
     access: PlanAccess | None = Field(
         default=None, description="the gallery's access counts, when it has any"
+    )
+    search_returned: PlanReturned | None = Field(
+        default=None,
+        description="the service's own tally of what its searches returned (a weaker signal "
+        "than access counts), when it has any; off with NOBACKFILL_SEARCH_RETURNED_TALLY=false",
     )
     warning: str | None = Field(
         default=None,

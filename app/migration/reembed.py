@@ -31,8 +31,8 @@ from app.core.settings import Settings
 from app.galleries.frames import same_space
 from app.galleries.models import Gallery
 from app.galleries.service import IN_CHUNK, _lock_gallery, gallery_points, index_for
-from app.migration import access
 from app.migration.models import BackfillFit
+from app.migration.traffic import read_signals, returned_summary, traffic_choice
 from app.ml.backfill.mixed import (
     CALIBRATION,
     Candidates,
@@ -43,7 +43,13 @@ from app.ml.backfill.mixed import (
     unit_rows,
 )
 from app.ml.backfill.plan import PlannerFit, expected_at, fit_planner, plan_order, plan_priority
-from app.ml.backfill.traffic import expected_note, no_better_warning, value_order, versus_random
+from app.ml.backfill.traffic import (
+    expected_note,
+    gain_rank,
+    no_better_warning,
+    value_order,
+    versus_random,
+)
 from app.ml.geometry.lorentz import uncertainty as norm_uncertainty
 from app.ml.upgrade.fit_view import bridged_reference_fit, build_fit_view, native_reference_fit
 from app.models.models import TrainedModel
@@ -428,7 +434,9 @@ def plan(
     """The next items to re-embed, most valuable first, and the expected quality curve.
 
     Most valuable: by the learned estimator alone, or, when the gallery has access counts, by
-    expected traffic × expected gain (``app.ml.backfill.traffic.value_order``; the gain only
+    expected traffic × expected gain (``app.ml.backfill.traffic.value_order``; the traffic is the
+    counts, with the search-returned tally or the neighbourhood of clicked items where their
+    validation on held-out clicks picks them, ``app.ml.backfill.traffic_model``; the gain only
     breaks ties when the fit's cross-fitted validation finds it no better than random). The
     answer names the signals used, compares the learned order with random (``vs_random``, from
     the stored validation curves), warns when it is no better, and explains a falling curve."""
@@ -447,12 +455,14 @@ def plan(
     priority = plan_priority(fit, points, uncertainty)
     planned = min(1.0, (int(done.sum()) + count) / total) if total else 0.0
     compared = versus_random(fit.validation, planned)
-    clicks = access.counts_by_point(session, gallery.id, all_ids)
-    if clicks is None:
+    signals = read_signals(session, store, gallery, all_ids, points)
+    clicks = signals.clicks
+    choice = traffic_choice(signals, done, count, gain_rank(priority))
+    if choice is None:
         order = plan_order(priority, done)[:count]
     else:
         gain_validated = compared is None or compared["better"]
-        order = value_order(priority, clicks, gain_validated, done)[:count]
+        order = value_order(priority, choice.estimate, gain_validated, done)[:count]
     chosen = all_ids[order].tolist()
     names = {
         vector_id: item_id
@@ -472,12 +482,15 @@ def plan(
             "total": int(clicks.sum()),
             "covered_after": float(clicks[covered].sum() / clicks.sum()),
         }
+        if choice is not None:
+            traffic["model"] = {"chosen": choice.name, **choice.report}
     return {
         "model_id": row.id,
         "ids": ids,
         "estimator": fit.estimator,
-        "signals": ([] if clicks is None else ["access_counts"]) + [fit.estimator],
+        "signals": ([] if choice is None else choice.signals) + [fit.estimator],
         "access": traffic,
+        "search_returned": returned_summary(signals, choice),
         "warning": None if compared is None else no_better_warning(compared, clicks is not None),
         "view": fit.view,
         "reembedded": int(done.sum()),
