@@ -98,3 +98,17 @@ def test_quick_traffic_bench_measures_every_order_with_exact_ends(tmp_path) -> N
     assert all(line.endswith("met") or "missed by" in line for line in lines)
     assert lines[2].endswith("met")
     assert traffic.render_markdown(payload).count("\n| transition |") >= 2 * len(traffic.ORDERS)
+
+
+def test_top_positions_and_the_simulated_tally_follow_the_exact_ranking() -> None:
+    from app.ml.backfill.mixed import lorentz_scores
+
+    rng = np.random.default_rng(7)
+    gallery = rng.normal(size=(40, 5))  # space components of points on the hyperboloid
+    queries = gallery[[3, 11, 3]] + 0.01
+    top = traffic.top_positions(queries, gallery, 1.0, 4)
+    exact = np.argsort(-lorentz_scores(queries, gallery, 1.0), axis=1, kind="stable")[:, :4]
+    assert top.tolist() == exact.tolist()
+    hood = traffic.gallery_neighbourhood(gallery, np.bincount([5, 5, 9], minlength=40), 1.0)
+    assert hood.sources.tolist() == [5, 9]
+    assert 5 not in hood.neighbours[0] and 9 not in hood.neighbours[1]

@@ -4,6 +4,7 @@ taken when, and only when, it predicts held-out clicks better than the counts al
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from app.ml.backfill.traffic_model import (
     MIN_CLICKS,
@@ -128,3 +129,22 @@ def test_nearest_others_leave_the_item_itself_out() -> None:
     assert hood.neighbours[:, :2].tolist() == [[5, 6], [2, -1]]
     counts = np.array([0, 4, 0, 9, 0, 1, 0, 0, 2])
     assert heavy_items(counts).tolist() == [3, 1, 8, 5]
+
+
+def test_a_gain_on_every_split_but_within_the_noise_is_not_taken(monkeypatch) -> None:
+    """The rule itself: consistent but smaller than one standard error of the held-out share
+    (here √(0.5·0.5/500) ≈ 0.022) keeps the counts alone; a gain beyond it is taken."""
+    from app.ml.backfill import traffic_model
+
+    counts = np.full(1000, 1, dtype=np.int64)  # 1000 clicks: 500 in a future half
+    returned = np.linspace(0.0, 1.0, 1000)
+    for gain, taken in ((0.01, False), (0.05, True)):
+
+        def fake_covered(values, future, allowed, n, tiebreak, gain=gain):
+            # 0.5 for the counts alone (their estimate has no fractional part), more otherwise.
+            return 0.5 if np.array_equal(values, np.round(values)) else 0.5 + gain
+
+        monkeypatch.setattr(traffic_model, "covered", fake_covered)
+        choice = choose_traffic(counts, returned, None, np.zeros(1000, bool), 100, np.zeros(1000))
+        assert choice.report["margin"] == pytest.approx(0.5 / np.sqrt(500))
+        assert ("search_returned" in choice.signals) is taken, choice.report

@@ -204,6 +204,9 @@ class TrafficCandidate(BaseModel):
 class TrafficModel(BaseModel):
     chosen: str = Field(description="the traffic estimate the order used")
     splits: int = Field(description="random halvings of the clicks it was validated on (0: none)")
+    margin: float | None = Field(
+        default=None, description="the noise a candidate's mean gain had to exceed"
+    )
     rule: str
     candidates: list[TrafficCandidate]
     note: str | None = None

@@ -13,8 +13,10 @@ drawn from it i.i.d. (a search: the synset's lemma as the query, its gloss the r
 Past clicks are the counts of the past searches' relevant items.
 
 Orders of what to re-embed: ``plan`` (``app.ml.backfill.traffic.value_order`` of the planner's
-per-item priority and the past clicks, the gain factor on or off as the service decides from the
-planner's validation against random), ``access`` (past clicks alone, ties random) and ``random``.
+per-item priority and the traffic estimate the service would choose from the past clicks, its
+tally of what the past searches returned (the old model's top 10) and the neighbourhood of the
+most clicked items (``app.ml.backfill.traffic_model``), the gain factor on or off as the service
+decides from the planner's validation against random), ``access`` (past clicks alone, ties random) and ``random``.
 For each, future-search R@1/R@10 of **transition** search (the query's new features for
 re-embedded items, its old vector for the others) and **bridged** mixed search (the old model
 gone: the bridged query for the others), both merged as the service merges them (served
@@ -37,6 +39,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from app.migration.returned import rank_weights
 from app.ml.backfill.mixed import (
     CALIBRATION,
     REFERENCE_SIZE,
@@ -46,7 +49,14 @@ from app.ml.backfill.mixed import (
     ranks_of,
 )
 from app.ml.backfill.plan import fit_planner, plan_priority
-from app.ml.backfill.traffic import value_order, versus_random
+from app.ml.backfill.traffic import gain_rank, value_order, versus_random
+from app.ml.backfill.traffic_model import (
+    NEIGHBOURS,
+    Neighbourhood,
+    choose_traffic,
+    heavy_items,
+    nearest_others,
+)
 from app.ml.geometry.lorentz import uncertainty as norm_uncertainty
 from app.ml.upgrade.fit_view import (
     bridged_reference_fit,
@@ -74,6 +84,8 @@ METRICS = ("R@1", "R@10")
 TARGET_FRACTION = 0.1
 TARGET_SHARE = 0.97
 TARGET_MARGIN = 0.02
+# Hits per search in the simulated returned tally (the service's default k).
+RETURNED_K = 10
 
 
 # -- pure helpers ---------------------------------------------------------------------------------
@@ -108,6 +120,42 @@ def first(order: np.ndarray, fraction: float, n: int) -> np.ndarray:
     return mask
 
 
+def top_positions(queries: np.ndarray, gallery: np.ndarray, curv: float, k: int) -> np.ndarray:
+    """Each query's ``k`` nearest gallery positions, nearest first (exact, in blocks)."""
+    out = []
+    for start in range(0, len(queries), 512):
+        scores = lorentz_scores(queries[start : start + 512], gallery, curv)
+        top = np.argpartition(-scores, k - 1, axis=1)[:, :k]
+        order = np.argsort(-np.take_along_axis(scores, top, axis=1), axis=1, kind="stable")
+        out.append(np.take_along_axis(top, order, axis=1))
+    return np.concatenate(out) if out else np.empty((0, k), dtype=np.int64)
+
+
+def returned_tally(
+    arrays: dict[str, np.ndarray],
+    past_searched: np.ndarray,
+    lift: Any,
+    gallery: np.ndarray,
+    curv: float,
+    n: int,
+) -> np.ndarray:
+    """What the service's tally (``app.migration.returned``) holds after the past searches,
+    each answered by the old model's own top 10: 1 / rank per hit, per item."""
+    distinct, per_search = np.unique(past_searched, return_inverse=True)
+    points = lift(torch.as_tensor(arrays["query_old"][distinct], dtype=torch.float64)).numpy()
+    hits = top_positions(points, gallery, curv, RETURNED_K)[per_search]
+    positions, weights = rank_weights(hits)
+    out = np.zeros(n)
+    out[positions] = weights
+    return out
+
+
+def gallery_neighbourhood(gallery: np.ndarray, clicks: np.ndarray, curv: float) -> Neighbourhood:
+    """The most clicked items' nearest others in the gallery (``app.migration.traffic``)."""
+    sources = heavy_items(clicks)
+    return nearest_others(sources, top_positions(gallery[sources], gallery, curv, NEIGHBOURS + 1))
+
+
 # -- one seed -------------------------------------------------------------------------------------
 
 
@@ -131,7 +179,8 @@ def run_seed(
     del view
     rng = np.random.default_rng([seed, 25])
     popularity = zipf_popularity(len(test), ZIPF_S, rng)
-    clicks = click_counts(test[sample_searches(popularity, past, rng)], n)
+    past_searched = test[sample_searches(popularity, past, rng)]
+    clicks = click_counts(past_searched, n)
     searches = test[sample_searches(popularity, future, rng)]
     # Each distinct future query is scored once; a search's hits are its query's.
     queries, per_search = np.unique(searches, return_inverse=True)
@@ -142,8 +191,15 @@ def run_seed(
     priority = plan_priority(fit, gallery, uncertainty)
     compared = versus_random(fit.validation, TARGET_FRACTION)
     gain_validated = compared is None or bool(compared["better"])
+    # The traffic estimate, chosen as the service chooses it (app.migration.traffic): the clicks,
+    # the service's tally of what the past searches returned (the old model's top 10: the
+    # service answered them before the migration), the neighbourhood of the most clicked items.
+    returned = returned_tally(arrays, past_searched, lift, gallery, curv, n)
+    hood = gallery_neighbourhood(gallery, clicks, curv)
+    planned = round(TARGET_FRACTION * n)
+    choice = choose_traffic(clicks, returned, hood, np.zeros(n, bool), planned, gain_rank(priority))
     orders = {
-        "plan": value_order(priority, clicks, gain_validated),
+        "plan": value_order(priority, choice.estimate, gain_validated),
         "access": access_order(clicks, rng),
         "random": rng.permutation(n),
     }
@@ -193,6 +249,11 @@ def run_seed(
             "gain_correlation": fit.validation.get("gain_correlation"),
             "versus_random": compared,
             "gain_validated": gain_validated,
+        },
+        "traffic_model": {
+            "chosen": choice.name,
+            "candidates": choice.report["candidates"],
+            "margin": choice.report.get("margin"),
         },
         "future_coverage": coverage,
         "max_rank_change_at_ends": exact,
@@ -291,6 +352,17 @@ def targets(payload: dict[str, Any]) -> list[str]:
     return out
 
 
+def _runner_up(run: dict[str, Any]) -> str:
+    """The best other candidate's gain in held-out click coverage against the noise margin."""
+    model = run["traffic_model"]
+    base, *others = model["candidates"]
+    if not others:
+        return "no other candidate"
+    best = max(others, key=lambda c: c["covered_future"])
+    gain = best["covered_future"] - base["covered_future"]
+    return f"best other: `{best['name']}` {gain:+.4f} held-out clicks covered, margin {model['margin']:.4f}"
+
+
 def render_markdown(payload: dict[str, Any]) -> str:
     s = payload["summary"]
     runs = payload["runs"]
@@ -326,8 +398,9 @@ def render_markdown(payload: dict[str, Any]) -> str:
             + (
                 "gain factor on (better than random)"
                 if r["planner"]["gain_validated"]
-                else "no better than random, so the plan orders by clicks alone"
+                else "no better than random, so the gain only breaks ties"
             )
+            + f", traffic estimate `{r['traffic_model']['chosen']}` ({_runner_up(r)})"
             for r in runs
         )
         + ".",

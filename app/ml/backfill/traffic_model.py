@@ -9,7 +9,8 @@ the same traffic). On each of ``SPLITS`` splits, every candidate is built from t
 (its neighbourhood spreads the past clicks; the returned tally is not split, it is not made of
 clicks), the plan's ``n`` items are the candidate's top ``n`` among the items not yet
 re-embedded, and its score is the share of the future clicks those items hold. A candidate
-replaces the counts alone only when it covers more future clicks **on every split**; among
+replaces the counts alone only when it covers more future clicks **on every split**, and by more
+than the noise on average (one standard error of a share of the future half's clicks); among
 those, the best mean wins. Issue 25 measured why the bar is high: what search returned (nine
 hits in ten not what the user chose) ranked no better than random.
 
@@ -24,6 +25,7 @@ Signals, in click units so that weights compare:
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -169,9 +171,15 @@ def choose_traffic(
             values = estimate(past, returned, hood, a, b)
             scores[s, c] = covered(values, future, allowed, n, tiebreak)
     gains = scores - scores[:, :1]
-    winners = [c for c in range(1, len(options)) if (gains[:, c] > 0).all()]
+    # One standard error of the counts-alone share, over the future half's clicks.
+    share = float(scores[:, 0].mean())
+    margin = math.sqrt(max(share * (1.0 - share), 1e-12) / max(int(counts.sum()) // 2, 1))
+    winners = [
+        c for c in range(1, len(options)) if (gains[:, c] > 0).all() and gains[:, c].mean() > margin
+    ]
     best = max(winners, key=lambda c: gains[:, c].mean(), default=0)
     report["splits"] = SPLITS
+    report["margin"] = margin
     report["candidates"] = [
         {
             "name": _name(a, b),
@@ -191,5 +199,6 @@ def choose_traffic(
 
 _RULE = (
     "each candidate is built from a random half of the clicks and scored by the share of the "
-    "other half its top items hold; it replaces the counts alone only if better on every split"
+    "other half its top items hold; it replaces the counts alone only if better on every split "
+    "and by more than the noise (margin) on average"
 )
