@@ -14,11 +14,12 @@ from app.galleries.models import AccessCount, Gallery, ReturnedWeight
 from app.jobs.models import UpgradeJob
 from app.migration.models import BackfillFit
 from app.models.models import TrainedModel
-from app.vectors.tables import GalleryVector, ReembeddedVector
+from app.vectors.tables import AttachedPointId, GalleryVector, ReembeddedVector
 
 __all__ = [
     "AccessCount",
     "ApiKey",
+    "AttachedPointId",
     "BackfillFit",
     "Base",
     "Dataset",

@@ -101,6 +101,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             state.runner.stop()
             state.indexes.close()
             state.db.dispose()
+            from app.vectors.qdrant_source import close_connections
+
+            # An embedded Qdrant folder stays locked while its client is open.
+            close_connections()
             if settings.vector_engine == "milvus":
                 from app.vectors.milvus_storage import release_engine
 

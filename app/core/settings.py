@@ -65,6 +65,21 @@ class Settings(BaseSettings):
         "http(s)://host:19530 for a server; default <data_dir>/milvus.db (milvus-lite)",
     )
     milvus_token: str = Field(default="", description="Milvus token (user:password) for a server")
+    qdrant_root: Path | None = Field(
+        default=None,
+        description="the only folder under which an attached Qdrant collection may name an "
+        "embedded (local-mode) `path`; default <data_dir>/qdrant. A tenant must not make the "
+        "server open arbitrary folders of its disk",
+    )
+    qdrant_api_key_env_prefix: str = Field(
+        default="NOBACKFILL_QDRANT_KEY",
+        min_length=1,
+        description="an attached Qdrant collection's `api_key_env` must be this name or start "
+        "with it (its value is sent to the tenant's URL: no other variable may be named)",
+    )
+    qdrant_timeout_s: float = Field(
+        default=10.0, gt=0, description="timeout of one request to a Qdrant server"
+    )
 
     # HTTP.
     host: str = "127.0.0.1"
@@ -210,6 +225,10 @@ class Settings(BaseSettings):
         if self.milvus_uri:
             return self.milvus_uri
         return str((self.data_dir / "milvus.db").resolve())
+
+    @property
+    def resolved_qdrant_root(self) -> Path:
+        return (self.qdrant_root or self.data_dir / "qdrant").resolve()
 
     @property
     def artifact_dir(self) -> Path:

@@ -10,9 +10,44 @@ from pydantic import BaseModel, Field, model_validator
 from app.core.schemas import Matrix, ModalityName, Name, Page, StrictModel, Text
 
 
+class QdrantSourceIn(StrictModel):
+    """A Qdrant collection to attach: read-only, its points are the gallery's items."""
+
+    engine: Literal["qdrant"]
+    url: str | None = Field(
+        default=None, min_length=1, max_length=2048, pattern=r"^https?://", description="server"
+    )
+    path: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=1024,
+        description="an embedded (local-mode) folder under the server's Qdrant root",
+    )
+    collection: str = Field(min_length=1, max_length=255)
+    vector: str | None = Field(
+        default=None, min_length=1, max_length=255, description="named vector; default unnamed"
+    )
+    api_key_env: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=128,
+        pattern=r"^[A-Z_][A-Z0-9_]*$",
+        description="the server's environment variable holding the API key",
+    )
+
+    @model_validator(mode="after")
+    def _one_place(self) -> QdrantSourceIn:
+        if (self.url is None) == (self.path is None):
+            raise ValueError("give url (a Qdrant server) or path (an embedded folder), not both")
+        if self.path is not None and self.api_key_env is not None:
+            raise ValueError("api_key_env applies to a url only")
+        return self
+
+
 class GalleryCreate(StrictModel):
     """External gallery: ``name``, ``dim``, ``model_name``, ``metric``. Model-bound gallery:
-    ``name``, ``model_id`` (a model this service trained) and ``modality`` when it has several."""
+    ``name``, ``model_id`` (a model this service trained) and ``modality`` when it has several.
+    Attached gallery: ``name`` and ``source`` (dimension and metric come from the collection)."""
 
     name: Name
     dim: int | None = Field(default=None, ge=1, description="external: the vectors' dimension")
@@ -32,9 +67,21 @@ class GalleryCreate(StrictModel):
     index_params: dict[str, int] | None = Field(
         default=None, description="ivf: nlist, nprobe; hnsw: m, ef_construction, ef_search"
     )
+    source: QdrantSourceIn | None = Field(
+        default=None, description="attach an existing collection instead of storing vectors"
+    )
 
     @model_validator(mode="after")
     def _one_kind(self) -> GalleryCreate:
+        if self.source is not None:
+            given = [
+                k for k in ("dim", "metric", "model_id", "modality") if getattr(self, k) is not None
+            ]
+            if given:
+                raise ValueError(
+                    f"an attached gallery takes its space from the collection: drop {given}"
+                )
+            return self
         external = {"dim": self.dim, "model_name": self.model_name, "metric": self.metric}
         if self.model_id is None:
             missing = [k for k, v in external.items() if v is None]
@@ -111,6 +158,10 @@ class GalleryOut(BaseModel):
     )
     index: IndexOut
     count: int
+    source: dict[str, Any] | None = Field(
+        default=None,
+        description="attached galleries: the Qdrant collection read (never the API key itself)",
+    )
     reembedded: list[ReembedProgress] = Field(
         default_factory=list, description="per model: items re-embedded by its new backbone"
     )

@@ -21,12 +21,13 @@ from app.core.db import new_id, utcnow
 from app.core.errors import FieldError, conflict, invalid, invalid_fields, not_found
 from app.core.settings import Settings
 from app.core.tenancy import check_name_free, check_tenant_limit, get_owned
+from app.galleries.attach import attach_gallery, refuse_writes
 from app.galleries.models import AccessCount, Gallery, ReturnedWeight
 from app.galleries.schemas import GalleryCreate
 from app.ml.geometry.space import DEFAULT_CURVATURE, DEFAULT_LIFT_SCALE
 from app.models.models import TrainedModel
 from app.models.service import ModelCache, embed_features, get_model, resolve_modality
-from app.vectors.engine import MILVUS, VectorStorage
+from app.vectors.engine import MILVUS, QDRANT, SEARCHED_IN_ENGINE, VectorStorage
 from app.vectors.faiss_index import LorentzIndex, validate_index_params
 from app.vectors.index_store import IndexSpec, IndexStore
 from app.vectors.points import lifted_points
@@ -37,6 +38,7 @@ from app.vectors.tables import ReembeddedVector
 
 if TYPE_CHECKING:
     from app.vectors.milvus_storage import MilvusSearcher
+    from app.vectors.qdrant_storage import QdrantSearcher
 
 log = logging.getLogger(__name__)
 # Bound on the number of SQL parameters in one IN (…) list (SQLite's limit is far above this).
@@ -86,6 +88,8 @@ def create_gallery(
         "max_galleries_per_tenant",
     )
     check_name_free(session, Gallery, tenant_id, request.name)
+    if request.source is not None:
+        return attach_gallery(session, settings, tenant_id, request)
     kind = request.index or settings.default_index_kind
     try:
         params = validate_index_params(kind, request.index_params or {})
@@ -152,6 +156,7 @@ def gallery_out(
         "input_dim": input_dim,
         "index": {"kind": gallery.index_kind, "params": gallery.index_params},
         "count": gallery.count,
+        "source": gallery.source,
         "reembedded": reembedded,
         "created_at": gallery.created_at,
         "updated_at": gallery.updated_at,
@@ -281,7 +286,7 @@ def _refresh_index(
     """Bring the index to the committed version; the data is already durable, so a failure here
     only logs and leaves the index to be rebuilt on next use. A Milvus gallery has no index in
     this process: Milvus indexes its own writes."""
-    if gallery.vector_storage == MILVUS:
+    if gallery.vector_storage in SEARCHED_IN_ENGINE:
         return
     try:
         store.apply(
@@ -307,6 +312,7 @@ def upsert_vectors(
     gallery: Gallery,
     batch: VectorBatch,
 ) -> tuple[int, int]:
+    refuse_writes(gallery)
     ids, stored, points = _validate_batch(session, settings, cache, gallery, batch)
     labels = list(batch.labels) if batch.labels is not None else [None] * len(ids)
     metadata = list(batch.metadata) if batch.metadata is not None else [None] * len(ids)
@@ -335,6 +341,7 @@ def delete_vectors(
     ids: Sequence[Any],
     missing_ok: bool,
 ) -> tuple[int, int]:
+    refuse_writes(gallery)
     check_batch_size(len(ids), "ids", settings.max_vectors_per_request)
     ids = check_ids(ids, "ids", max_length=settings.max_id_length)
     with store.lock(gallery.id):
@@ -419,9 +426,14 @@ def delete_gallery(
 
 def index_for(
     session: Session, store: IndexStore, gallery: Gallery
-) -> LorentzIndex | MilvusSearcher:
+) -> LorentzIndex | MilvusSearcher | QdrantSearcher:
     """What searches the gallery: its in-memory FAISS index, or for a Milvus gallery a
-    ``MilvusSearcher`` (same ``ntotal`` and ``search_with_points``) that holds nothing."""
+    ``MilvusSearcher`` (same ``ntotal`` and ``search_with_points``) that holds nothing, and
+    for an attached Qdrant collection a ``QdrantSearcher``."""
+    if gallery.vector_storage == QDRANT:
+        from app.vectors.qdrant_storage import QdrantSearcher, qdrant_storage
+
+        return QdrantSearcher(qdrant_storage(session_settings(session)), gallery)
     if gallery.vector_storage == MILVUS:
         from app.vectors.milvus_storage import MilvusSearcher, milvus_storage
 
@@ -433,9 +445,12 @@ def gallery_points(
     session: Session, store: IndexStore, gallery: Gallery
 ) -> tuple[np.ndarray, np.ndarray]:
     """(internal ids ascending, space components) of every stored item: from the in-memory
-    index, or read from Milvus for this call only."""
-    if gallery.vector_storage == MILVUS:
-        return point_loader(session, gallery)()
+    index, or read from Milvus or Qdrant for this call only."""
+    if gallery.vector_storage in SEARCHED_IN_ENGINE:
+        ids, points = point_loader(session, gallery)()
+        # Qdrant's pages follow its own order, not the mapped ids'.
+        order = np.argsort(ids, kind="stable")
+        return ids[order], points[order]
     index = index_for(session, store, gallery)
     return index.ids, index.lifted[:, 1:]
 
@@ -449,6 +464,9 @@ def verify_all_indexes(session: Session, store: IndexStore) -> dict[str, str]:
         [g for g in galleries if g.vector_storage == "segments"]
     )
     for gallery in galleries:
+        if gallery.vector_storage == QDRANT:
+            _recount_attached(session, gallery)
+            continue
         if gallery.vector_storage == MILVUS:
             # No index here; Milvus's count(*) repairs a count a failed commit left behind.
             _repair_count(session, gallery, storage_for(session, gallery).count(session, gallery))
@@ -465,6 +483,17 @@ def verify_all_indexes(session: Session, store: IndexStore) -> dict[str, str]:
             index_spec(gallery), stored_ids, point_loader(session, gallery)
         )
     return outcome
+
+
+def _recount_attached(session: Session, gallery: Gallery) -> None:
+    """An attached collection changes under the service: its count is read again at start; a
+    collection out of reach must not stop the start (its searches answer 503 meanwhile)."""
+    try:
+        points = storage_for(session, gallery).count(session, gallery)
+    except Exception as exc:
+        log.warning("startup check: attached gallery %s is out of reach: %s", gallery.id, exc)
+        return
+    _repair_count(session, gallery, points)
 
 
 def _repair_count(session: Session, gallery: Gallery, stored: int) -> None:

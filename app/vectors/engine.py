@@ -50,7 +50,7 @@ class StoredGallery(Protocol):
 
     id: str
     dim: int  # Euclidean dimension of a stored vector
-    vector_storage: str  # "sql", "segments" or MILVUS
+    vector_storage: str  # "sql", "segments", MILVUS or QDRANT
     vector_manifest: dict[str, Any] | None
     # How stored vectors become Lorentz space components (``app.vectors.points``).
     bound_model_id: str | None  # set: vectors are already a model's space components
@@ -58,6 +58,8 @@ class StoredGallery(Protocol):
     lift_curv: float
     lift_scale: float | None
     index_kind: str  # "flat" asks an engine for exact search
+    # QDRANT: the attached collection (``app.vectors.qdrant_source.QdrantSource``); else None.
+    source: dict[str, Any] | None
 
 
 class VectorStorage(Protocol):
@@ -122,3 +124,7 @@ class VectorStorage(Protocol):
 
 # ``vector_storage`` of a gallery kept in Milvus (vectors and search both there).
 MILVUS = "milvus"
+# ``vector_storage`` of a gallery attached to a Qdrant collection (read-only; search there too).
+QDRANT = "qdrant"
+# Storages that search their own vectors: no FAISS index of the gallery lives in this process.
+SEARCHED_IN_ENGINE = (MILVUS, QDRANT)

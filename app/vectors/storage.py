@@ -9,7 +9,7 @@ from pathlib import Path
 from sqlalchemy.orm import Session
 
 from app.core.settings import Settings, get_settings
-from app.vectors.engine import MILVUS, StoredGallery, VectorStorage
+from app.vectors.engine import MILVUS, QDRANT, StoredGallery, VectorStorage
 
 
 def storage_for(session: Session, gallery: StoredGallery) -> VectorStorage:
@@ -23,6 +23,10 @@ def storage_for(session: Session, gallery: StoredGallery) -> VectorStorage:
         from app.vectors.milvus_storage import milvus_storage
 
         return milvus_storage(session_settings(session))
+    if gallery.vector_storage == QDRANT:
+        from app.vectors.qdrant_storage import qdrant_storage
+
+        return qdrant_storage(session_settings(session))
     from app.vectors.sql import SqlVectorStorage
 
     return SqlVectorStorage()

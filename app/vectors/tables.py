@@ -7,7 +7,16 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import JSON, ForeignKey, Index, LargeBinary, String, Text, UniqueConstraint
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    ForeignKey,
+    Index,
+    LargeBinary,
+    String,
+    Text,
+    UniqueConstraint,
+)
 from sqlalchemy.orm import Mapped, mapped_column
 
 from app.core.db import Base, BigIntPK, utcnow
@@ -53,3 +62,18 @@ class ReembeddedVector(Base):
     vector_id: Mapped[int] = mapped_column(BigIntPK, index=True)
     features: Mapped[bytes] = mapped_column(LargeBinary)  # float32 little-endian, as uploaded
     updated_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class AttachedPointId(Base):
+    """The internal id of one point of an attached collection whose own id cannot serve as one
+    (a UUID, or an integer ≥ 2⁶²: ``app.vectors.qdrant_ids``). Only ids are kept, never a vector:
+    the collection stays the one copy of the gallery."""
+
+    __tablename__ = "attached_point_ids"
+    __table_args__ = (UniqueConstraint("gallery_id", "point_id"),)
+
+    gallery_id: Mapped[str] = mapped_column(
+        ForeignKey("galleries.id", ondelete="CASCADE"), primary_key=True
+    )
+    vector_id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
+    point_id: Mapped[str] = mapped_column(String(40))

@@ -307,3 +307,24 @@ def test_documented_compose_commands_name_existing_files() -> None:
         documented |= set(re.findall(r"-f (docker-compose[\w.]*\.yml)", header))
     for name in documented:
         assert (REPO / name).exists(), name
+
+
+def test_qdrant_server_is_an_opt_in_profile_pinned_to_a_compatible_version() -> None:
+    """`docker compose --profile qdrant up` adds a Qdrant server for attached galleries; the
+    plain `up` starts nothing new. Its tag is pinned, and close to the client the service
+    installs (qdrant-client warns past one minor version apart)."""
+    services = compose()["services"]
+    qdrant = services["qdrant"]
+    assert qdrant["profiles"] == ["qdrant"]
+    assert all("profiles" not in s for n, s in services.items() if n != "qdrant")
+    repository, _, tag = qdrant["image"].rpartition(":")
+    assert repository == "qdrant/qdrant" and re.fullmatch(r"v\d+\.\d+\.\d+", tag), tag
+    volume = qdrant["volumes"][0].split(":")[0]
+    assert volume in compose()["volumes"]
+    from importlib.metadata import version
+
+    client_minor = tuple(int(p) for p in version("qdrant-client").split(".")[:2])
+    server_minor = tuple(int(p) for p in tag[1:].split(".")[:2])
+    assert client_minor[0] == server_minor[0] and abs(client_minor[1] - server_minor[1]) <= 2
+    dependencies = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
+    assert any(d.startswith("qdrant-client") for d in dependencies)

@@ -1,0 +1,116 @@
+"""Internal ids of an attached Qdrant collection's points, and back.
+
+Item ids are the point ids as strings: ``"42"`` or a UUID's canonical form. Internal ids must be
+stable int64s (FAISS ids, what re-embedded features and access counts point at):
+
+* an integer point id below 2⁶² is its own internal id (no table, no lookup);
+* any other point id (a UUID, or an integer from 2⁶² up to 2⁶⁴ − 1) gets a hash of its string in
+  [2⁶², 2⁶³): stable without coordination, so a point added after attach has its id too, and
+  disjoint from the plain ids. The reverse (internal id → point id) needs the table
+  ``attached_point_ids``, filled on attach with ids only; points read since (a scan, a search)
+  are also remembered by this process, so a point added after attach is named in the answers
+  that found it. Two points hashing alike are refused on attach (odds ~n²/2⁶³).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+import uuid
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from app.core.errors import invalid
+from app.vectors.tables import AttachedPointId
+
+PLAIN_LIMIT = 2**62
+UINT64_LIMIT = 2**64
+IN_CHUNK = 500
+# Mapped ids this process has read from collections, for answers naming points added after
+# attach; bounded (the table holds every id known at attach).
+SEEN_LIMIT = 200_000
+PointId = int | str
+
+_seen: OrderedDict[tuple[str, int], str] = OrderedDict()
+_seen_guard = threading.Lock()
+
+
+def item_id(point: PointId) -> str:
+    return str(point)
+
+
+def point_of(item: str) -> PointId | None:
+    """The point id an item id names, None when it names none (not canonical)."""
+    if item.isdigit() and item.isascii():
+        value = int(item)
+        return value if str(value) == item and value < UINT64_LIMIT else None
+    try:
+        parsed = uuid.UUID(item)
+    except ValueError:
+        return None
+    return item if str(parsed) == item else None
+
+
+def hashed(item: str) -> int:
+    digest = hashlib.blake2b(item.encode(), digest_size=8).digest()
+    return PLAIN_LIMIT + int.from_bytes(digest, "big") % PLAIN_LIMIT
+
+
+def internal_of(point: PointId) -> int:
+    if isinstance(point, int) and point < PLAIN_LIMIT:
+        return point
+    return hashed(item_id(point))
+
+
+def remember(gallery_id: str, points: Iterable[PointId]) -> None:
+    """Points just read from the collection: their mapped ids can be named by this process."""
+    with _seen_guard:
+        for point in points:
+            internal = internal_of(point)
+            if internal >= PLAIN_LIMIT:
+                _seen[(gallery_id, internal)] = item_id(point)
+                _seen.move_to_end((gallery_id, internal))
+        while len(_seen) > SEEN_LIMIT:
+            _seen.popitem(last=False)
+
+
+def record(session: Session, gallery_id: str, points: Sequence[PointId]) -> None:
+    """On attach: store the mapped ids of ``points`` (staged in the caller's transaction);
+    422 when two of them hash alike."""
+    rows: dict[int, str] = {}
+    for point in points:
+        internal = internal_of(point)
+        if internal < PLAIN_LIMIT:
+            continue
+        if internal in rows:
+            raise invalid(
+                "source.collection",
+                f"points {rows[internal]!r} and {item_id(point)!r} map to one internal id; "
+                "this collection cannot be attached",
+            )
+        rows[internal] = item_id(point)
+    session.add_all(
+        AttachedPointId(gallery_id=gallery_id, vector_id=v, point_id=p) for v, p in rows.items()
+    )
+
+
+def names(session: Session, gallery_id: str, ids: Sequence[int]) -> dict[int, str]:
+    """Internal id → item id, for the ids whose point is known (every plain id is)."""
+    out = {int(i): str(int(i)) for i in ids if 0 <= int(i) < PLAIN_LIMIT}
+    mapped = sorted({int(i) for i in ids if int(i) >= PLAIN_LIMIT})
+    for start in range(0, len(mapped), IN_CHUNK):
+        rows = session.execute(
+            select(AttachedPointId.vector_id, AttachedPointId.point_id).where(
+                AttachedPointId.gallery_id == gallery_id,
+                AttachedPointId.vector_id.in_(mapped[start : start + IN_CHUNK]),
+            )
+        )
+        out.update({int(v): p for v, p in rows})
+    with _seen_guard:
+        for internal in mapped:
+            if internal not in out and (gallery_id, internal) in _seen:
+                out[internal] = _seen[(gallery_id, internal)]
+    return out

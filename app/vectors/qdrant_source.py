@@ -1,0 +1,237 @@
+"""A Qdrant collection attached as a gallery's source: where it is, one client per place, and
+what the service may open.
+
+A gallery with ``vector_storage = "qdrant"`` keeps no vector of its own: its ``source`` (a JSON
+column) names a Qdrant server (``url``) or an embedded local-mode folder (``path``), the
+collection and the named vector (None: the unnamed one). The service only reads it.
+
+Multi-tenant rules, checked on attach and again on every open (a row written before a rule
+tightened must not bypass it):
+
+* ``path`` must lie under ``settings.resolved_qdrant_root`` (symlinks resolved): a tenant cannot
+  make the server open an arbitrary folder of its disk, and an existing local-mode folder is
+  required (opening a missing one would create it).
+* ``api_key_env`` must be ``settings.qdrant_api_key_env_prefix`` or start with it: the key is sent
+  to a URL the tenant chose, so naming any other variable (the database URL…) would leak it.
+
+Local mode allows one client per folder at a time (a file lock), and its SQLite handles are not
+thread-safe: the process keeps one client per place and serialises calls to a local one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from qdrant_client import QdrantClient, models
+
+from app.core.errors import Problem, invalid, unavailable
+from app.core.settings import Settings
+
+# The local-mode folder's catalogue: a folder without it is not a Qdrant folder (and the client
+# would create one there).
+LOCAL_META = "meta.json"
+# Seconds a client is told to wait before retrying after the collection could not be reached.
+RETRY_AFTER_S = 5
+
+
+@dataclass(frozen=True)
+class QdrantSource:
+    collection: str
+    url: str | None = None
+    path: str | None = None
+    vector: str | None = None  # None: the collection's unnamed vector
+    api_key_env: str | None = None
+
+    @classmethod
+    def of(cls, source: dict[str, Any]) -> QdrantSource:
+        return cls(
+            collection=source["collection"],
+            url=source.get("url"),
+            path=source.get("path"),
+            vector=source.get("vector"),
+            api_key_env=source.get("api_key_env"),
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        out = {"engine": "qdrant", "collection": self.collection, "vector": self.vector}
+        out.update({"url": self.url} if self.url is not None else {"path": self.path})
+        if self.api_key_env is not None:
+            out["api_key_env"] = self.api_key_env
+        return out
+
+
+@dataclass(frozen=True)
+class CollectionShape:
+    dim: int
+    count: int
+
+
+class Connection:
+    """One client and the lock its calls take (local mode: not thread-safe)."""
+
+    def __init__(self, client: QdrantClient, local: bool) -> None:
+        self.client = client
+        self.local = local
+        self._lock: contextlib.AbstractContextManager[Any] = (
+            threading.Lock() if local else contextlib.nullcontext()
+        )
+
+    @contextlib.contextmanager
+    def use(self) -> Iterator[QdrantClient]:
+        with self._lock:
+            yield self.client
+
+
+_connections: dict[tuple[str, ...], Connection] = {}
+_connections_guard = threading.Lock()
+
+
+def local_folder(settings: Settings, path: str) -> Path:
+    """The local-mode folder ``path`` names (relative: under the root), refused outside the
+    root or when it holds no Qdrant catalogue."""
+    root = settings.resolved_qdrant_root
+    folder = (root / path).resolve()
+    if folder != root and root not in folder.parents:
+        raise invalid(
+            "source.path",
+            f"must lie under the server's Qdrant folder {root} (NOBACKFILL_QDRANT_ROOT); "
+            "a relative path is taken from there",
+        )
+    if not (folder / LOCAL_META).is_file():
+        raise invalid("source.path", f"{path!r} is not an embedded Qdrant folder (no {LOCAL_META})")
+    return folder
+
+
+def api_key(settings: Settings, name: str | None) -> str | None:
+    if name is None:
+        return None
+    prefix = settings.qdrant_api_key_env_prefix
+    if not name.startswith(prefix):
+        raise invalid("source.api_key_env", f"must be {prefix} or start with it")
+    value = os.environ.get(name)
+    if not value:
+        raise invalid("source.api_key_env", f"the server has no environment variable {name}")
+    return value
+
+
+def connection(settings: Settings, source: QdrantSource) -> Connection:
+    """The process's client for the source's place, opened on first use."""
+    if source.path is not None:
+        key: tuple[str, ...] = ("path", str(local_folder(settings, source.path)))
+    else:
+        assert source.url is not None
+        key = ("url", source.url, source.api_key_env or "")
+    with _connections_guard:
+        if key not in _connections:
+            _connections[key] = _open(settings, key, source)
+        return _connections[key]
+
+
+def _open(settings: Settings, key: tuple[str, ...], source: QdrantSource) -> Connection:
+    if key[0] == "path":
+        try:
+            # Calls come from the API's worker threads; ``Connection`` serialises them.
+            client = QdrantClient(path=key[1], force_disable_check_same_thread=True)
+        except RuntimeError as exc:  # the folder's lock is held by another process
+            raise invalid("source.path", f"cannot open the embedded Qdrant folder: {exc}") from exc
+        return Connection(client, local=True)
+    client = QdrantClient(
+        url=key[1],
+        api_key=api_key(settings, source.api_key_env),
+        timeout=int(settings.qdrant_timeout_s),
+        # A plain http:// server URL with a key is a development setup; the client would warn.
+        https=key[1].startswith("https://"),
+        # The version check is one more request per client, and a warning when it fails.
+        check_compatibility=False,
+    )
+    return Connection(client, local=False)
+
+
+def close_connections() -> None:
+    """The app stopping: close every client (a local-mode folder's lock goes with it)."""
+    with _connections_guard:
+        opened = list(_connections.values())
+        _connections.clear()
+    for conn in opened:
+        with conn.use() as client:
+            client.close()
+
+
+def is_unreachable(exc: BaseException) -> bool:
+    """A transport failure (refused, timed out, lost) as opposed to an answer."""
+    from qdrant_client.http.exceptions import ResponseHandlingException
+
+    return isinstance(exc, ResponseHandlingException | ConnectionError | TimeoutError) or (
+        type(exc).__module__.startswith(("httpx", "httpcore", "grpc"))
+    )
+
+
+@contextlib.contextmanager
+def reachable(source: QdrantSource) -> Iterator[None]:
+    """While the service uses the collection: transport failures answer 503 (retry later)."""
+    try:
+        yield
+    except Problem:
+        raise
+    except Exception as exc:
+        if not is_unreachable(exc):
+            raise
+        raise unavailable(
+            f"the gallery's Qdrant collection {source.collection!r} is unreachable; retry shortly",
+            RETRY_AFTER_S,
+        ) from exc
+
+
+def describe(settings: Settings, source: QdrantSource) -> CollectionShape:
+    """Check the collection can serve as a cosine gallery; 422 naming the field otherwise."""
+    conn = connection(settings, source)
+    try:
+        with conn.use() as client:
+            if not client.collection_exists(source.collection):
+                raise invalid(
+                    "source.collection", f"no collection {source.collection!r} at this source"
+                )
+            info = client.get_collection(source.collection)
+            count = client.count(source.collection, exact=True).count
+    except Problem:
+        raise
+    except Exception as exc:
+        if not is_unreachable(exc):
+            raise
+        where = "source.url" if source.url is not None else "source.path"
+        raise invalid(where, f"the Qdrant server is unreachable: {exc}") from exc
+    params = _vector_params(info.config.params.vectors, source.vector)
+    if params.multivector_config is not None:
+        raise invalid("source.vector", "a multivector cannot serve as a gallery's vector")
+    if params.distance != models.Distance.COSINE:
+        raise invalid(
+            "source.vector",
+            f"the collection's metric is {params.distance.value}; attached galleries need "
+            "Cosine (the methods lift unit vectors; upload Dot or Euclid vectors as a gallery "
+            "of their own instead)",
+        )
+    return CollectionShape(dim=int(params.size), count=int(count))
+
+
+def _vector_params(vectors: Any, name: str | None) -> models.VectorParams:
+    if isinstance(vectors, models.VectorParams):
+        if name is not None:
+            raise invalid(
+                "source.vector", f"the collection has one unnamed vector, not {name!r}: omit it"
+            )
+        return vectors
+    named = dict(vectors or {})
+    if name is None and "" not in named:
+        raise invalid(
+            "source.vector", f"the collection's vectors are named: one of {sorted(named)}"
+        )
+    params = named.get(name or "")
+    if params is None:
+        raise invalid("source.vector", f"no vector {name!r}; the collection has {sorted(named)}")
+    return params

@@ -1,0 +1,248 @@
+"""An attached Qdrant collection behind the vector-storage interface, read-only, and its search.
+
+The gallery's vectors are the collection's points (``app.vectors.qdrant_source`` says where);
+the service never writes to the collection: ``upsert`` and ``delete`` refuse (the galleries
+service refuses before them, with the same answer). Reads go to Qdrant on every call, so the
+API process holds nothing per gallery, and a point added or removed by the collection's owner
+is seen at once. Item ids and internal ids: ``app.vectors.qdrant_ids``.
+
+Search (``QdrantSearcher``): an attached gallery is a cosine gallery, whose points all lie at one
+radius r, so the Lorentz ranking of any query point q is the cosine ranking of q's space
+components against the stored vectors (``app.vectors.milvus_math``, layout ``cosine``): Qdrant's
+own Cosine search returns the exact top k, and the hits' vectors, lifted as the service lifts
+them, give the float64 distances (the same numbers a copied gallery's FAISS search gives). A
+transport failure answers 503 and writes nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+from qdrant_client import models
+from sqlalchemy.orm import Session
+
+from app.core.errors import conflict
+from app.core.settings import Settings
+from app.vectors import qdrant_ids
+from app.vectors.engine import SCAN_BATCH, Stored, StoredGallery, Upserted
+from app.vectors.milvus_math import cosine_lift, rerank
+from app.vectors.qdrant_source import QdrantSource, connection, reachable
+
+# Points per retrieve or scroll request, and queries per batched search request.
+READ_BATCH = 1024
+SEARCH_BATCH = 64
+
+
+def read_only(gallery_id: str) -> Exception:
+    return conflict(
+        f"gallery {gallery_id} is an attached Qdrant collection: the service never writes to "
+        "it; change its points in Qdrant itself"
+    )
+
+
+class QdrantVectorStorage:
+    name = "qdrant"
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+
+    def _source(self, gallery: StoredGallery) -> QdrantSource:
+        return QdrantSource.of(gallery.source or {})
+
+    def _vectors(self, gallery: StoredGallery, records: Sequence[Any]) -> np.ndarray:
+        """The records' vectors (the source's named one, else the unnamed one), n × dim."""
+        name = self._source(gallery).vector
+        rows = [r.vector[name] if name is not None else r.vector for r in records]
+        return np.asarray(rows, dtype=np.float32).reshape(len(rows), gallery.dim)
+
+    def _with_vectors(self, gallery: StoredGallery) -> bool | list[str]:
+        name = self._source(gallery).vector
+        return [name] if name is not None else True
+
+    def _retrieve(
+        self, gallery: StoredGallery, item_ids: Sequence[str], vectors: bool
+    ) -> dict[str, Any]:
+        """item id → record, for the asked ids that name a point of the collection."""
+        source = self._source(gallery)
+        points = [(item, qdrant_ids.point_of(item)) for item in item_ids]
+        wanted = [point for _, point in points if point is not None]
+        found: dict[str, Any] = {}
+        conn = connection(self.settings, source)
+        for start in range(0, len(wanted), READ_BATCH):
+            with reachable(source), conn.use() as client:
+                records = client.retrieve(
+                    source.collection,
+                    wanted[start : start + READ_BATCH],
+                    with_payload=False,
+                    with_vectors=self._with_vectors(gallery) if vectors else False,
+                )
+            found.update({qdrant_ids.item_id(r.id): r for r in records})
+        return found
+
+    def upsert(
+        self,
+        session: Session,
+        gallery: StoredGallery,
+        item_ids: Sequence[str],
+        vectors: np.ndarray,
+        labels: Sequence[str | None],
+        metadata: Sequence[dict[str, Any] | None],
+    ) -> Upserted:
+        raise read_only(gallery.id)
+
+    def delete(
+        self, session: Session, gallery: StoredGallery, item_ids: Sequence[str]
+    ) -> np.ndarray:
+        raise read_only(gallery.id)
+
+    def lookup(
+        self, session: Session, gallery: StoredGallery, item_ids: Sequence[str]
+    ) -> dict[str, tuple[int, str | None]]:
+        found = self._retrieve(gallery, item_ids, vectors=False)
+        return {item: (qdrant_ids.internal_of(found[item].id), None) for item in found}
+
+    def fetch(self, session: Session, gallery: StoredGallery, item_ids: Sequence[str]) -> Stored:
+        found = self._retrieve(gallery, item_ids, vectors=True)
+        present = [item for item in item_ids if item in found]
+        records = [found[item] for item in present]
+        ids = np.array([qdrant_ids.internal_of(r.id) for r in records], dtype=np.int64)
+        n = len(present)
+        return Stored(present, ids, self._vectors(gallery, records), [None] * n, [None] * n)
+
+    def names(
+        self, session: Session, gallery: StoredGallery, ids: Sequence[int]
+    ) -> dict[int, tuple[str, str | None]]:
+        # Plain ids are named without asking Qdrant: the callers name ids a search or scan of
+        # the collection has just returned.
+        return {i: (item, None) for i, item in qdrant_ids.names(session, gallery.id, ids).items()}
+
+    def _scroll(self, gallery: StoredGallery, vectors: bool, batch: int) -> Iterator[list[Any]]:
+        source = self._source(gallery)
+        conn = connection(self.settings, source)
+        offset = None
+        while True:
+            with reachable(source), conn.use() as client:
+                records, offset = client.scroll(
+                    source.collection,
+                    limit=batch,
+                    offset=offset,
+                    with_payload=False,
+                    with_vectors=self._with_vectors(gallery) if vectors else False,
+                )
+            qdrant_ids.remember(gallery.id, [r.id for r in records])
+            if records:
+                yield records
+            if offset is None:
+                return
+
+    def scan(
+        self, session: Session, gallery: StoredGallery, batch: int = SCAN_BATCH
+    ) -> Iterator[Stored]:
+        """Every point, in batches, each ascending by internal id (plain ids come in ascending
+        order across batches; mapped ones follow Qdrant's order, not the hash's)."""
+        for records in self._scroll(gallery, vectors=True, batch=min(batch, READ_BATCH)):
+            ids = np.array([qdrant_ids.internal_of(r.id) for r in records], dtype=np.int64)
+            order = np.argsort(ids, kind="stable")
+            vectors = self._vectors(gallery, records)[order]
+            items = [qdrant_ids.item_id(records[i].id) for i in order.tolist()]
+            n = len(items)
+            yield Stored(items, ids[order], vectors, [None] * n, [None] * n)
+
+    def scroll_ids(self, gallery: StoredGallery) -> Iterator[list[Any]]:
+        """Every point without its vector, in pages (the attach maps their ids)."""
+        return self._scroll(gallery, vectors=False, batch=10 * READ_BATCH)
+
+    def all_ids(self, session: Session, gallery: StoredGallery) -> np.ndarray:
+        parts = [np.zeros(0, dtype=np.int64)]
+        for records in self.scroll_ids(gallery):
+            parts.append(np.array([qdrant_ids.internal_of(r.id) for r in records], np.int64))
+        return np.sort(np.concatenate(parts))
+
+    def count(self, session: Session, gallery: StoredGallery) -> int:
+        return self.points(gallery)
+
+    def points(self, gallery: StoredGallery) -> int:
+        """Points in the collection now."""
+        source = self._source(gallery)
+        with reachable(source), connection(self.settings, source).use() as client:
+            return int(client.count(source.collection, exact=True).count)
+
+    def drop(self, gallery_id: str) -> None:
+        """Detaching leaves the collection as it is: the gallery's row (and its id map) is all
+        the service had."""
+
+
+class QdrantSearcher:
+    """The attached collection behind the two index calls the search services make
+    (``ntotal``, ``search_with_points``); built per request, it holds no rows."""
+
+    def __init__(self, storage: QdrantVectorStorage, gallery: StoredGallery) -> None:
+        self.dim = gallery.dim
+        self._storage = storage
+        self._gallery = gallery
+
+    @property
+    def ntotal(self) -> int:
+        return self._storage.points(self._gallery)
+
+    def search_with_points(
+        self, queries: np.ndarray, k: int, *, overfetch: int = 4, min_candidates: int = 64
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(internal ids, float64 distances, float32 points) per query, nearest first, −1 / inf
+        / NaN padded, as ``LorentzIndex.search_with_points``. The candidate sizes of the FAISS
+        path do not apply: Qdrant's cosine top k is already the exact one."""
+        gallery = self._gallery
+        source = self._storage._source(gallery)
+        queries = np.asarray(queries, dtype=np.float64).reshape(-1, self.dim)
+        nq = len(queries)
+        ids = np.full((nq, k), -1, dtype=np.int64)
+        distances = np.full((nq, k), np.inf)
+        points = np.full((nq, k, self.dim), np.nan, dtype=np.float32)
+        conn = connection(self._storage.settings, source)
+        # A flat gallery asks a server for exact search (its HNSW is approximate); local mode
+        # is always exact and warns about any search parameter.
+        exact = models.SearchParams(exact=gallery.index_kind == "flat")
+        params = None if conn.local else exact
+        for start in range(0, nq, SEARCH_BATCH):
+            part = queries[start : start + SEARCH_BATCH]
+            requests = [
+                models.QueryRequest(
+                    query=q.astype(np.float32).tolist(),
+                    using=source.vector,
+                    limit=k,
+                    with_vector=self._storage._with_vectors(gallery),
+                    with_payload=False,
+                    params=params,
+                )
+                for q in part
+            ]
+            with reachable(source), conn.use() as client:
+                answers = client.query_batch_points(source.collection, requests=requests)
+            for offset, answer in enumerate(answers):
+                row = start + offset
+                hits = answer.points
+                if not hits:
+                    continue
+                qdrant_ids.remember(gallery.id, [h.id for h in hits])
+                found = cosine_lift(
+                    self._storage._vectors(gallery, hits), gallery.lift_scale, gallery.lift_curv
+                ).astype(np.float32)
+                order, dist = rerank(
+                    part[offset : offset + 1],
+                    found[None],
+                    np.ones((1, len(hits)), dtype=bool),
+                    k,
+                    gallery.lift_curv,
+                )
+                at = order[0][order[0] >= 0]
+                n = len(at)
+                ids[row, :n] = [qdrant_ids.internal_of(hits[i].id) for i in at.tolist()]
+                distances[row, :n] = dist[0, :n]
+                points[row, :n] = found[at]
+        return ids, distances, points
+
+
+def qdrant_storage(settings: Settings) -> QdrantVectorStorage:
+    return QdrantVectorStorage(settings)
