@@ -22,7 +22,7 @@ from typing import Any
 
 from app.ml.hmcl import METHODS as CONTINUAL_METHODS
 from app.ml.hmcl import ROTATION_FITS, ContinualParams
-from app.ml.methods.compat import LABELLED_ONLY_METHODS, CompatParams
+from app.ml.methods.compat import LABELLED_ONLY_METHODS, METHOD_DEFAULTS, CompatParams
 from app.ml.methods.uncertainty import UNCERTAINTY_SOURCES
 from app.ml.upgrade.run import BACKBONE_METHODS
 
@@ -227,9 +227,17 @@ def _entries(methods: Iterable[str], kind: str, params_cls: type) -> list[dict[s
             "description": describe(method, kind),
             # Continual trainers use labels only to keep same-label rows from being negatives.
             "needs_labels": kind == BACKBONE and method in LABELLED_ONLY_METHODS,
-            "params": parameter_specs(params_cls),
+            "params": _with_method_defaults(method, parameter_specs(params_cls)),
         }
         for method in methods
+    ]
+
+
+def _with_method_defaults(method: str, specs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The method's own served defaults (``METHOD_DEFAULTS``) in place of the dataclass's."""
+    own = METHOD_DEFAULTS.get(method, {})
+    return [
+        {**spec, "default": own[spec["name"]]} if spec["name"] in own else spec for spec in specs
     ]
 
 

@@ -65,7 +65,7 @@ def check_backbone_request(
         if method == "auto":
             shared = AutoParams.from_dict(params).shared
         else:
-            CompatParams.from_dict(params)
+            CompatParams.for_method(method, params)
             shared = dict(params or {})
     except ValueError as exc:
         problems["params"] = str(exc)
@@ -119,7 +119,7 @@ def run_backbone_upgrade(
     if reason:
         raise ValueError(reason)
     auto = AutoParams.from_dict(params) if method == "auto" else None
-    compat = None if auto else CompatParams.from_dict(params)
+    compat = None if auto else CompatParams.for_method(method, params)
     if data.old_vectors.shape[1] < 1:
         raise ValueError("old vectors must have at least one dimension")
     train_idx, eval_idx = split_for_evaluation(len(data), eval_fraction, seed)
