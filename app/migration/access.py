@@ -110,6 +110,14 @@ def _lock_shared(session: Session, gallery: Gallery) -> Gallery:
     return locked
 
 
+def _lookup(
+    session: Session, gallery: Gallery, keys: Sequence[str]
+) -> dict[str, tuple[int, str | None]]:
+    """Which of ``keys`` the gallery holds (item id → (internal id, label)), through its own
+    storage: SQL rows, segment files or Milvus alike."""
+    return storage_for(session, gallery).lookup(session, gallery, keys)
+
+
 def _unknown(ids: Sequence[str], present: dict[str, Any]) -> Problem:
     missing = [n for n, item_id in enumerate(ids) if item_id not in present]
     distinct = list(dict.fromkeys(ids[n] for n in missing))
@@ -160,7 +168,7 @@ def add_counts(
         return replay.body
     keys, sums = summed(ids, values)
     gallery = _lock_shared(session, gallery)
-    present = storage_for(session, gallery).lookup(session, gallery, keys)
+    present = _lookup(session, gallery, keys)
     if len(present) < len(keys):
         raise _unknown(ids, present)
     # Zero counts change nothing and would only add rows: left out.
