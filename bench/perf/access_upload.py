@@ -78,8 +78,10 @@ PHASES: dict[str, tuple[tuple[str, str], ...]] = {
 
 
 def item_ids(n: int) -> np.ndarray:
-    """The gallery's item ids: short strings, as a click log would name them."""
-    return np.char.add("item-", np.arange(n).astype(str))
+    """The gallery's item ids: short strings, as a click log would name them, in the narrowest
+    unicode dtype that holds them (what ``np.array`` of a list of str gives a client)."""
+    ids = np.char.add("item-", np.arange(n).astype(str))
+    return ids.astype(f"<U{int(np.char.str_len(ids).max(initial=1))}")
 
 
 def zipf_rows(
