@@ -46,11 +46,17 @@ _ADD = (
     f"count = CASE WHEN gallery_access.count > {INT64_MAX} - excluded.count THEN {INT64_MAX} "
     "ELSE gallery_access.count + excluded.count END, vector_id = excluded.vector_id"
 )
-# PostgreSQL: one statement for the whole upload, the rows as three arrays.
+# Between ids sent to PostgreSQL as one text: a control character, which no id holds.
+ID_SEPARATOR = "\x1f"
+# PostgreSQL: one statement for the whole upload, the rows as three arrays, each sent as one
+# delimited text and split by the server (psycopg's array dumper quotes each element in Python:
+# 35 ms for 24k rows, more than everything else of the request but the upsert).
 _UPSERT_PG = text(
     "INSERT INTO gallery_access (gallery_id, item_id, vector_id, count) "
     "SELECT :gallery_id, t.item_id, t.vector_id, t.count FROM unnest("
-    "CAST(:item_ids AS text[]), CAST(:vector_ids AS bigint[]), CAST(:counts AS bigint[])"
+    "string_to_array(CAST(:item_ids AS text), CAST(:separator AS text)), "
+    "CAST(string_to_array(CAST(:vector_ids AS text), ',') AS bigint[]), "
+    "CAST(string_to_array(CAST(:counts AS text), ',') AS bigint[])"
     ") AS t(item_id, vector_id, count) "
     f"ON CONFLICT (gallery_id, item_id) DO UPDATE SET {_ADD}"
 )
@@ -81,16 +87,22 @@ def as_counts(values: Any, field: str = "counts") -> np.ndarray:
 
 def summed(ids: list[str], counts: np.ndarray) -> tuple[list[str], np.ndarray]:
     """(distinct ids, their summed counts), sorted by id: a repeated id adds up. Sorted, so
-    concurrent uploads lock the rows they share in one order (no deadlock on PostgreSQL)."""
-    if len(set(ids)) == len(ids) and int(counts.max(initial=0)) <= INT64_MAX // max(len(ids), 1):
-        order = sorted(range(len(ids)), key=ids.__getitem__)
-        return [ids[n] for n in order], counts[order]
-    # Repeated ids, or values large enough for a sum to overflow: Python ints, then saturate.
-    totals: dict[str, int] = {}
-    for item_id, count in zip(ids, counts.tolist(), strict=True):
-        totals[item_id] = totals.get(item_id, 0) + count
-    keys = sorted(totals)
-    return keys, np.array([min(totals[k], INT64_MAX) for k in keys], dtype=np.int64)
+    concurrent uploads lock the rows they share in one order (no deadlock on PostgreSQL).
+
+    The ids are numbered through a dict and the counts added by numpy (``np.add.at``): a Python
+    sort of every row and a dict of Python ints cost more than the upsert of a 100k-row upload."""
+    keys = sorted(set(ids))
+    if int(counts.max(initial=0)) > INT64_MAX // max(len(ids), 1):
+        # Values large enough for a sum to overflow int64: Python ints, then saturate.
+        totals = dict.fromkeys(keys, 0)
+        for item_id, count in zip(ids, counts.tolist(), strict=True):
+            totals[item_id] += count
+        return keys, np.array([min(totals[k], INT64_MAX) for k in keys], dtype=np.int64)
+    position = dict(zip(keys, range(len(keys)), strict=True))
+    rows = np.fromiter(map(position.__getitem__, ids), dtype=np.int64, count=len(ids))
+    sums = np.zeros(len(keys), dtype=np.int64)
+    np.add.at(sums, rows, counts)
+    return keys, sums
 
 
 def _lock_shared(session: Session, gallery: Gallery) -> Gallery:
@@ -108,6 +120,14 @@ def _lock_shared(session: Session, gallery: Gallery) -> Gallery:
     if locked is None:
         raise not_found("gallery", gallery.id)
     return locked
+
+
+def _lookup(
+    session: Session, gallery: Gallery, keys: Sequence[str]
+) -> dict[str, tuple[int, str | None]]:
+    """Which of ``keys`` the gallery holds (item id → (internal id, label)), through its own
+    storage: SQL rows, segment files or Milvus alike."""
+    return storage_for(session, gallery).lookup(session, gallery, keys)
 
 
 def _unknown(ids: Sequence[str], present: dict[str, Any]) -> Problem:
@@ -130,8 +150,10 @@ def _fingerprinted(
     key: str | None, gallery: Gallery, ids: Sequence[str], values: np.ndarray
 ) -> IdempotencyRequest | None:
     """The Idempotency-Key with a fingerprint of what the request says (the ids and counts in
-    order), not of its bytes: a multipart body differs on every send by its boundary alone."""
-    canonical = json.dumps([list(ids), values.tolist()], separators=(",", ":")).encode()
+    order), not of its bytes: a multipart body differs on every send by its boundary alone.
+    The ids joined by a control character (which no valid id holds, so the join is unambiguous)
+    and the counts' int64 bytes: a JSON text of 100k ids and counts cost 20 ms a request."""
+    canonical = ID_SEPARATOR.join(ids).encode() + b"\0" + values.astype("<i8").tobytes()
     return IdempotencyRequest.from_parts(
         key, "POST", f"/v1/galleries/{gallery.id}/access", canonical
     )
@@ -160,7 +182,7 @@ def add_counts(
         return replay.body
     keys, sums = summed(ids, values)
     gallery = _lock_shared(session, gallery)
-    present = storage_for(session, gallery).lookup(session, gallery, keys)
+    present = _lookup(session, gallery, keys)
     if len(present) < len(keys):
         raise _unknown(ids, present)
     # Zero counts change nothing and would only add rows: left out.
@@ -174,9 +196,10 @@ def add_counts(
                 _UPSERT_PG,
                 {
                     "gallery_id": gallery.id,
-                    "item_ids": item_ids,
-                    "vector_ids": vector_ids,
-                    "counts": amounts,
+                    "item_ids": ID_SEPARATOR.join(item_ids),
+                    "separator": ID_SEPARATOR,
+                    "vector_ids": ",".join(map(str, vector_ids)),
+                    "counts": ",".join(map(str, amounts)),
                 },
             )
         else:
