@@ -300,14 +300,21 @@ def counts_by_point(session: Session, gallery_id: str, point_ids: np.ndarray) ->
             AccessCount.gallery_id == gallery_id, AccessCount.count > 0
         )
     ).all()
+    return at_points(rows, point_ids)
+
+
+def at_points(rows: Sequence[Any], point_ids: np.ndarray) -> np.ndarray | None:
+    """(internal id, value) rows spread over ``point_ids`` (ascending), 0 where none; None for
+    no rows. A row whose item the points do not hold (it cannot be: deleting an item deletes its
+    rows under the gallery's lock) is left out rather than misplaced."""
     if not rows:
         return None
     vector_ids = np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows))
     values = np.fromiter((r[1] for r in rows), dtype=np.float64, count=len(rows))
     out = np.zeros(len(point_ids), dtype=np.float64)
+    if not len(point_ids):
+        return out
     at = np.searchsorted(point_ids, vector_ids)
-    # A count whose item the points do not hold (it cannot be: deleting an item deletes its
-    # count under the gallery's lock) is left out rather than misplaced.
     held = (at < len(point_ids)) & (point_ids[np.minimum(at, len(point_ids) - 1)] == vector_ids)
     out[at[held]] = values[held]
     return out

@@ -28,6 +28,7 @@ from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.orm import Session
 
 from app.galleries.models import Gallery, ReturnedWeight
+from app.migration.access import at_points
 
 log = logging.getLogger(__name__)
 
@@ -213,14 +214,4 @@ def weights_by_point(session: Session, gallery_id: str, point_ids: np.ndarray) -
             ReturnedWeight.gallery_id == gallery_id, ReturnedWeight.weight > 0
         )
     ).all()
-    if not rows:
-        return None
-    vector_ids = np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows))
-    values = np.fromiter((r[1] for r in rows), dtype=np.float64, count=len(rows))
-    out = np.zeros(len(point_ids), dtype=np.float64)
-    if not len(point_ids):
-        return out
-    at = np.searchsorted(point_ids, vector_ids)
-    held = (at < len(point_ids)) & (point_ids[np.minimum(at, len(point_ids) - 1)] == vector_ids)
-    out[at[held]] = values[held]
-    return out
+    return at_points(rows, point_ids)
