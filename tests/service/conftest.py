@@ -202,9 +202,11 @@ def snapshot(client: TestClient) -> dict[str, Any]:
     id counter: what a rejected request must leave exactly as it was.
 
     Index files are written in the background, so pending writes are flushed first: the files
-    compared are those the in-memory state gives, not whichever the flusher had reached."""
+    compared are those the in-memory state gives, not whichever the flusher had reached; so is
+    the tally of what searches returned (written by its own thread, and on stop)."""
     state = client.app.state.service
     state.indexes.flush()
+    state.returned.flush()
     result: dict[str, Any] = {}
     with state.db.sessions() as session:
         for table in Base.metadata.sorted_tables:
