@@ -77,6 +77,13 @@ class Settings(BaseSettings):
         description="an attached Qdrant collection's `api_key_env` must be this name or start "
         "with it (its value is sent to the tenant's URL: no other variable may be named)",
     )
+    qdrant_allowed_urls: list[str] = Field(
+        default_factory=list,
+        description="the Qdrant servers an attached collection may name as `url`: each entry "
+        "a URL prefix (scheme, host and port must match exactly, the path must start with the "
+        "entry's). Empty (the default): no server URL at all, only embedded folders under "
+        "qdrant_root: a tenant must not make the server connect to hosts of its choosing",
+    )
     qdrant_timeout_s: float = Field(
         default=10.0, gt=0, description="timeout of one request to a Qdrant server"
     )

@@ -11,6 +11,9 @@ tightened must not bypass it):
 * ``path`` must lie under ``settings.resolved_qdrant_root`` (symlinks resolved): a tenant cannot
   make the server open an arbitrary folder of its disk, and an existing local-mode folder is
   required (opening a missing one would create it).
+* ``url`` must match an entry of ``settings.qdrant_allowed_urls`` (``allowed_url``; none by
+  default): otherwise a tenant could make the server connect to any host it can reach (an
+  internal service, a cloud metadata address) and read what answers.
 * ``api_key_env`` must be ``settings.qdrant_api_key_env_prefix`` or start with it: the key is sent
   to a URL the tenant chose, so naming any other variable (the database URL…) would leak it.
 
@@ -27,6 +30,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from qdrant_client import QdrantClient, models
 
@@ -36,6 +40,9 @@ from app.core.settings import Settings
 # The local-mode folder's catalogue: a folder without it is not a Qdrant folder (and the client
 # would create one there).
 LOCAL_META = "meta.json"
+# Named vectors the in-place migration writes (``app.vectors.qdrant_named``): never a
+# gallery's own vector.
+MIGRATION_PREFIX = "nobackfill_"
 # Seconds a client is told to wait before retrying after the collection could not be reached.
 RETRY_AFTER_S = 5
 
@@ -108,6 +115,39 @@ def local_folder(settings: Settings, path: str) -> Path:
     return folder
 
 
+def _parts(url: str) -> tuple[str, str, int | None, str] | None:
+    """(scheme, host, port, path) of an http(s) URL, the port made explicit; None for others
+    (or a URL with credentials in it, which no entry should vouch for)."""
+    try:
+        parsed = urlsplit(url)
+        port = parsed.port
+    except ValueError:
+        return None
+    if parsed.scheme not in ("http", "https") or not parsed.hostname or parsed.username:
+        return None
+    default = 443 if parsed.scheme == "https" else 80
+    return parsed.scheme, parsed.hostname.lower(), port or default, parsed.path or "/"
+
+
+def allowed_url(settings: Settings, url: str) -> None:
+    """422 unless ``url`` falls under an entry of ``qdrant_allowed_urls``: the same scheme, host
+    and port (compared parsed, so ``http://qdrant:6333.evil`` is not under
+    ``http://qdrant:6333``), and a path starting with the entry's."""
+    given = _parts(url)
+    for entry in settings.qdrant_allowed_urls:
+        allowed = _parts(entry)
+        if given is None or allowed is None or given[:3] != allowed[:3]:
+            continue
+        prefix = allowed[3] if allowed[3].endswith("/") else allowed[3] + "/"
+        if given[3] == allowed[3] or (given[3] + "/").startswith(prefix):
+            return
+    raise invalid(
+        "source.url",
+        "not an allowed Qdrant server (NOBACKFILL_QDRANT_ALLOWED_URLS lists them; "
+        f"{len(settings.qdrant_allowed_urls)} allowed)",
+    )
+
+
 def api_key(settings: Settings, name: str | None) -> str | None:
     if name is None:
         return None
@@ -126,6 +166,7 @@ def connection(settings: Settings, source: QdrantSource) -> Connection:
         key: tuple[str, ...] = ("path", str(local_folder(settings, source.path)))
     else:
         assert source.url is not None
+        allowed_url(settings, source.url)
         key = ("url", source.url, source.api_key_env or "")
     with _connections_guard:
         if key not in _connections:
@@ -206,6 +247,15 @@ def describe(settings: Settings, source: QdrantSource) -> CollectionShape:
             raise
         where = "source.url" if source.url is not None else "source.path"
         raise invalid(where, f"the Qdrant server is unreachable: {exc}") from exc
+    if (source.vector or "").startswith(MIGRATION_PREFIX):
+        # A migration's vector holds only the re-embedded points, in the new model's space:
+        # searched as a gallery of its own it would mix nothing and miss the rest, unmerged.
+        raise invalid(
+            "source.vector",
+            f"{source.vector!r} holds the service's re-embedded vectors of an in-place "
+            "migration; attach the collection's own vector and search the re-embedded ones "
+            "through a mixed or transition search",
+        )
     params = _vector_params(info.config.params.vectors, source.vector)
     if params.multivector_config is not None:
         raise invalid("source.vector", "a multivector cannot serve as a gallery's vector")

@@ -172,8 +172,10 @@ def test_writes_to_an_attached_gallery_are_refused_and_change_nothing(
     ],
 )
 def test_attach_refusals_name_the_field_and_write_nothing(
-    client: TestClient, nouns: dict, tmp_path: Path, source: dict, field: str, words: str
+    make_client, nouns: dict, tmp_path: Path, source: dict, field: str, words: str
 ) -> None:
+    # The URL cases name a server the settings allow (others: tests/service/test_qdrant_migrate).
+    client = make_client(qdrant_allowed_urls=["http://127.0.0.1:1"])
     (qdrant_root(tmp_path) / "empty").mkdir()
     body = {k: v for k, v in {**nouns["source"], **source}.items() if v is not None}
     before = snapshot(client)
