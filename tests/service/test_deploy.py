@@ -6,6 +6,7 @@ them as Compose does."""
 from __future__ import annotations
 
 import copy
+import json
 import re
 import shutil
 import subprocess
@@ -328,3 +329,16 @@ def test_qdrant_server_is_an_opt_in_profile_pinned_to_a_compatible_version() -> 
     assert client_minor[0] == server_minor[0] and abs(client_minor[1] - server_minor[1]) <= 2
     dependencies = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
     assert any(d.startswith("qdrant-client") for d in dependencies)
+
+
+def test_api_and_worker_may_attach_the_qdrant_profiles_server() -> None:
+    """The profile's server is allowed by default (the service allows none unless told), and
+    the value parses as the setting."""
+    from app.core.settings import Settings
+    from app.vectors.qdrant_source import allowed_url
+
+    services = compose()["services"]
+    for name in ("api", "worker"):
+        value = interpolate(str(services[name]["environment"]["NOBACKFILL_QDRANT_ALLOWED_URLS"]))
+        settings = Settings(_env_file=None, qdrant_allowed_urls=json.loads(value))
+        allowed_url(settings, "http://qdrant:6333")
