@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import json
 from functools import lru_cache
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 JobRunnerName = Literal["thread", "inline", "celery"]
 IndexKind = Literal["flat", "ivf", "hnsw"]
@@ -77,7 +78,7 @@ class Settings(BaseSettings):
         description="an attached Qdrant collection's `api_key_env` must be this name or start "
         "with it (its value is sent to the tenant's URL: no other variable may be named)",
     )
-    qdrant_allowed_urls: list[str] = Field(
+    qdrant_allowed_urls: Annotated[list[str], NoDecode] = Field(
         default_factory=list,
         description="the Qdrant servers an attached collection may name as `url`: each entry "
         "a URL prefix (scheme, host and port must match exactly, the path must start with the "
@@ -197,6 +198,17 @@ class Settings(BaseSettings):
         description="write changed index files at most this often (0: on every write); the "
         "database is the truth and the startup check rebuilds a file a crash left stale",
     )
+
+    @field_validator("qdrant_allowed_urls", mode="before")
+    @classmethod
+    def _url_list(cls, value: object) -> object:
+        """An environment variable holds `a,b` or a JSON list; both read as a list of URLs."""
+        if not isinstance(value, str):
+            return value
+        text = value.strip()
+        if text.startswith("["):
+            return json.loads(text)
+        return [part.strip() for part in text.split(",") if part.strip()]
 
     @model_validator(mode="after")
     def _stale_after_heartbeat(self) -> Settings:

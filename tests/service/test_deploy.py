@@ -6,7 +6,6 @@ them as Compose does."""
 from __future__ import annotations
 
 import copy
-import json
 import re
 import shutil
 import subprocess
@@ -331,14 +330,38 @@ def test_qdrant_server_is_an_opt_in_profile_pinned_to_a_compatible_version() -> 
     assert any(d.startswith("qdrant-client") for d in dependencies)
 
 
-def test_api_and_worker_may_attach_the_qdrant_profiles_server() -> None:
+def test_api_and_worker_may_attach_the_qdrant_profiles_server(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """The profile's server is allowed by default (the service allows none unless told), and
-    the value parses as the setting."""
+    the value, read from the environment as compose passes it, parses as the setting."""
     from app.core.settings import Settings
     from app.vectors.qdrant_source import allowed_url
 
     services = compose()["services"]
     for name in ("api", "worker"):
         value = interpolate(str(services[name]["environment"]["NOBACKFILL_QDRANT_ALLOWED_URLS"]))
-        settings = Settings(_env_file=None, qdrant_allowed_urls=json.loads(value))
+        monkeypatch.setenv("NOBACKFILL_QDRANT_ALLOWED_URLS", value)
+        settings = Settings(_env_file=None)
         allowed_url(settings, "http://qdrant:6333")
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "http://a:6333,https://b.example/qdrant",
+        " http://a:6333 , https://b.example/qdrant ",
+        '["http://a:6333", "https://b.example/qdrant"]',
+    ],
+)
+def test_qdrant_allowed_urls_read_from_a_comma_list_or_json(
+    monkeypatch: pytest.MonkeyPatch, value: str
+) -> None:
+    """An operator writes the allowlist as `a,b` or as a JSON list; both give the same list."""
+    from app.core.settings import Settings
+
+    monkeypatch.setenv("NOBACKFILL_QDRANT_ALLOWED_URLS", value)
+    assert Settings(_env_file=None).qdrant_allowed_urls == [
+        "http://a:6333",
+        "https://b.example/qdrant",
+    ]

@@ -32,7 +32,7 @@ from tests.service.celery_worker import REDIS_URL, require_redis
 from tests.service.conftest import (
     _admin_dsn,
 )
-from tests.service.test_deploy import compose
+from tests.service.test_deploy import compose, interpolate
 
 pytestmark = pytest.mark.slow
 
@@ -125,7 +125,7 @@ def stack_env(database_url: str, data_dir: Path) -> dict[str, str]:
     """Compose's environment for api, worker and migrate, pointed at this machine's services."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("NOBACKFILL_", "PYTHON"))}
     for name, value in compose()["services"]["api"]["environment"].items():
-        env[name] = str(value)
+        env[name] = interpolate(str(value))
     env.update(
         NOBACKFILL_DATABASE_URL=database_url,
         NOBACKFILL_REDIS_URL=STACK_REDIS_URL,
