@@ -163,8 +163,13 @@ def gallery_out(
     }
 
 
-def point_loader(session: Session, gallery: Gallery):
-    """Reads every stored vector of ``gallery`` (ids, space components) for an index rebuild."""
+def point_loader(session: Session, gallery: Gallery, end_transaction: bool = False):
+    """Reads every stored vector of ``gallery`` (ids, space components) for an index rebuild.
+
+    ``end_transaction``: commit once the rows are read, before the lift and the index build
+    (minutes at a million rows), which must not hold a transaction open: PostgreSQL ends a
+    session idle in a transaction past ``pg_idle_in_transaction_timeout_ms``. Only for a caller
+    with nothing pending of its own (the startup check)."""
 
     def load() -> tuple[np.ndarray, np.ndarray]:
         ids: list[np.ndarray] = [np.zeros(0, dtype=np.int64)]
@@ -172,6 +177,8 @@ def point_loader(session: Session, gallery: Gallery):
         for part in storage_for(session, gallery).scan(session, gallery):
             ids.append(part.ids)
             vectors.append(part.vectors)
+        if end_transaction:
+            session.commit()
         return np.concatenate(ids), lifted_points(gallery, np.concatenate(vectors))
 
     return load
@@ -479,8 +486,11 @@ def verify_all_indexes(session: Session, store: IndexStore) -> dict[str, str]:
             outcome[gallery.id] = f"corrupt: {exc}"
             continue
         _repair_count(session, gallery, len(stored_ids))
+        spec = index_spec(gallery)
+        # The repair is written and the read transaction ended before a rebuild's long compute.
+        session.commit()
         outcome[gallery.id] = store.verify(
-            index_spec(gallery), stored_ids, point_loader(session, gallery)
+            spec, stored_ids, point_loader(session, gallery, end_transaction=True)
         )
     return outcome
 

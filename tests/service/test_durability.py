@@ -174,3 +174,30 @@ def test_a_job_interrupted_by_a_restart_resumes(make_client, monkeypatch) -> Non
     restarted = make_client(job_runner="thread")
     job = wait_for_job(restarted, job_id, timeout=120)
     assert job["status"] == "succeeded" and job["attempts"] == 1, job
+
+
+@pytest.mark.faiss_only
+def test_a_rebuild_at_start_holds_no_transaction_idle(make_client, monkeypatch) -> None:
+    """Rebuilding a large gallery's index at start (lifting and indexing a million rows takes
+    minutes) must not keep a database transaction open meanwhile: PostgreSQL ends a session idle
+    in a transaction past `pg_idle_in_transaction_timeout_ms`, and the start failed with it."""
+    from app.galleries import service as gallery_service
+
+    client = make_client(index_flush_interval_s=3600)
+    gallery_id = make_gallery(client)
+    vectors = seed_vectors(client, gallery_id)
+    expected = top_ids(client, gallery_id, vectors[:3], k=2)
+    stop_client(client)
+    index_dir = client.app.state.service.settings.index_dir
+    for path in index_dir.iterdir():
+        path.unlink()
+    real_lift = gallery_service.lifted_points
+
+    def slow_lift(gallery, array):
+        time.sleep(1.5)  # three times the idle timeout below
+        return real_lift(gallery, array)
+
+    monkeypatch.setattr(gallery_service, "lifted_points", slow_lift)
+    restarted = make_client(index_flush_interval_s=3600, pg_idle_in_transaction_timeout_ms=500)
+    assert restarted.get("/healthz").status_code == 200
+    assert top_ids(restarted, gallery_id, vectors[:3], k=2) == expected
