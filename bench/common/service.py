@@ -107,7 +107,8 @@ def start_service(
     deadline = time.monotonic() + startup_timeout
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise RuntimeError(f"server exited ({process.returncode}); see {log_path}")
+            tail = log_path.read_text(errors="replace")[-3000:]
+            raise RuntimeError(f"server exited ({process.returncode}); {log_path} ends:\n{tail}")
         try:
             if httpx.get(f"{service.url}/healthz", timeout=2).status_code == 200:
                 return service
@@ -126,7 +127,12 @@ def create_gallery(service: RunningService, body: dict[str, Any]) -> str:
 
 
 def seed_gallery_rows(
-    data_dir: Path, gallery_id: str, item_ids: list[str], vectors: np.ndarray, chunk: int = 20_000
+    data_dir: Path,
+    gallery_id: str,
+    item_ids: list[str],
+    vectors: np.ndarray,
+    chunk: int = 20_000,
+    database_url: str | None = None,
 ) -> None:
     """Store vectors straight through the (stopped) service's vector storage, as committed
     uploads would leave them, one commit per chunk, and bump the gallery's index version: the
@@ -137,7 +143,9 @@ def seed_gallery_rows(
     from app.galleries.models import Gallery
     from app.vectors.storage import storage_for
 
-    settings = Settings(_env_file=None, data_dir=data_dir, bootstrap_key=BENCH_KEY)
+    settings = Settings(
+        _env_file=None, data_dir=data_dir, bootstrap_key=BENCH_KEY, database_url=database_url
+    )
     db = Database(settings)
     try:
         with db.session() as session:
