@@ -226,3 +226,14 @@ def test_query_vectors_load_weights_from_an_external_data_file(
         expected / np.linalg.norm(expected, axis=1, keepdims=True),
         atol=1e-6,
     )
+
+
+def test_the_readme_shows_each_example_file_as_it_is() -> None:
+    """Every examples/*.py appears in README.md as a python block right after its name, verbatim
+    (what readers copy is what the tests run)."""
+    readme = (ROOT / "README.md").read_text()
+    shown = dict(re.findall(r"`(examples/\w+\.py)`:\n\n```python\n(.*?)```\n", readme, re.DOTALL))
+    files = {f"examples/{path.name}": path.read_text() for path in EXAMPLES.glob("*.py")}
+    assert sorted(shown) == sorted(files) == sorted(f"examples/{name}.py" for name in SNIPPETS)
+    for name, text in files.items():
+        assert shown[name] == text, name
