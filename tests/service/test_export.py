@@ -77,6 +77,26 @@ def run_onnx(path: Path, inputs: np.ndarray) -> dict[str, np.ndarray]:
     return dict(zip(names, session.run(None, feed), strict=True))
 
 
+def service_search(
+    client: TestClient, gallery_id: str, model_id: str, queries: np.ndarray
+) -> list[list[dict]]:
+    """The service's top-K hits for NEW backbone features searched with ``model_id``."""
+    found = client.post(
+        f"/v1/galleries/{gallery_id}/search",
+        params={"k": K, "model_id": model_id},
+        content=npy(queries),
+        headers=NPY,
+    )
+    assert found.status_code == 200, found.text
+    return found.json()["results"]
+
+
+def cosine_matrix(query: np.ndarray, old: np.ndarray) -> np.ndarray:
+    """Cosine similarity (float64) of every query with every old vector."""
+    query, old = query.astype(np.float64), old.astype(np.float64)
+    return (query @ old.T) / np.outer(np.linalg.norm(query, axis=1), np.linalg.norm(old, axis=1))
+
+
 def assert_same_ranking(
     service_ids: list[list[str]], ours: np.ndarray, similarity: np.ndarray, ids: list[str]
 ) -> None:
@@ -135,18 +155,9 @@ def test_onnx_export_reproduces_the_services_cosine_search(
     np.testing.assert_allclose(np.linalg.norm(outputs["query"], axis=1), 1.0, atol=1e-5)
 
     # Plain cosine search of the RAW old vectors with the exported query, as the manifest says.
-    old = wordnet_small[OLD].astype(np.float64)
-    query = outputs["query"].astype(np.float64)
-    cosine = (query @ old.T) / np.outer(np.linalg.norm(query, axis=1), np.linalg.norm(old, axis=1))
+    cosine = cosine_matrix(outputs["query"], wordnet_small[OLD])
     ours = np.argsort(-cosine, axis=1, kind="stable")[:, :K]
-    found = client.post(
-        f"/v1/galleries/{gallery_id}/search",
-        params={"k": K, "model_id": model_id},
-        content=npy(queries),
-        headers=NPY,
-    )
-    assert found.status_code == 200, found.text
-    results = found.json()["results"]
+    results = service_search(client, gallery_id, model_id, queries)
     assert_same_ranking([[h["id"] for h in row] for row in results], ours, cosine, ids)
     # The service's score is that cosine.
     position = {item: n for n, item in enumerate(ids)}
@@ -171,12 +182,7 @@ def test_onnx_export_of_a_dot_gallery_model_searches_by_lorentz_inner_product(
     query = run_onnx(tmp_path / manifest["graph"], queries)["query"].astype(np.float64)
     inner = query @ items.T
     ours = np.argsort(-inner, axis=1, kind="stable")[:, :K]
-    found = client.post(
-        f"/v1/galleries/{gallery_id}/search",
-        params={"k": K, "model_id": model_id},
-        content=npy(queries),
-        headers=NPY,
-    ).json()["results"]
+    found = service_search(client, gallery_id, model_id, queries)
     assert_same_ranking([[h["id"] for h in row] for row in found], ours, inner, ids)
     position = {item: n for n, item in enumerate(ids)}
     curv = manifest["curv"]
@@ -249,7 +255,8 @@ def test_bad_export_requests_change_nothing(client: TestClient) -> None:
     assert snapshot(client) == before
 
 
-def test_large_weights_go_to_an_external_data_file(tmp_path: Path) -> None:
+def small_cosine_model() -> tuple[LorentzHead, ExportTarget]:
+    """A small untrained head (12 → 6) of a cosine space, and what the service knows of it."""
     torch.manual_seed(0)
     model = LorentzHead(12, 6, hidden_dim=8).eval()
     target = ExportTarget(
@@ -264,6 +271,11 @@ def test_large_weights_go_to_an_external_data_file(tmp_path: Path) -> None:
         space_dim=6,
         lift={"curv": 1.0, "scale": 1.0, "metric": "cosine"},
     )
+    return model, target
+
+
+def test_large_weights_go_to_an_external_data_file(tmp_path: Path) -> None:
+    model, target = small_cosine_model()
     manifest = unpack(export_onnx(model, target, external_data_bytes=0), tmp_path)
     assert sorted(manifest["files"]) == ["model.onnx", "model.onnx.data"]
     features = np.random.default_rng(0).normal(size=(1, 12)).astype(np.float32)
