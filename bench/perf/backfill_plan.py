@@ -285,6 +285,9 @@ def main(
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--no-markdown", action="store_true")
+    parser.add_argument(
+        "--keep", type=Path, default=None, help="build the data dirs here and keep them"
+    )
     args = parser.parse_args(argv)
     args.items = args.items or (30_000 if args.quick else 1_000_000)
     args.counts = args.counts or (60_000 if args.quick else 2_000_000)
@@ -293,11 +296,12 @@ def main(
     load_start = load_average()
     tic = time.perf_counter()
     arrays = arrays if arrays is not None else wordnet_arrays()
-    workdir = Path(tempfile.mkdtemp(prefix="nobackfill-bench-plan-"))
+    workdir = args.keep or Path(tempfile.mkdtemp(prefix="nobackfill-bench-plan-"))
     try:
         per_db = {kind: run_database(kind, arrays, args, workdir) for kind in args.databases}
     finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+        if args.keep is None:
+            shutil.rmtree(workdir, ignore_errors=True)
     result = {
         **run_record(command_line("bench.perf.backfill_plan", argv), tic, load_start),
         "items": args.items,
