@@ -14,7 +14,8 @@ from __future__ import annotations
 import io
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -90,21 +91,9 @@ def store_reembedded(
 ) -> tuple[int, int]:
     """Store ``features`` (the model's backbone inputs) for items the gallery holds; all or
     nothing. Returns (stored, re-embedded items of this model in the gallery)."""
-    check_batch_size(len(ids), "ids", settings.max_vectors_per_request)
-    ids = check_ids(ids, "ids", max_length=settings.max_id_length)
-    if features is None:
-        raise invalid("features", "required: the new backbone's features of each item")
-    check_count(len(features), "features", len(ids))
-    modality = resolve_modality(row, None, "model_id")
-    matrix = as_matrix(
-        features, "features", dim=int(row.input_dims[modality]), max_dim=settings.max_dim
-    )
+    ids, matrix = checked_features(settings, row, ids, features)
     blobs = [np.ascontiguousarray(r, dtype="<f4").tobytes() for r in matrix]
-    with store.lock(gallery.id):
-        gallery = _lock_gallery(session, gallery)
-        # The model's row too (shared): a delete of the model either sees these rows and refuses,
-        # or has committed first and this upload answers 404 — never drops an acknowledged batch.
-        lock_model(session, row.id, shared=True)
+    with locked_upload(session, store, gallery, row) as gallery:
         existing = {
             item_id: vector_id
             for item_id, (vector_id, _) in storage_for(session, gallery)
@@ -119,21 +108,68 @@ def store_reembedded(
                     for n in missing[:20]
                 ]
             )
-        vector_ids = [existing[i] for i in ids]
-        for start in range(0, len(vector_ids), IN_CHUNK):
-            session.execute(
-                delete(ReembeddedVector).where(
-                    ReembeddedVector.model_id == row.id,
-                    ReembeddedVector.vector_id.in_(vector_ids[start : start + IN_CHUNK]),
-                )
+        replace_rows(session, gallery, row.id, [existing[i] for i in ids], blobs)
+        session.commit()
+    return len(ids), reembedded_count(session, gallery.id, row.id)
+
+
+@contextmanager
+def locked_upload(
+    session: Session, store: IndexStore, gallery: Gallery, row: TrainedModel
+) -> Iterator[Gallery]:
+    """The gallery re-read under its locks, for one upload of items re-embedded for ``row``.
+    The model's row is locked too (shared): a delete of the model either sees the upload's
+    rows and refuses, or has committed first and the upload answers 404 — never drops an
+    acknowledged batch."""
+    with store.lock(gallery.id):
+        locked = _lock_gallery(session, gallery)
+        lock_model(session, row.id, shared=True)
+        yield locked
+
+
+def checked_features(
+    settings: Settings, row: TrainedModel, ids: Sequence[Any], features: Any
+) -> tuple[list[str], np.ndarray]:
+    """(ids, features matrix) of an upload of re-embedded items, or 422 naming the field."""
+    check_batch_size(len(ids), "ids", settings.max_vectors_per_request)
+    ids = check_ids(ids, "ids", max_length=settings.max_id_length)
+    if features is None:
+        raise invalid("features", "required: the new backbone's features of each item")
+    check_count(len(features), "features", len(ids))
+    modality = resolve_modality(row, None, "model_id")
+    matrix = as_matrix(
+        features, "features", dim=int(row.input_dims[modality]), max_dim=settings.max_dim
+    )
+    return ids, matrix
+
+
+def replace_rows(
+    session: Session,
+    gallery: Gallery,
+    model_id: str,
+    vector_ids: Sequence[int],
+    blobs: Sequence[bytes | None],
+) -> None:
+    """The model's rows of these items, replaced (staged; the caller commits under the
+    gallery's lock). A blob of None: the features live in the attached collection."""
+    for start in range(0, len(vector_ids), IN_CHUNK):
+        session.execute(
+            delete(ReembeddedVector).where(
+                # The gallery's rows only: one model may serve several galleries of its space,
+                # whose internal ids overlap.
+                ReembeddedVector.gallery_id == gallery.id,
+                ReembeddedVector.model_id == model_id,
+                ReembeddedVector.vector_id.in_(vector_ids[start : start + IN_CHUNK]),
             )
-        now = utcnow()
+        )
+    now = utcnow()
+    if vector_ids:
         session.execute(
             insert(ReembeddedVector),
             [
                 {
                     "gallery_id": gallery.id,
-                    "model_id": row.id,
+                    "model_id": model_id,
                     "vector_id": v,
                     "features": b,
                     "updated_at": now,
@@ -141,9 +177,7 @@ def store_reembedded(
                 for v, b in zip(vector_ids, blobs, strict=True)
             ],
         )
-        gallery.updated_at = now
-        session.commit()
-    return len(ids), reembedded_count(session, gallery.id, row.id)
+    gallery.updated_at = now
 
 
 def reembedded_count(session: Session, gallery_id: str, model_id: str) -> int:
@@ -155,6 +189,17 @@ def reembedded_count(session: Session, gallery_id: str, model_id: str) -> int:
         )
         or 0
     )
+
+
+def reembedded_ids(session: Session, gallery_id: str, model_id: str) -> np.ndarray:
+    """Internal ids of the gallery's items re-embedded for the model (wherever the features
+    live: here, or in an attached collection)."""
+    rows = session.scalars(
+        select(ReembeddedVector.vector_id).where(
+            ReembeddedVector.gallery_id == gallery_id, ReembeddedVector.model_id == model_id
+        )
+    )
+    return np.fromiter(rows, dtype=np.int64)
 
 
 # -- in-memory features ------------------------------------------------------------------------
@@ -382,24 +427,54 @@ def mixed_search(
     vector_ids, new_features = reembedded_features(session, gallery.id, row.id)
     if len(vector_ids) == 0:
         return None
-    fit, ref_new, ref_old = backfill_fit(session, cache, row)
-    curv = gallery.lift_curv
-    ref = _prepared_reference(gallery, row.id, ref_new, ref_old)
-    native_fit = native_reference_fit(features, ref.new_unit, unit_reference=True)
-    bridged_fit = bridged_reference_fit(query_points, ref.points, curv, ref.points_time)
     # Native list: an exact scan of the re-embedded items.
     pos, nscores = top_cosines(unit_rows(features), new_features, k)
-    native_ids = vector_ids[pos]
     # Bridged (or old) list: the gallery's index, re-embedded items dropped.
     index = index_for(session, store, gallery)
     ids, dist = _without_reembedded(
         index, query_points, np.sort(vector_ids), k, overfetch, min_candidates
     )
+    return merge_lists(
+        session,
+        cache,
+        gallery,
+        row,
+        features,
+        query_points,
+        (vector_ids[pos], nscores),
+        (ids, dist),
+        k,
+        transition,
+    )
+
+
+def merge_lists(
+    session: Session,
+    cache: ModelCache,
+    gallery: Gallery,
+    row: TrainedModel,
+    features: np.ndarray,
+    query_points: np.ndarray,
+    native: tuple[np.ndarray, np.ndarray],
+    other: tuple[np.ndarray, np.ndarray],
+    k: int,
+    transition: bool,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The one merge of every mixed search, wherever its two lists were searched (here, or one
+    search per vector of an attached collection): ``native`` = (vector ids, cosines) of the
+    re-embedded items against the new features; ``other`` = (vector ids, Lorentz distances) of
+    the rest against ``query_points``; both nq × k, −1 padded. Returns ``mixed_search``'s."""
+    native_ids, nscores = native
+    ids, dist = other
+    fit, ref_new, ref_old = backfill_fit(session, cache, row)
+    curv = gallery.lift_curv
+    ref = _prepared_reference(gallery, row.id, ref_new, ref_old)
+    native_fit = native_reference_fit(features, ref.new_unit, unit_reference=True)
+    bridged_fit = bridged_reference_fit(query_points, ref.points, curv, ref.points_time)
     bridged_scores = np.where(ids < 0, -np.inf, -np.cosh(np.sqrt(curv) * dist) / curv)
-    bridged_ids = ids
     merged_ids, calibrated, from_native = merge(
         Candidates(native_ids, nscores, native_fit),
-        Candidates(bridged_ids, bridged_scores, bridged_fit),
+        Candidates(ids, bridged_scores, bridged_fit),
         k,
         fit.maps("old" if transition else "bridged"),
     )
@@ -441,7 +516,7 @@ def plan(
     answer names the signals used, compares the learned order with random (``vs_random``, from
     the stored validation curves), warns when it is no better, and explains a falling curve."""
     fit, _, _ = backfill_fit(session, cache, row)
-    vector_ids, _ = reembedded_features(session, gallery.id, row.id)
+    vector_ids = reembedded_ids(session, gallery.id, row.id)
     all_ids, points = gallery_points(session, store, gallery)
     done = np.isin(all_ids, vector_ids)
     total = len(all_ids)

@@ -18,6 +18,7 @@ from app.galleries.service import index_for
 from app.migration.returned import ReturnedTally
 from app.models.service import BACKBONE, ModelCache, embed_features, get_model, resolve_modality
 from app.search.schemas import SearchRequest
+from app.vectors.engine import QDRANT
 from app.vectors.index_store import IndexStore
 from app.vectors.points import lifted_points
 from app.vectors.storage import storage_for
@@ -146,7 +147,7 @@ def _mixed_search(
 ) -> list[list[dict[str, Any]]] | None:
     """A backbone model's search of a gallery holding items re-embedded for it (partial
     backfill, ``app.migration.reembed``); None when it holds none."""
-    from app.migration import reembed
+    from app.migration import in_place, reembed
 
     row = get_model(session, tenant_id, request.model_id)
     if row.kind != BACKBONE or not same_space(row, gallery):
@@ -155,7 +156,9 @@ def _mixed_search(
     features = as_matrix(
         request.vectors, request.field, dim=int(row.input_dims[modality]), max_dim=settings.max_dim
     )
-    found = reembed.mixed_search(
+    # An attached collection: one Qdrant search per vector, the same merge.
+    search = in_place.mixed_search if gallery.vector_storage == QDRANT else reembed.mixed_search
+    found = search(
         session,
         store,
         cache,
