@@ -3,8 +3,9 @@
 Re-embedded items are written into the user's collection as a named vector of their own points
 (``app.vectors.qdrant_named``), not into the service's store: the service keeps one row per item
 (``ReembeddedVector`` with ``features`` NULL) so that the plan, progress and deletes count them as
-they count any gallery's. Mixed and transition searches run one Qdrant search per vector and go
-through the same merge as every other gallery (``reembed.merge_lists``).
+they count any gallery's. Mixed and transition searches run one Qdrant search per vector
+(``search_lists``) and go through the same merge as every other gallery
+(``app.migration.mixed_search``).
 
 Order of writes: the collection first, then the rows, committed before the upload is
 acknowledged. A failure in between leaves vectors in the collection that no row counts yet: a
@@ -24,9 +25,9 @@ from sqlalchemy.orm import Session
 from app.core.db import utcnow
 from app.core.errors import FieldError, Problem, conflict, invalid_fields
 from app.galleries.models import Gallery
-from app.migration.reembed import locked_upload, merge_lists, reembedded_count, replace_rows
+from app.migration.mixed_search import Lists
+from app.migration.reembed import locked_upload, reembedded_count, replace_rows
 from app.models.models import TrainedModel
-from app.models.service import ModelCache
 from app.vectors import qdrant_ids, qdrant_named
 from app.vectors.index_store import IndexStore
 from app.vectors.qdrant_storage import QdrantSearcher, QdrantVectorStorage, qdrant_storage
@@ -109,27 +110,20 @@ def _write_present(
     raise AssertionError("unreachable")
 
 
-def mixed_search(
+def search_lists(
     session: Session,
-    store: IndexStore,
-    cache: ModelCache,
     gallery: Gallery,
     row: TrainedModel,
     features: np.ndarray,
     query_points: np.ndarray,
     k: int,
-    *,
-    overfetch: int,
-    min_candidates: int,
-    transition: bool = False,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
-    """``reembed.mixed_search`` for an attached collection (same call, same answer): the
-    native list searched by the model's named vector, the other by the old vector of the points
-    without it, merged by ``reembed.merge_lists``; Qdrant's top k is exact, so the candidate
-    sizes (``overfetch``, ``min_candidates``) do not apply. None when no item is re-embedded
-    for the model. 409 when the rows count re-embedded items but the collection lost their
-    vector (its owner dropped it): the old vector alone would answer for items meant to be
-    scored in the new space, unmerged."""
+) -> Lists | None:
+    """The two lists of a mixed search of an attached collection (``mixed_search.SearchLists``):
+    the native one searched by the model's named vector, the other by the old vector of the
+    points without it; Qdrant's top k is exact, so no candidate sizes apply. None when no item
+    is re-embedded for the model. 409 when the rows count re-embedded items but the collection
+    lost their vector (its owner dropped it): the old vector alone would answer for items meant
+    to be scored in the new space, unmerged."""
     if reembedded_count(session, gallery.id, row.id) == 0:
         return None
     storage = qdrant_storage(session_settings(session))
@@ -145,6 +139,4 @@ def mixed_search(
     ids, dist, _ = QdrantSearcher(storage, gallery).search_with_points(
         query_points, k, without=name
     )
-    return merge_lists(
-        session, cache, gallery, row, features, query_points, native, (ids, dist), k, transition
-    )
+    return native, (ids, dist)

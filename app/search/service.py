@@ -146,8 +146,8 @@ def _mixed_search(
     tally: ReturnedTally | None,
 ) -> list[list[dict[str, Any]]] | None:
     """A backbone model's search of a gallery holding items re-embedded for it (partial
-    backfill, ``app.migration.reembed``); None when it holds none."""
-    from app.migration import in_place, reembed
+    backfill, ``app.migration.mixed_search``); None when it holds none."""
+    from app.migration import in_place, mixed_search
 
     row = get_model(session, tenant_id, request.model_id)
     if row.kind != BACKBONE or not same_space(row, gallery):
@@ -157,8 +157,8 @@ def _mixed_search(
         request.vectors, request.field, dim=int(row.input_dims[modality]), max_dim=settings.max_dim
     )
     # An attached collection: one Qdrant search per vector, the same merge.
-    search = in_place.mixed_search if gallery.vector_storage == QDRANT else reembed.mixed_search
-    found = search(
+    lists = in_place.search_lists if gallery.vector_storage == QDRANT else None
+    found = mixed_search.mixed_search(
         session,
         store,
         cache,
@@ -170,6 +170,7 @@ def _mixed_search(
         overfetch=settings.search_overfetch,
         min_candidates=settings.search_min_candidates,
         transition=request.old_vectors is not None,
+        lists=lists,
     )
     if found is None:
         return None
