@@ -198,7 +198,7 @@ def test_in_place_migration_writes_a_second_vector_and_searches_like_the_copied_
 
 
 def test_a_point_deleted_after_the_plan_is_skipped_and_reported(
-    client: TestClient, migration: dict, wordnet_small: dict
+    client: TestClient, migration: dict, wordnet_small: dict, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     attached, model_id = migration["attached"], migration["model_id"]
     plan = client.post(
@@ -220,6 +220,23 @@ def test_a_point_deleted_after_the_plan_is_skipped_and_reported(
     assert written == 9
     progress = client.get(f"/v1/galleries/{attached}").json()["reembedded"]
     assert progress[0]["reembedded"] == 9
+
+    # Deleted between the service's look-up and its write: Qdrant refuses the write, the
+    # service looks the points up again and writes the others.
+    more = client.post(
+        f"/v1/galleries/{attached}/backfill-plan", json={"model_id": model_id, "count": 5}
+    ).json()["ids"]
+    update = QdrantClient.update_vectors
+
+    def deleted_first(self, collection_name, points, **kwargs):
+        monkeypatch.setattr(QdrantClient, "update_vectors", update)
+        self.delete(collection_name, points_selector=models.PointIdsList(points=[int(more[0])]))
+        return update(self, collection_name, points, **kwargs)
+
+    monkeypatch.setattr(QdrantClient, "update_vectors", deleted_first)
+    raced = reembed(client, attached, model_id, wordnet_small, more)
+    assert raced.json() == {"upserted": 4, "count": N, "reembedded": 13, "skipped": [more[0]]}
+
     # An id that can name no point at all is the caller's mistake, as on any gallery.
     before = snapshot(client)
     refused = problem(reembed(client, attached, model_id, wordnet_small, ["7", "x"]), 422)
