@@ -278,7 +278,7 @@ class _CountingIndex:
 
 
 def test_the_other_list_fetches_again_only_for_the_queries_short_of_k() -> None:
-    from app.migration.reembed import _without_reembedded
+    from app.migration.mixed_search import _without_reembedded
 
     index = _CountingIndex(200)
     # Query 0 sits among 30 re-embedded items (ids 0–29); query 1 far from them.

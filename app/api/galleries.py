@@ -36,8 +36,9 @@ from app.galleries.schemas import (
     VectorsOut,
     VectorsUpsert,
 )
-from app.migration import progress, reembed
+from app.migration import in_place, progress, reembed
 from app.search.schemas import NPY_MEDIA_TYPE
+from app.vectors.engine import QDRANT
 
 router = APIRouter(prefix="/v1/galleries", tags=["galleries"])
 
@@ -174,6 +175,12 @@ def _store_reembedded(
     if not isinstance(model_id, str) or not 1 <= len(model_id) <= 40:
         raise invalid("model_id", "expected a model id (plain text or a JSON string in multipart)")
     row = reembed.backbone_for(session, tenant_id, gallery, model_id)
+    if gallery.vector_storage == QDRANT:
+        # An attached collection keeps them itself, as a named vector of the same points.
+        upload = reembed.checked_features(
+            state.settings, row, fields["ids"], fields.get("features")
+        )
+        return in_place.store_in_place(session, state.indexes, gallery, row, upload)
     stored, reembedded = reembed.store_reembedded(
         session, state.settings, state.indexes, gallery, row, fields["ids"], fields.get("features")
     )

@@ -219,6 +219,12 @@ class UpsertResult(BaseModel):
     reembedded: int | None = Field(
         default=None, description="with model_id: the gallery's items re-embedded for it"
     )
+    skipped: list[str] | None = Field(
+        default=None,
+        description="with model_id, on an attached Qdrant collection: ids whose point is no "
+        "longer in the collection (deleted since the plan listed it); nothing was written for "
+        "them",
+    )
 
 
 class BackfillPlanRequest(StrictModel):

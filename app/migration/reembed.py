@@ -1,5 +1,6 @@
 """Partial backfill in the service: store a new backbone's features for items already in a gallery,
-search the mixed gallery, plan what to re-embed next, and count progress.
+plan what to re-embed next, and count progress (the mixed search that uses them:
+``app.migration.mixed_search``; an attached Qdrant collection's items: ``app.migration.in_place``).
 
 The mixed search and the plan are in ``app.ml.backfill`` (why they are built as they are is in its
 docstring). Here: validation, all-or-nothing writes committed before they are acknowledged (the
@@ -14,8 +15,8 @@ from __future__ import annotations
 import io
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -30,16 +31,12 @@ from app.core.errors import FieldError, conflict, invalid, invalid_fields
 from app.core.settings import Settings
 from app.galleries.frames import same_space
 from app.galleries.models import Gallery
-from app.galleries.service import IN_CHUNK, _lock_gallery, gallery_points, index_for
+from app.galleries.service import IN_CHUNK, _lock_gallery, gallery_points
 from app.migration.models import BackfillFit
 from app.migration.traffic import read_signals, returned_summary, traffic_choice
 from app.ml.backfill.mixed import (
     CALIBRATION,
-    Candidates,
-    lorentz_time,
-    merge,
     pick_reference,
-    top_cosines,
     unit_rows,
 )
 from app.ml.backfill.plan import PlannerFit, expected_at, fit_planner, plan_order, plan_priority
@@ -51,7 +48,7 @@ from app.ml.backfill.traffic import (
     versus_random,
 )
 from app.ml.geometry.lorentz import uncertainty as norm_uncertainty
-from app.ml.upgrade.fit_view import bridged_reference_fit, build_fit_view, native_reference_fit
+from app.ml.upgrade.fit_view import build_fit_view
 from app.models.models import TrainedModel
 from app.models.service import BACKBONE, ModelCache, get_model, lock_model, resolve_modality
 from app.vectors.index_store import IndexStore
@@ -90,21 +87,9 @@ def store_reembedded(
 ) -> tuple[int, int]:
     """Store ``features`` (the model's backbone inputs) for items the gallery holds; all or
     nothing. Returns (stored, re-embedded items of this model in the gallery)."""
-    check_batch_size(len(ids), "ids", settings.max_vectors_per_request)
-    ids = check_ids(ids, "ids", max_length=settings.max_id_length)
-    if features is None:
-        raise invalid("features", "required: the new backbone's features of each item")
-    check_count(len(features), "features", len(ids))
-    modality = resolve_modality(row, None, "model_id")
-    matrix = as_matrix(
-        features, "features", dim=int(row.input_dims[modality]), max_dim=settings.max_dim
-    )
+    ids, matrix = checked_features(settings, row, ids, features)
     blobs = [np.ascontiguousarray(r, dtype="<f4").tobytes() for r in matrix]
-    with store.lock(gallery.id):
-        gallery = _lock_gallery(session, gallery)
-        # The model's row too (shared): a delete of the model either sees these rows and refuses,
-        # or has committed first and this upload answers 404 — never drops an acknowledged batch.
-        lock_model(session, row.id, shared=True)
+    with locked_upload(session, store, gallery, row) as gallery:
         existing = {
             item_id: vector_id
             for item_id, (vector_id, _) in storage_for(session, gallery)
@@ -119,21 +104,68 @@ def store_reembedded(
                     for n in missing[:20]
                 ]
             )
-        vector_ids = [existing[i] for i in ids]
-        for start in range(0, len(vector_ids), IN_CHUNK):
-            session.execute(
-                delete(ReembeddedVector).where(
-                    ReembeddedVector.model_id == row.id,
-                    ReembeddedVector.vector_id.in_(vector_ids[start : start + IN_CHUNK]),
-                )
+        replace_rows(session, gallery, row.id, [existing[i] for i in ids], blobs)
+        session.commit()
+    return len(ids), reembedded_count(session, gallery.id, row.id)
+
+
+@contextmanager
+def locked_upload(
+    session: Session, store: IndexStore, gallery: Gallery, row: TrainedModel
+) -> Iterator[Gallery]:
+    """The gallery re-read under its locks, for one upload of items re-embedded for ``row``.
+    The model's row is locked too (shared): a delete of the model either sees the upload's
+    rows and refuses, or has committed first and the upload answers 404 — never drops an
+    acknowledged batch."""
+    with store.lock(gallery.id):
+        locked = _lock_gallery(session, gallery)
+        lock_model(session, row.id, shared=True)
+        yield locked
+
+
+def checked_features(
+    settings: Settings, row: TrainedModel, ids: Sequence[Any], features: Any
+) -> tuple[list[str], np.ndarray]:
+    """(ids, features matrix) of an upload of re-embedded items, or 422 naming the field."""
+    check_batch_size(len(ids), "ids", settings.max_vectors_per_request)
+    ids = check_ids(ids, "ids", max_length=settings.max_id_length)
+    if features is None:
+        raise invalid("features", "required: the new backbone's features of each item")
+    check_count(len(features), "features", len(ids))
+    modality = resolve_modality(row, None, "model_id")
+    matrix = as_matrix(
+        features, "features", dim=int(row.input_dims[modality]), max_dim=settings.max_dim
+    )
+    return ids, matrix
+
+
+def replace_rows(
+    session: Session,
+    gallery: Gallery,
+    model_id: str,
+    vector_ids: Sequence[int],
+    blobs: Sequence[bytes | None],
+) -> None:
+    """The model's rows of these items, replaced (staged; the caller commits under the
+    gallery's lock). A blob of None: the features live in the attached collection."""
+    for start in range(0, len(vector_ids), IN_CHUNK):
+        session.execute(
+            delete(ReembeddedVector).where(
+                # The gallery's rows only: one model may serve several galleries of its space,
+                # whose internal ids overlap.
+                ReembeddedVector.gallery_id == gallery.id,
+                ReembeddedVector.model_id == model_id,
+                ReembeddedVector.vector_id.in_(vector_ids[start : start + IN_CHUNK]),
             )
-        now = utcnow()
+        )
+    now = utcnow()
+    if vector_ids:
         session.execute(
             insert(ReembeddedVector),
             [
                 {
                     "gallery_id": gallery.id,
-                    "model_id": row.id,
+                    "model_id": model_id,
                     "vector_id": v,
                     "features": b,
                     "updated_at": now,
@@ -141,9 +173,7 @@ def store_reembedded(
                 for v, b in zip(vector_ids, blobs, strict=True)
             ],
         )
-        gallery.updated_at = now
-        session.commit()
-    return len(ids), reembedded_count(session, gallery.id, row.id)
+    gallery.updated_at = now
 
 
 def reembedded_count(session: Session, gallery_id: str, model_id: str) -> int:
@@ -155,6 +185,17 @@ def reembedded_count(session: Session, gallery_id: str, model_id: str) -> int:
         )
         or 0
     )
+
+
+def reembedded_ids(session: Session, gallery_id: str, model_id: str) -> np.ndarray:
+    """Internal ids of the gallery's items re-embedded for the model (wherever the features
+    live: here, or in an attached collection)."""
+    rows = session.scalars(
+        select(ReembeddedVector.vector_id).where(
+            ReembeddedVector.gallery_id == gallery_id, ReembeddedVector.model_id == model_id
+        )
+    )
+    return np.fromiter(rows, dtype=np.int64)
 
 
 # -- in-memory features ------------------------------------------------------------------------
@@ -276,149 +317,6 @@ def backfill_fit(
     return out
 
 
-# -- mixed search -------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class PreparedReference:
-    """A model's reference documents as every search of one gallery scores them: the new
-    features as unit rows, the old vectors lifted into the gallery's frame (float32) with their
-    Lorentz time components. Computed once per (gallery, model), not per search: neither the
-    fit nor a gallery's lift ever changes."""
-
-    new_unit: np.ndarray
-    points: np.ndarray
-    points_time: np.ndarray
-
-
-_references: OrderedDict[tuple[str, str], PreparedReference] = OrderedDict()
-
-
-def _prepared_reference(
-    gallery: Gallery, model_id: str, ref_new: np.ndarray, ref_old: np.ndarray
-) -> PreparedReference:
-    key = (gallery.id, model_id)
-    with _fits_lock:
-        cached = _references.get(key)
-        if cached is not None:
-            _references.move_to_end(key)
-            return cached
-    lifted = lift_of(gallery)(torch.as_tensor(ref_old, dtype=torch.float64)).numpy()
-    points = np.ascontiguousarray(lifted, dtype=np.float32)
-    prepared = PreparedReference(
-        unit_rows(ref_new), points, lorentz_time(points, gallery.lift_curv)
-    )
-    with _fits_lock:
-        _references[key] = prepared
-        while len(_references) > FIT_CACHE_SIZE:
-            _references.popitem(last=False)
-    return prepared
-
-
-def _without_reembedded(
-    index: Any,
-    query_points: np.ndarray,
-    reembedded: np.ndarray,
-    k: int,
-    overfetch: int,
-    min_candidates: int,
-) -> tuple[np.ndarray, np.ndarray]:
-    """The k nearest items per query that are not re-embedded (ids −1 / distances inf padded):
-    fetched with room for the re-embedded share, and only the queries still short of k fetched
-    again with four times the room (a batch is not searched again for one unlucky query).
-    An index that can skip them in its scan does (``can_exclude``): one pass over fewer rows."""
-    if getattr(index, "can_exclude", False):
-        ids, dist, _ = index.search_with_points(
-            query_points, k, overfetch=overfetch, min_candidates=min_candidates, exclude=reembedded
-        )
-        return ids, dist
-    total = int(index.ntotal)
-    nq = len(query_points)
-    need = min(k, max(total - len(reembedded), 0))
-    share = len(reembedded) / total if total else 0.0
-    want = min(total, max(2 * k, int(np.ceil(1.5 * k / max(1.0 - share, 0.05)))))
-    out_ids = np.full((nq, k), -1, dtype=np.int64)
-    out_dist = np.full((nq, k), np.inf)
-    todo = np.arange(nq)
-    while todo.size and want > 0:
-        ids, dist, _ = index.search_with_points(
-            query_points[todo], want, overfetch=overfetch, min_candidates=min_candidates
-        )
-        keep = ~(np.isin(ids, reembedded) | (ids < 0))
-        # The first k kept per row, in order (stable sort puts kept entries first).
-        order = np.argsort(~keep, axis=1, kind="stable")[:, :k]
-        got_ids = np.take_along_axis(np.where(keep, ids, -1), order, axis=1)
-        got_dist = np.take_along_axis(np.where(keep, dist, np.inf), order, axis=1)
-        width = got_ids.shape[1]
-        out_ids[todo, :width], out_dist[todo, :width] = got_ids, got_dist
-        short = keep.sum(axis=1) < need
-        if want >= total or not short.any():
-            break
-        todo, want = todo[short], min(total, want * 4)
-    return out_ids, out_dist
-
-
-def mixed_search(
-    session: Session,
-    store: IndexStore,
-    cache: ModelCache,
-    gallery: Gallery,
-    row: TrainedModel,
-    features: np.ndarray,
-    query_points: np.ndarray,
-    k: int,
-    *,
-    overfetch: int,
-    min_candidates: int,
-    transition: bool = False,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
-    """Top-k over the mixed gallery, or None when no item is re-embedded for ``row``.
-    ``query_points``: the bridged queries, or with ``transition`` the old model's own query
-    vectors (lifted); each list is merged with its own relevance map where the fit has one.
-
-    Returns (vector ids, merge keys, distances, from_native), each nq × k (−1 padded).
-    Distances: the Lorentz distance of bridged hits; the angle (radians) between the query's
-    and the item's new features for re-embedded hits."""
-    vector_ids, new_features = reembedded_features(session, gallery.id, row.id)
-    if len(vector_ids) == 0:
-        return None
-    fit, ref_new, ref_old = backfill_fit(session, cache, row)
-    curv = gallery.lift_curv
-    ref = _prepared_reference(gallery, row.id, ref_new, ref_old)
-    native_fit = native_reference_fit(features, ref.new_unit, unit_reference=True)
-    bridged_fit = bridged_reference_fit(query_points, ref.points, curv, ref.points_time)
-    # Native list: an exact scan of the re-embedded items.
-    pos, nscores = top_cosines(unit_rows(features), new_features, k)
-    native_ids = vector_ids[pos]
-    # Bridged (or old) list: the gallery's index, re-embedded items dropped.
-    index = index_for(session, store, gallery)
-    ids, dist = _without_reembedded(
-        index, query_points, np.sort(vector_ids), k, overfetch, min_candidates
-    )
-    bridged_scores = np.where(ids < 0, -np.inf, -np.cosh(np.sqrt(curv) * dist) / curv)
-    bridged_ids = ids
-    merged_ids, calibrated, from_native = merge(
-        Candidates(native_ids, nscores, native_fit),
-        Candidates(bridged_ids, bridged_scores, bridged_fit),
-        k,
-        fit.maps("old" if transition else "bridged"),
-    )
-    # Each hit's distance from the list it came from: the angle of a native hit's cosine, the
-    # Lorentz distance of a bridged one (looked up by position in its own list).
-    angles = np.arccos(np.clip(nscores, -1.0, 1.0))
-    distances = np.full(merged_ids.shape, np.inf)
-    for q in range(len(features)):
-        native_at = {
-            int(i): a for i, a in zip(native_ids[q].tolist(), angles[q].tolist(), strict=True)
-        }
-        bridged_at = {int(i): d for i, d in zip(ids[q].tolist(), dist[q].tolist(), strict=True)}
-        for j, (i, src) in enumerate(
-            zip(merged_ids[q].tolist(), from_native[q].tolist(), strict=True)
-        ):
-            distances[q, j] = (native_at if src else bridged_at).get(i, np.inf)
-    return merged_ids, calibrated, distances, from_native
-
-
 # -- the plan -------------------------------------------------------------------------------------
 
 
@@ -441,7 +339,7 @@ def plan(
     answer names the signals used, compares the learned order with random (``vs_random``, from
     the stored validation curves), warns when it is no better, and explains a falling curve."""
     fit, _, _ = backfill_fit(session, cache, row)
-    vector_ids, _ = reembedded_features(session, gallery.id, row.id)
+    vector_ids = reembedded_ids(session, gallery.id, row.id)
     all_ids, points = gallery_points(session, store, gallery)
     done = np.isin(all_ids, vector_ids)
     total = len(all_ids)

@@ -18,6 +18,7 @@ from app.galleries.service import index_for
 from app.migration.returned import ReturnedTally
 from app.models.service import BACKBONE, ModelCache, embed_features, get_model, resolve_modality
 from app.search.schemas import SearchRequest
+from app.vectors.engine import QDRANT
 from app.vectors.index_store import IndexStore
 from app.vectors.points import lifted_points
 from app.vectors.storage import storage_for
@@ -145,8 +146,8 @@ def _mixed_search(
     tally: ReturnedTally | None,
 ) -> list[list[dict[str, Any]]] | None:
     """A backbone model's search of a gallery holding items re-embedded for it (partial
-    backfill, ``app.migration.reembed``); None when it holds none."""
-    from app.migration import reembed
+    backfill, ``app.migration.mixed_search``); None when it holds none."""
+    from app.migration import in_place, mixed_search
 
     row = get_model(session, tenant_id, request.model_id)
     if row.kind != BACKBONE or not same_space(row, gallery):
@@ -155,7 +156,9 @@ def _mixed_search(
     features = as_matrix(
         request.vectors, request.field, dim=int(row.input_dims[modality]), max_dim=settings.max_dim
     )
-    found = reembed.mixed_search(
+    # An attached collection: one Qdrant search per vector, the same merge.
+    lists = in_place.search_lists if gallery.vector_storage == QDRANT else None
+    found = mixed_search.mixed_search(
         session,
         store,
         cache,
@@ -167,6 +170,7 @@ def _mixed_search(
         overfetch=settings.search_overfetch,
         min_candidates=settings.search_min_candidates,
         transition=request.old_vectors is not None,
+        lists=lists,
     )
     if found is None:
         return None

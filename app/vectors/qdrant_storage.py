@@ -52,9 +52,11 @@ class QdrantVectorStorage:
         return QdrantSource.of(gallery.source or {})
 
     def _vectors(self, gallery: StoredGallery, records: Sequence[Any]) -> np.ndarray:
-        """The records' vectors (the source's named one, else the unnamed one), n × dim."""
+        """The records' vectors (the source's named one, else the unnamed one), n × dim. A
+        point of an unnamed collection comes back as a dict (``""`` and the others) once an
+        in-place migration has given it a named vector too."""
         name = self._source(gallery).vector
-        rows = [r.vector[name] if name is not None else r.vector for r in records]
+        rows = [r.vector[name or ""] if isinstance(r.vector, dict) else r.vector for r in records]
         return np.asarray(rows, dtype=np.float32).reshape(len(rows), gallery.dim)
 
     def _with_vectors(self, gallery: StoredGallery) -> bool | list[str]:
@@ -188,11 +190,19 @@ class QdrantSearcher:
         return self._storage.points(self._gallery)
 
     def search_with_points(
-        self, queries: np.ndarray, k: int, *, overfetch: int = 4, min_candidates: int = 64
+        self,
+        queries: np.ndarray,
+        k: int,
+        *,
+        overfetch: int = 4,
+        min_candidates: int = 64,
+        without: str | None = None,
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(internal ids, float64 distances, float32 points) per query, nearest first, −1 / inf
         / NaN padded, as ``LorentzIndex.search_with_points``. The candidate sizes of the FAISS
-        path do not apply: Qdrant's cosine top k is already the exact one."""
+        path do not apply: Qdrant's cosine top k is already the exact one. ``without``: only
+        the points lacking that named vector (a mixed search's old list leaves the
+        re-embedded points to their own vector's search; Qdrant filters, no overfetch)."""
         gallery = self._gallery
         source = self._storage._source(gallery)
         queries = np.asarray(queries, dtype=np.float64).reshape(-1, self.dim)
@@ -205,6 +215,11 @@ class QdrantSearcher:
         # is always exact and warns about any search parameter.
         exact = models.SearchParams(exact=gallery.index_kind == "flat")
         params = None if conn.local else exact
+        lacking = (
+            None
+            if without is None
+            else models.Filter(must_not=[models.HasVectorCondition(has_vector=without)])
+        )
         for start in range(0, nq, SEARCH_BATCH):
             part = queries[start : start + SEARCH_BATCH]
             requests = [
@@ -215,6 +230,7 @@ class QdrantSearcher:
                     with_vector=self._storage._with_vectors(gallery),
                     with_payload=False,
                     params=params,
+                    filter=lacking,
                 )
                 for q in part
             ]

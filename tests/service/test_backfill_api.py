@@ -31,12 +31,19 @@ def upgraded(client: TestClient, wordnet_small: dict) -> dict:
 def reembed(client: TestClient, setup: dict, wordnet_small: dict, ids: list[str]):
     row = {s: i for i, s in enumerate(wordnet_small["synset_id"][:N_GALLERY])}
     features = wordnet_small[f"gloss.{NEW}"][[row[i] for i in ids]]
+    return upload_reembedded(client, setup["gallery_id"], setup["model_id"], ids, features)
+
+
+def upload_reembedded(
+    client: TestClient, gallery_id: str, model_id: str, ids: list[str], features: np.ndarray
+):
+    """Re-embedded items as multipart .npy parts, ``model_id`` as a JSON string."""
     return client.post(
-        f"/v1/galleries/{setup['gallery_id']}/vectors",
+        f"/v1/galleries/{gallery_id}/vectors",
         files={
             "ids": npy(np.array(ids)),
             "features": npy(features),
-            "model_id": (None, f'"{setup["model_id"]}"', "application/json"),
+            "model_id": (None, f'"{model_id}"', "application/json"),
         },
     )
 

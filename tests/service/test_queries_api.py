@@ -305,7 +305,14 @@ def wordnet_setup(client: TestClient, wordnet_small: dict, n_gallery: int = 400)
         files={"ids": npy(ids), "vectors": npy(wordnet_small[f"gloss.{OLD}"][:n_gallery])},
     )
     assert upload.status_code == 200, upload.text
-    dataset = make_dataset(client, name="glosses-mpnet", gallery_id=gallery["id"])
+    return pair_glosses(client, wordnet_small, gallery["id"], ids)
+
+
+def pair_glosses(client: TestClient, wordnet_small: dict, gallery_id: str, ids) -> dict:
+    """The dataset and query log of ``wordnet_setup`` for a gallery whose item ``ids[i]`` holds
+    synset i's gloss (an attached collection names its items by point id)."""
+    ids = np.asarray(ids)
+    dataset = make_dataset(client, name="glosses-mpnet", gallery_id=gallery_id)
     items = client.post(
         f"/v1/datasets/{dataset['id']}/items",
         files={"ids": npy(ids[:300]), "features": npy(wordnet_small[f"gloss.{NEW}"][:300])},
@@ -323,7 +330,7 @@ def wordnet_setup(client: TestClient, wordnet_small: dict, n_gallery: int = 400)
         },
     )
     assert logged.json()["queries"] == counts(120, 120, 120), logged.text
-    return {"gallery_id": gallery["id"], "dataset_id": dataset["id"]}
+    return {"gallery_id": gallery_id, "dataset_id": dataset["id"]}
 
 
 def test_procrustes_upgrade_with_a_query_log(client: TestClient, wordnet_small, monkeypatch):

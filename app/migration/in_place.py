@@ -1,0 +1,142 @@
+"""Partial backfill of an attached Qdrant collection, in place (issue 27, item 2).
+
+Re-embedded items are written into the user's collection as a named vector of their own points
+(``app.vectors.qdrant_named``), not into the service's store: the service keeps one row per item
+(``ReembeddedVector`` with ``features`` NULL) so that the plan, progress and deletes count them as
+they count any gallery's. Mixed and transition searches run one Qdrant search per vector
+(``search_lists``) and go through the same merge as every other gallery
+(``app.migration.mixed_search``).
+
+Order of writes: the collection first, then the rows, committed before the upload is
+acknowledged. A failure in between leaves vectors in the collection that no row counts yet: a
+search still merges them correctly (its lists are split by the collection's own vectors, not by
+the rows) and the progress under-counts until the upload is retried, which rewrites the same
+vectors. A point deleted in the collection after the plan listed it is skipped and reported, not
+an error: the owner may delete points at any time.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from sqlalchemy.orm import Session
+
+from app.core.db import utcnow
+from app.core.errors import FieldError, Problem, conflict, invalid_fields
+from app.galleries.models import Gallery
+from app.migration.mixed_search import Lists
+from app.migration.reembed import locked_upload, reembedded_count, replace_rows
+from app.models.models import TrainedModel
+from app.vectors import qdrant_ids, qdrant_named
+from app.vectors.index_store import IndexStore
+from app.vectors.qdrant_storage import QdrantSearcher, QdrantVectorStorage, qdrant_storage
+from app.vectors.storage import session_settings
+
+
+def store_in_place(
+    session: Session,
+    store: IndexStore,
+    gallery: Gallery,
+    row: TrainedModel,
+    upload: tuple[list[str], np.ndarray],
+) -> dict[str, Any]:
+    """Write an upload (ids and features, as ``reembed.checked_features`` returns them) as the
+    model's named vector of those points, and count them. Ids that cannot name a point answer
+    422 (nothing written); points no longer in the collection are skipped and listed under
+    ``skipped``."""
+    ids, matrix = upload
+    unnamed = [n for n, item in enumerate(ids) if qdrant_ids.point_of(item) is None]
+    if unnamed:
+        raise invalid_fields(
+            [
+                FieldError(f"ids[{n}]", f"{ids[n]!r} names no point (an integer or a UUID)")
+                for n in unnamed[:20]
+            ]
+        )
+    storage = qdrant_storage(session_settings(session))
+    name = qdrant_named.migration_vector(row.id)
+    with locked_upload(session, store, gallery, row) as gallery:
+        written = _write_present(session, storage, gallery, name, row.id, ids, matrix)
+        kept = sorted(written)
+        replace_rows(session, gallery, row.id, [written[n] for n in kept], [None] * len(kept))
+        session.commit()
+    out: dict[str, Any] = {
+        "upserted": len(kept),
+        "count": gallery.count,
+        "reembedded": reembedded_count(session, gallery.id, row.id),
+    }
+    skipped = sorted(set(range(len(ids))) - set(kept))
+    if skipped:
+        out["skipped"] = [ids[n] for n in skipped]
+    return out
+
+
+def _write_present(
+    session: Session,
+    storage: QdrantVectorStorage,
+    gallery: Gallery,
+    name: str,
+    model_id: str,
+    ids: list[str],
+    matrix: np.ndarray,
+) -> dict[int, int]:
+    """Position in ``ids`` → internal id, of the items written: those whose point exists. A
+    point deleted between the look-up and the write fails the write (Qdrant answers "not
+    found"): looked up again and written without it, once."""
+    written_at = utcnow().isoformat()
+    for attempt in range(2):
+        present = storage.lookup(session, gallery, ids)
+        kept = [n for n, item in enumerate(ids) if item in present]
+        if not kept:
+            return {}
+        qdrant_named.ensure_vector(storage, gallery, name, matrix.shape[1])
+        try:
+            qdrant_named.write(
+                storage,
+                gallery,
+                name,
+                model_id,
+                [qdrant_ids.point_of(ids[n]) for n in kept],
+                matrix[kept],
+                written_at,
+            )
+            return {n: present[ids[n]][0] for n in kept}
+        except Problem:
+            raise
+        except Exception:
+            if attempt == 1:
+                raise
+    raise AssertionError("unreachable")
+
+
+def search_lists(
+    session: Session,
+    gallery: Gallery,
+    row: TrainedModel,
+    features: np.ndarray,
+    query_points: np.ndarray,
+    k: int,
+) -> Lists | None:
+    """The two lists of a mixed search of an attached collection (``mixed_search.SearchLists``):
+    the native one searched by the model's named vector, the other by the old vector of the
+    points without it; Qdrant's top k is exact, so no candidate sizes apply. None when no item
+    is re-embedded for the model. 409 when the rows count re-embedded items but the collection
+    lost their vector (its owner dropped it): the old vector alone would answer for items meant
+    to be scored in the new space, unmerged."""
+    if reembedded_count(session, gallery.id, row.id) == 0:
+        return None
+    storage = qdrant_storage(session_settings(session))
+    name = qdrant_named.migration_vector(row.id)
+    if qdrant_named.vector_params(storage, gallery, name) is None:
+        raise conflict(
+            f"gallery {gallery.id} counts items re-embedded for model {row.id}, but its "
+            f"collection no longer has their vector {name!r}: searching it would mix the "
+            "spaces without the merge. Upload the re-embedded items again, or delete the model "
+            "(cascade) to search the old vectors alone"
+        )
+    native = qdrant_named.search_vector(storage, gallery, name, features, k)
+    ids, dist, _ = QdrantSearcher(storage, gallery).search_with_points(
+        query_points, k, without=name
+    )
+    return native, (ids, dist)

@@ -1,0 +1,137 @@
+"""An in-place migration's vector in an attached Qdrant collection: the re-embedded items' new
+features as a second, named vector (``nobackfill_<model id>``) of the user's own points.
+
+Why the same points and not a new collection: the ids, the payload and the old vector stay where
+the owner's own tools read them, and a point deleted by the owner takes its new vector with it.
+The service never writes the gallery's own vector: it adds a named vector to the live collection
+(``create_vector_name``: Qdrant servers since 1.18, and qdrant-client's local mode), writes only
+that vector of the re-embedded points (``update_vectors`` leaves a point's other vectors as they
+are) and records per-vector provenance in the payload: ``nobackfill_models`` maps each model id
+whose vector the point carries to when it was written (``set_payload`` with ``key`` touches that
+key only; the owner's payload stays).
+
+Searches read the vector by name (the re-embedded points only) and the old vector with a filter
+keeping the points that lack it (``QdrantSearcher.search_with_points(without=…)``): the two
+lists of a mixed search come from the collection itself, so they can never overlap.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+from qdrant_client import models
+
+from app.core.errors import conflict
+from app.ml.backfill.mixed import unit_rows
+from app.vectors import qdrant_ids
+from app.vectors.engine import StoredGallery
+from app.vectors.qdrant_source import MIGRATION_PREFIX, connection, reachable
+from app.vectors.qdrant_storage import READ_BATCH, SEARCH_BATCH, QdrantVectorStorage
+
+PAYLOAD_KEY = "nobackfill_models"
+
+
+def migration_vector(model_id: str) -> str:
+    """The named vector holding ``model_id``'s re-embedded items."""
+    return MIGRATION_PREFIX + model_id
+
+
+def _named(vectors: object) -> dict[str, models.VectorParams]:
+    # A collection of one unnamed vector reports bare VectorParams: it has no named one yet.
+    return dict(vectors) if isinstance(vectors, dict) else {}
+
+
+def vector_params(
+    storage: QdrantVectorStorage, gallery: StoredGallery, name: str
+) -> models.VectorParams | None:
+    """The named vector's parameters, None when the collection has no such vector."""
+    source = storage._source(gallery)
+    with reachable(source), connection(storage.settings, source).use() as client:
+        vectors = client.get_collection(source.collection).config.params.vectors
+    return _named(vectors).get(name)
+
+
+def ensure_vector(
+    storage: QdrantVectorStorage, gallery: StoredGallery, name: str, dim: int
+) -> None:
+    """Add the named vector (Cosine, ``dim``) to the live collection unless it has it; 409 when
+    a vector of that name exists with another shape (not the service's to change)."""
+    existing = vector_params(storage, gallery, name)
+    if existing is None:
+        source = storage._source(gallery)
+        config = models.DenseVectorNameConfig(
+            dense=models.DenseVectorConfig(size=dim, distance=models.Distance.COSINE)
+        )
+        with reachable(source), connection(storage.settings, source).use() as client:
+            client.create_vector_name(source.collection, name, config)
+        return
+    if existing.size != dim or existing.distance != models.Distance.COSINE:
+        raise conflict(
+            f"the collection's vector {name!r} is {existing.size}-dimensional "
+            f"{existing.distance.value}, not the model's {dim}-dimensional Cosine features; "
+            "it is not the service's to change"
+        )
+
+
+def write(
+    storage: QdrantVectorStorage,
+    gallery: StoredGallery,
+    name: str,
+    model_id: str,
+    points: Sequence[qdrant_ids.PointId],
+    features: np.ndarray,
+    written_at: str,
+) -> None:
+    """The named vector of ``points`` (rows of ``features``) and their provenance."""
+    source = storage._source(gallery)
+    conn = connection(storage.settings, source)
+    for start in range(0, len(points), READ_BATCH):
+        part = list(points[start : start + READ_BATCH])
+        rows = features[start : start + READ_BATCH]
+        vectors = [
+            models.PointVectors(id=p, vector={name: r.astype(np.float32).tolist()})
+            for p, r in zip(part, rows, strict=True)
+        ]
+        with reachable(source), conn.use() as client:
+            client.update_vectors(source.collection, points=vectors)
+            client.set_payload(
+                source.collection, payload={model_id: written_at}, points=part, key=PAYLOAD_KEY
+            )
+
+
+def search_vector(
+    storage: QdrantVectorStorage, gallery: StoredGallery, name: str, features: np.ndarray, k: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """(internal ids, cosines) of the k points nearest each row of ``features`` by the named
+    vector, best first (ids −1 padded). The cosines are recomputed from the hits' vectors in
+    float32 as the service's own scan of re-embedded features computes them, so the merge
+    scores a hit the same wherever its features are kept."""
+    source = storage._source(gallery)
+    conn = connection(storage.settings, source)
+    queries = unit_rows(features)
+    nq = len(queries)
+    ids = np.full((nq, k), -1, dtype=np.int64)
+    cosines = np.full((nq, k), -1.0, dtype=np.float32)
+    for start in range(0, nq, SEARCH_BATCH):
+        part = queries[start : start + SEARCH_BATCH]
+        requests = [
+            models.QueryRequest(
+                query=q.tolist(), using=name, limit=k, with_vector=[name], with_payload=False
+            )
+            for q in part
+        ]
+        with reachable(source), conn.use() as client:
+            answers = client.query_batch_points(source.collection, requests=requests)
+        for offset, answer in enumerate(answers):
+            hits = answer.points
+            if not hits:
+                continue
+            qdrant_ids.remember(gallery.id, [h.id for h in hits])
+            found = unit_rows(np.asarray([h.vector[name] for h in hits], dtype=np.float32))
+            scores = found @ part[offset]
+            order = np.argsort(-scores, kind="stable")
+            row = start + offset
+            ids[row, : len(hits)] = [qdrant_ids.internal_of(hits[i].id) for i in order.tolist()]
+            cosines[row, : len(hits)] = scores[order]
+    return ids, cosines
