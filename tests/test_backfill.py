@@ -313,3 +313,17 @@ def test_top_cosines_match_a_full_sort_in_blocks(monkeypatch) -> None:
     # k above the items: all of them; no items: empty rows.
     assert top_cosines(queries, items[:3], 7)[0].shape == (40, 3)
     assert top_cosines(queries, items[:0], 7)[0].shape == (40, 0)
+
+
+def test_gain_prediction_is_the_ridge_model_over_its_features(wordnet_small) -> None:
+    """``predict`` folds the features into one product per item (planning a million items reads
+    each point once); it must equal the fitted model applied to ``gain_features``."""
+    from app.ml.backfill.plan import GainModel, gain_features
+
+    rng = np.random.default_rng(0)
+    points = wordnet_small["gloss.all-MiniLM-L6-v2"][:500] * rng.uniform(0.5, 3.0, (500, 1))
+    points[7] = 0.0  # a zero row: unit_rows keeps it at zero
+    mean_direction = points.mean(axis=0) / np.linalg.norm(points.mean(axis=0))
+    model = GainModel(rng.standard_normal(points.shape[1] + 2), mean_direction)
+    expected = gain_features(points, mean_direction).astype(np.float64) @ model.weights
+    np.testing.assert_allclose(model.predict(points, block=128), expected, rtol=1e-4, atol=1e-5)
