@@ -103,6 +103,29 @@ def test_a_map_gives_the_better_space_the_say_at_equal_calibrated_score() -> Non
     assert np.all(np.diff(keys[0]) <= 0)
 
 
+def test_a_map_on_one_list_only_is_not_used() -> None:
+    """P̂ in [0, 1] on one list against the calibration c on the other would order by scale, not
+    by evidence (c of a good hit is several units: the unmapped list always won). With one map
+    missing, both lists merge on c, in ``merge`` and in ``calibrated_pair`` alike."""
+    fit = (np.zeros(1), np.ones(1), np.zeros(1), np.full(1, np.nan))
+    native = Candidates(np.array([[1, 2]]), np.array([[3.0, 1.0]]), fit)
+    other = Candidates(np.array([[7, 8]]), np.array([[2.5, 1.0]]), fit)
+    strong = RelevanceMap(np.array([0.0, 4.0]), np.array([0.2, 0.9]), 40, 100)
+    plain = merge(native, other, 3)
+    assert plain[0][0].tolist() == [1, 7, 2]
+    for maps in ((strong, None), (None, strong)):
+        ids, keys, from_native = merge(native, other, 3, maps)
+        assert ids.tolist() == plain[0].tolist() and from_native.tolist() == plain[2].tolist()
+        np.testing.assert_array_equal(keys, plain[1])
+    scores = (np.array([[3.0, 1.0]]), np.array([[2.5, 1.0]]))
+    fits = ((np.zeros(1), np.ones(1), np.zeros(1), np.full(1, np.nan)),) * 2
+    expected = calibrated_pair(*scores, fits)
+    for maps in ((strong, None), (None, strong)):
+        got = calibrated_pair(*scores, fits, maps)
+        for a, b in zip(got, expected, strict=True):
+            np.testing.assert_array_equal(a, b)
+
+
 def _synthetic(n: int = 400, nq: int = 300, seed: int = 0):
     """Items with a latent meaning; the new model sees it well, the old one through noise."""
     rng = np.random.default_rng(seed)

@@ -220,11 +220,19 @@ Maps = tuple[RelevanceMap | None, RelevanceMap | None]
 NO_MAPS: Maps = (None, None)
 
 
+def paired(maps: Maps) -> Maps:
+    """Both lists' relevance maps, or neither: P̂ (in [0, 1]) on one list against the
+    calibration c (a good hit several units) on the other orders by scale, not by evidence; with
+    one map missing (too few held-out positives in that space) both merge on c."""
+    return maps if all(m is not None for m in maps) else NO_MAPS
+
+
 def merge(native: Candidates, other: Candidates, k: int, maps: Maps = NO_MAPS):
     """Merged top-k per query: (ids, merge keys, from_native) arrays nq × k (pads: id −1).
     ``other`` (the bridged list, or the old model's own in a transition search) must already
     exclude re-embedded items; ``maps``: each list's relevance map (``app.ml.backfill.relevance``;
-    None: its calibrated score is the key)."""
+    None: its calibrated score is the key; one alone is not used, ``paired``)."""
+    maps = paired(maps)
     parts = []
     for cand, is_native, relevance in ((native, True, maps[0]), (other, False, maps[1])):
         if cand.ids.size == 0:
@@ -294,7 +302,8 @@ def calibrated_pair(
     """Both lists' merge keys (nq × n, ``merge_key`` of the calibrated scores) for full score
     matrices: every item as if re-embedded, and every item scored by the other list. A mixed
     gallery picks per item (``mixed``). float32 without maps; float64 with them (a key's tie
-    term is below float32's resolution at P̂ ≈ 1)."""
+    term is below float32's resolution at P̂ ≈ 1). One map alone is not used (``paired``)."""
+    maps = paired(maps)
     dtype = np.float32 if all(m is None for m in maps) else np.float64
     out = (np.empty(native.shape, dtype), np.empty(bridged.shape, dtype))
     chunk = max(1, SCORE_BUDGET // 4 // max(native.shape[1], 1))
