@@ -405,3 +405,40 @@ def test_gallery_get_prints_a_migrations_progress_per_model() -> None:
     }
     assert "re-embedded for mdl_a: 250/1000 (25%)" in describe_gallery(gallery)
     assert "re-embedded" not in describe_gallery({**gallery, "reembedded": []})
+
+
+class SkippingTransport(httpx.HTTPTransport):
+    """Sends for real; the first upload batch's answer also names ids as skipped, as an attached
+    collection's answer does for points deleted since the plan listed them."""
+
+    def __init__(self, skipped: list[str]) -> None:
+        super().__init__()
+        self.skipped = skipped
+        self.batches = 0
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        response = super().handle_request(request)
+        if request.method == "POST" and request.url.path.endswith("/vectors"):
+            self.batches += 1
+            if self.batches == 1 and response.status_code == 200:
+                body = json.loads(response.read()) | {"skipped": self.skipped}
+                return httpx.Response(200, json=body, request=request)
+        return response
+
+
+def test_skipped_ids_of_every_batch_are_reported_and_not_counted_as_upserted(
+    server: RunningService, tmp_path: Path
+) -> None:
+    from app.client.commands import upload_summary
+
+    rng = np.random.default_rng(2)
+    ids = np.array([f"item-{i}" for i in range(500)])
+    vectors = rng.normal(size=(500, 8)).astype(np.float32)
+    transport = SkippingTransport(["item-3", "item-7"])
+    with make_client(server, tmp_path, transport=transport, batch_rows=200) as client:
+        gallery_id = external_gallery(client, 8, "skipped")
+        result = client.upload_vectors(gallery_id, ids, vectors)
+    assert result["skipped"] == ["item-3", "item-7"] and result["upserted"] == 498
+    text = upload_summary(result, "re-embedded items")
+    assert "498 re-embedded items upserted" in text
+    assert "2 skipped" in text and "item-3" in text and "item-7" in text

@@ -131,6 +131,9 @@ def upload_summary(result: dict[str, Any], what: str) -> str:
         text += f" (resumed: the first {result['resumed_from']} were already acknowledged)"
     if result.get("count") is not None:
         text += f"; it now holds {result['count']}"
+    if skipped := result.get("skipped"):
+        shown = ", ".join(skipped[:10]) + (", …" if len(skipped) > 10 else "")
+        text += f"; {len(skipped)} skipped (no longer in the collection, nothing written): {shown}"
     return text
 
 

@@ -207,6 +207,9 @@ class Transport:
         )
         start = checkpoint.rows_done if resume else 0
         resumed_from, batches, last = start, 0, None
+        # Ids the service acknowledged without writing (an attached collection's points deleted
+        # since the plan listed them): reported, and not counted as upserted.
+        skipped: list[str] = []
         if progress is not None:
             progress(start, total)
         while start < total:
@@ -229,6 +232,7 @@ class Transport:
             except httpx.TransportError as exc:
                 raise UploadInterrupted(start, total, exc) from exc
             last = response.json()
+            skipped.extend(last.get("skipped") or [])
             start = stop
             batches += 1
             checkpoint.advance(start)
@@ -238,9 +242,12 @@ class Transport:
         if last is None and count_from is not None:
             # Every row was acknowledged before this run (its last batch, then an interruption).
             last = {"count": self._json("GET", count_from)["count"]}
-        return {
-            "upserted": total - resumed_from,
+        result = {
+            "upserted": total - resumed_from - len(skipped),
             "count": None if last is None else last.get("count"),
             "batches": batches,
             "resumed_from": resumed_from,
         }
+        if skipped:
+            result["skipped"] = skipped
+        return result
