@@ -5,8 +5,7 @@ The mixed search and the plan are in ``app.ml.backfill`` (why they are built as 
 docstring). Here: validation, all-or-nothing writes committed before they are acknowledged (the
 same order as vector upserts), the per-model fit (computed once from the upgrade's held-out data
 and stored), and an in-memory copy of each (gallery, model)'s re-embedded features keyed by what
-the database holds (row count and largest row id: every write inserts new rows), so a stale copy
-is never used.
+the database holds (``_features_version``), so a stale copy is never used.
 """
 
 from __future__ import annotations
@@ -159,7 +158,7 @@ def reembedded_count(session: Session, gallery_id: str, model_id: str) -> int:
 
 # -- in-memory features ------------------------------------------------------------------------
 
-_features: OrderedDict[tuple[str, str], tuple[tuple[int, int], np.ndarray, np.ndarray]] = (
+_features: OrderedDict[tuple[str, str], tuple[tuple[Any, ...], np.ndarray, np.ndarray]] = (
     OrderedDict()
 )
 _features_lock = threading.Lock()
@@ -167,16 +166,28 @@ _fits: OrderedDict[str, tuple[PlannerFit, np.ndarray, np.ndarray]] = OrderedDict
 _fits_lock = threading.Lock()
 
 
+def _features_version(session: Session, gallery_id: str, model_id: str) -> tuple[Any, ...]:
+    """What a copy of the features is valid for: the rows' count and largest id, which every
+    write changes where ids are never reused (PostgreSQL's sequence); SQLite gives a new row the
+    largest id in use + 1, so a rewritten or deleted last row's id comes back with another
+    item's features, and there the gallery's ``updated_at`` (set under its lock by every write
+    of its items or their re-embedded rows) is part of the version too."""
+    columns: list[Any] = [func.count(), func.max(ReembeddedVector.id)]
+    if session.get_bind().dialect.name == "sqlite":
+        columns.append(select(Gallery.updated_at).where(Gallery.id == gallery_id).scalar_subquery())
+    count, last, *rest = session.execute(
+        select(*columns).where(
+            ReembeddedVector.gallery_id == gallery_id, ReembeddedVector.model_id == model_id
+        )
+    ).one()
+    return (int(count), int(last or 0), *rest)
+
+
 def reembedded_features(
     session: Session, gallery_id: str, model_id: str
 ) -> tuple[np.ndarray, np.ndarray]:
     """(vector ids, unit-normalised features) of the re-embedded items, as committed."""
-    count, last = session.execute(
-        select(func.count(), func.max(ReembeddedVector.id)).where(
-            ReembeddedVector.gallery_id == gallery_id, ReembeddedVector.model_id == model_id
-        )
-    ).one()
-    key = (int(count), int(last or 0))
+    key = _features_version(session, gallery_id, model_id)
     with _features_lock:
         cached = _features.get((gallery_id, model_id))
         if cached is not None and cached[0] == key:
