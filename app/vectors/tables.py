@@ -50,7 +50,7 @@ class ReembeddedVector(Base):
     is the item's internal id in its gallery (no foreign key: segment-stored galleries keep no
     row per vector). A rewrite inserts a new row: on PostgreSQL ``max(id)`` changes with every
     write; SQLite hands a deleted last row's id out again (``app.migration.reembed``'s
-    ``_features_version``)."""
+    ``reembedded_features``)."""
 
     __tablename__ = "gallery_reembedded"
     __table_args__ = (

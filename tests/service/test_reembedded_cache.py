@@ -42,6 +42,14 @@ def test_a_search_sees_every_write_to_the_re_embedded_items(
     assert reembed(client, setup, wordnet_small, ids[50:100]).status_code == 200
     assert _first_hits(client, url, model, probes) == [(ids[60], "new"), (ids[70], "new")]
 
+    # A plain upload of a new item (PostgreSQL keeps the copy: the same rows; SQLite reads it
+    # again): the answers stay those of the re-embedded items.
+    extra = client.post(
+        f"{url}/vectors", json={"ids": ["extra"], "vectors": [np.ones(384).tolist()]}
+    )
+    assert extra.status_code == 200, extra.text
+    assert _first_hits(client, url, model, probes) == [(ids[60], "new"), (ids[70], "new")]
+
     # The last-stored item's features rewritten (its row deleted and inserted again: on SQLite
     # it gets the same row id, and the row count is unchanged): searches use the new features.
     rewritten = client.post(
