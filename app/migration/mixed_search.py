@@ -120,6 +120,24 @@ Lists = tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]
 SearchLists = Callable[[Session, Gallery, TrainedModel, np.ndarray, np.ndarray, int], Lists | None]
 
 
+def hit_distances(
+    merged_ids: np.ndarray,
+    from_native: np.ndarray,
+    native: tuple[np.ndarray, np.ndarray],
+    bridged: tuple[np.ndarray, np.ndarray],
+) -> np.ndarray:
+    """Each merged hit's distance from the list it came from (nq × k float64; inf for pads): the
+    value beside its id in that list (ids, values; nq × k' each, an id at most once per row)."""
+    out = np.full(merged_ids.shape, np.inf)
+    for (ids, values), mine in ((native, from_native), (bridged, ~from_native)):
+        if ids.shape[1] == 0:
+            continue
+        same = ids[:, :, None] == merged_ids[:, None, :]  # nq × k' × k
+        at = np.take_along_axis(np.asarray(values), same.argmax(axis=1), axis=1)
+        out = np.where(mine & same.any(axis=1) & (merged_ids >= 0), at, out)
+    return out
+
+
 def mixed_search(
     session: Session,
     store: IndexStore,
@@ -174,16 +192,7 @@ def mixed_search(
         fit.maps("old" if transition else "bridged"),
     )
     # Each hit's distance from the list it came from: the angle of a native hit's cosine, the
-    # Lorentz distance of a bridged one (looked up by position in its own list).
+    # Lorentz distance of a bridged one.
     angles = np.arccos(np.clip(nscores, -1.0, 1.0))
-    distances = np.full(merged_ids.shape, np.inf)
-    for q in range(len(features)):
-        native_at = {
-            int(i): a for i, a in zip(native_ids[q].tolist(), angles[q].tolist(), strict=True)
-        }
-        bridged_at = {int(i): d for i, d in zip(ids[q].tolist(), dist[q].tolist(), strict=True)}
-        for j, (i, src) in enumerate(
-            zip(merged_ids[q].tolist(), from_native[q].tolist(), strict=True)
-        ):
-            distances[q, j] = (native_at if src else bridged_at).get(i, np.inf)
+    distances = hit_distances(merged_ids, from_native, (native_ids, angles), (ids, dist))
     return merged_ids, calibrated, distances, from_native

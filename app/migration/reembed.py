@@ -5,9 +5,8 @@ plan what to re-embed next, and count progress (the mixed search that uses them:
 The mixed search and the plan are in ``app.ml.backfill`` (why they are built as they are is in its
 docstring). Here: validation, all-or-nothing writes committed before they are acknowledged (the
 same order as vector upserts), the per-model fit (computed once from the upgrade's held-out data
-and stored), and an in-memory copy of each (gallery, model)'s re-embedded features keyed by what
-the database holds (row count and largest row id: every write inserts new rows), so a stale copy
-is never used.
+and stored), and an in-memory copy of each (gallery, model)'s re-embedded features checked against
+what the database holds (``reembedded_features``), so a stale copy is never used.
 """
 
 from __future__ import annotations
@@ -17,6 +16,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -200,9 +200,19 @@ def reembedded_ids(session: Session, gallery_id: str, model_id: str) -> np.ndarr
 
 # -- in-memory features ------------------------------------------------------------------------
 
-_features: OrderedDict[tuple[str, str], tuple[tuple[int, int], np.ndarray, np.ndarray]] = (
-    OrderedDict()
-)
+
+@dataclass(frozen=True)
+class _FeatureCopy:
+    """One (gallery, model)'s re-embedded features in memory, and what they were read as: the
+    gallery's ``updated_at`` when last checked, and (PostgreSQL) the rows' count and largest id."""
+
+    written: Any
+    rows: tuple[int, int] | None
+    ids: np.ndarray
+    features: np.ndarray
+
+
+_features: OrderedDict[tuple[str, str], _FeatureCopy] = OrderedDict()
 _features_lock = threading.Lock()
 _fits: OrderedDict[str, tuple[PlannerFit, np.ndarray, np.ndarray]] = OrderedDict()
 _fits_lock = threading.Lock()
@@ -211,18 +221,34 @@ _fits_lock = threading.Lock()
 def reembedded_features(
     session: Session, gallery_id: str, model_id: str
 ) -> tuple[np.ndarray, np.ndarray]:
-    """(vector ids, unit-normalised features) of the re-embedded items, as committed."""
-    count, last = session.execute(
-        select(func.count(), func.max(ReembeddedVector.id)).where(
-            ReembeddedVector.gallery_id == gallery_id, ReembeddedVector.model_id == model_id
-        )
-    ).one()
-    key = (int(count), int(last or 0))
+    """(vector ids, unit-normalised features) of the re-embedded items, as committed.
+
+    Kept in memory per (gallery, model). Every write of a gallery's items or of their
+    re-embedded rows sets the gallery's ``updated_at`` under its lock: while it is unchanged the
+    copy is current (one primary-key read per search). After a write, PostgreSQL's rows with the
+    same count and largest id are the same rows (its sequence never hands an id out twice: the
+    write was a plain vector upload), and the copy is kept; SQLite gives a new row the largest
+    id in use + 1, so a rewritten or deleted last row's id comes back with other features, and
+    there the copy is read again."""
+    key = (gallery_id, model_id)
+    written = session.scalar(select(Gallery.updated_at).where(Gallery.id == gallery_id))
     with _features_lock:
-        cached = _features.get((gallery_id, model_id))
-        if cached is not None and cached[0] == key:
-            _features.move_to_end((gallery_id, model_id))
-            return cached[1], cached[2]
+        cached = _features.get(key)
+        if cached is not None and cached.written == written:
+            _features.move_to_end(key)
+            return cached.ids, cached.features
+    rows = None
+    if session.get_bind().dialect.name != "sqlite":
+        count, last = session.execute(
+            select(func.count(), func.max(ReembeddedVector.id)).where(
+                ReembeddedVector.gallery_id == gallery_id, ReembeddedVector.model_id == model_id
+            )
+        ).one()
+        rows = (int(count), int(last or 0))
+        if cached is not None and cached.rows == rows:
+            with _features_lock:
+                _features[key] = replace(cached, written=written)
+            return cached.ids, cached.features
     ids: list[int] = []
     chunks: list[bytes] = []
     for vector_id, blob in session.execute(
@@ -235,12 +261,12 @@ def reembedded_features(
         chunks.append(blob)
     dim = len(chunks[0]) // 4 if chunks else 0
     matrix = np.frombuffer(b"".join(chunks), dtype="<f4").reshape(len(ids), dim)
-    out = (np.asarray(ids, dtype=np.int64), unit_rows(matrix))
+    copy = _FeatureCopy(written, rows, np.asarray(ids, dtype=np.int64), unit_rows(matrix))
     with _features_lock:
-        _features[(gallery_id, model_id)] = (key, *out)
+        _features[key] = copy
         while len(_features) > FEATURE_CACHE_SIZE:
             _features.popitem(last=False)
-    return out
+    return copy.ids, copy.features
 
 
 # -- the per-model fit --------------------------------------------------------------------------

@@ -46,6 +46,11 @@ LIFT_BLOCK = 65536
 # at 256 (`python -m bench.perf.search --batches 1 2 4 8`, BENCHMARKS.md). A GPU's torch scan takes
 # every batch.
 FAISS_BELOW_BATCH = 4
+# Torch scans an exclusion (a partial backfill's re-embedded items) of at least this share of the
+# rows over a copy of the other rows (made once per exclusion and state of the rows) when it fits
+# in COMPACT_SCAN_BYTES; else every row, the excluded ones biased to −inf.
+COMPACT_SCAN_SHARE = 0.1
+COMPACT_SCAN_BYTES = 2**30
 SearchEngine = Literal["auto", "torch", "faiss"]
 SEARCH_ENGINES: tuple[str, ...] = ("auto", "torch", "faiss")
 
@@ -213,6 +218,8 @@ class LorentzIndex:
         self._allowed_cache: tuple[_Rows, np.ndarray, np.ndarray, np.ndarray, int] | None = None
         # torch's form of the last exclusion: (allowed array it was made from, bias on a device).
         self._bias_cache: tuple[np.ndarray, torch.Tensor] | None = None
+        # The last exclusion's compact rows: (allowed array, their positions, rows on a device).
+        self._compact_cache: tuple[np.ndarray, np.ndarray, torch.Tensor] | None = None
         self._device_rows: tuple[_Rows, torch.Tensor] | None = None
 
     # -- structure ------------------------------------------------------------------------------
@@ -364,6 +371,42 @@ class LorentzIndex:
         self._bias_cache = (allowed, bias)
         return bias
 
+    def _compact_rows(
+        self, rows: _Rows, allowed: np.ndarray, device: torch.device
+    ) -> tuple[np.ndarray, torch.Tensor] | None:
+        """(row positions, those rows on ``device``) of the allowed rows, made once per exclusion;
+        None when the exclusion is small or the copy too large (``COMPACT_SCAN_SHARE``)."""
+        cached = self._compact_cache
+        if cached is not None and cached[0] is allowed and cached[2].device == device:
+            return cached[1], cached[2]
+        positions = np.flatnonzero(allowed)
+        excluded = len(allowed) - len(positions)
+        if excluded < COMPACT_SCAN_SHARE * len(allowed) or (
+            len(positions) * rows.tensor.shape[1] * 4 > COMPACT_SCAN_BYTES
+        ):
+            return None
+        compact = rows.tensor[torch.from_numpy(positions)].to(device)
+        self._compact_cache = (allowed, positions, compact)
+        return positions, compact
+
+    def _torch_candidates(
+        self, rows: _Rows, lifted_q: np.ndarray, m: int, allowed: np.ndarray | None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Row positions (and which are real) of the torch scan's ``m`` best per query: over the
+        allowed rows' compact copy where there is one, else over every row (excluded at −inf)."""
+        compact = None if allowed is None else self._compact_rows(rows, allowed, self.scan_device)
+        kept, bias = None, None
+        if compact is None:
+            gallery = self._scan_tensor(rows)
+            bias = None if allowed is None else self._scan_bias(allowed, gallery.device)
+        else:
+            kept, gallery = compact
+        found = top_inner_products(gallery, torch.from_numpy(lifted_q).to(gallery.device), m, bias)
+        positions = found.cpu().numpy() if kept is None else kept[found.cpu().numpy()]
+        if allowed is None or kept is not None:
+            return positions, np.ones(positions.shape, dtype=bool)
+        return positions, allowed[positions]
+
     def _faiss_candidates(
         self, rows: _Rows, lifted_q: np.ndarray, m: int, bitmap: np.ndarray | None = None
     ) -> tuple[np.ndarray, np.ndarray]:
@@ -453,13 +496,7 @@ class LorentzIndex:
         m = min(searchable, max(overfetch * k, k + min_candidates))
         lifted_q = lifted_queries(queries, self.curv)
         if self._scans_with_torch(nq):
-            gallery = self._scan_tensor(rows)
-            bias = None if allowed is None else self._scan_bias(allowed, gallery.device)
-            found_at = top_inner_products(
-                gallery, torch.from_numpy(lifted_q).to(gallery.device), m, bias
-            )
-            positions = found_at.cpu().numpy()
-            valid = np.ones(positions.shape, dtype=bool) if allowed is None else allowed[positions]
+            positions, valid = self._torch_candidates(rows, lifted_q, m, allowed)
         else:
             positions, valid = self._faiss_candidates(rows, lifted_q, m, bitmap)
         found = min(k, m)

@@ -48,7 +48,9 @@ class ReembeddedVector(Base):
     item's old vector stays where the gallery stores it; deleting or replacing the item deletes
     this row (``app.galleries.service``; the partial backfill of ``app.migration`` writes it), deleting its model or gallery cascades. ``vector_id``
     is the item's internal id in its gallery (no foreign key: segment-stored galleries keep no
-    row per vector). A rewrite inserts a new row, so ``max(id)`` changes with every write."""
+    row per vector). A rewrite inserts a new row: on PostgreSQL ``max(id)`` changes with every
+    write; SQLite hands a deleted last row's id out again (``app.migration.reembed``'s
+    ``reembedded_features``)."""
 
     __tablename__ = "gallery_reembedded"
     __table_args__ = (

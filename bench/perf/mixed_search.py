@@ -551,15 +551,20 @@ def render_markdown(result: dict[str, Any]) -> str:
         lines.append("")
     lines.append(
         "Reading it: a mixed or transition search is a scan of the items not re-embedded (the "
-        "flat scan skips the re-embedded ones: FAISS's through a bitmap selector, torch's "
-        "through a mask) plus an exact scan of the re-embedded items' new features (MPNet, 768 "
-        "dimensions, against the gallery's 384), the two reference tails (2,048 documents per "
-        "space, normalised and lifted once per gallery and model) and the merge. At 25 % "
-        "re-embedded the first scan reads three quarters of the plain scan's rows and the "
-        "second about half its bytes, so about 1.25× is the floor of this design; what is left "
-        "above it is the references, the merge and a second database read. Galleries whose "
-        "index cannot skip rows (HNSW, IVF, Milvus) fetch the items not re-embedded with room "
-        "for the re-embedded share and search again only the queries still short of k."
+        "flat scan skips the re-embedded ones: FAISS's through a bitmap selector, torch's over "
+        "a copy of the other rows made once per set of re-embedded items and state of the "
+        "gallery, up to `COMPACT_SCAN_BYTES` = 1 GiB; a copy larger than that, or a set under "
+        "10 % of the rows, is scanned whole with the re-embedded rows biased to −inf) plus an "
+        "exact scan of the re-embedded items' new features (MPNet, 768 dimensions, against the "
+        "gallery's 384), the two reference tails (2,048 documents per space, normalised and "
+        "lifted once per gallery and model, scored by torch like the scans) and the merge. At "
+        "25 % re-embedded the first scan multiplies three quarters of the plain scan's rows and "
+        "the second about half its multiply-adds, so about 1.25× is the floor of this design; "
+        "what is left above it is the reference tails, the merge and the query for the "
+        "re-embedded features' version (their in-memory copy is read again only after a write). "
+        "Galleries whose index cannot skip rows (HNSW, IVF, Milvus) fetch the items not "
+        "re-embedded with room for the re-embedded share and search again only the queries "
+        "still short of k."
     )
     return "\n".join(lines)
 
