@@ -4,6 +4,9 @@
                                                   # bench/results/qdrant_attach.json and the
                                                   # bench.perf.qdrant_attach section of BENCHMARKS.md
     python -m bench.perf.qdrant_attach --quick    # fewer queries and rounds, nothing published
+    python -m bench.perf.qdrant_attach --scale 100000   # only the no-copy figures (item 3) on a
+                                                  # larger tiled collection: qdrant_attach_scale.json
+                                                  # and the bench.perf.qdrant_attach.scale section
 
 Everything runs in this process: the app built by ``create_app`` (SQLite in a temporary data
 directory, the inline job runner) driven through a ``TestClient`` (the HTTP layer in process), and
@@ -33,8 +36,9 @@ folder to one client, so the direct qdrant-client searches use the service's own
    and this process's RSS before and after the attach and the upgrade, then after the copied
    gallery's upload for contrast; rows read from the collection (``retrieve`` / ``scroll``, with
    and without vectors) per step, counted by wrapping the client's methods.
-   Measured on the 24k collection only: local mode filled at about 210 points/s here (50k points
-   in 240 s), so a 1M (or 200k) collection was out of this run's time; see BENCHMARKS.md.
+   ``--scale N`` measures these alone on a collection of N tiled glosses. Local mode fills at
+   about 200–300 points/s here (50k random points in 240 s, the 24k glosses in 81 s), so a 1M
+   collection (over an hour to build) has not been measured; see BENCHMARKS.md.
 """
 
 from __future__ import annotations
@@ -63,6 +67,7 @@ from app.vectors.qdrant_source import QdrantSource, connection
 from bench.common.machine import facts_markdown, load_average, run_record
 from bench.common.report import command_line, publish
 from bench.common.service import BENCH_KEY
+from bench.common.tiled import tiled
 from bench.common.wordnet import NEW_MODEL, OLD_MODEL, REPO_ROOT
 from bench.perf.backfill_plan import wordnet_arrays
 from bench.perf.mixed_search import _ok, _part
@@ -109,6 +114,20 @@ class ReadCounter:
     def close(self) -> None:
         for name, method in self._saved.items():
             setattr(QdrantClient, name, method)
+
+
+def service_settings(workdir: Path) -> Settings:
+    """The in-process service's settings (data under ``workdir``), its Qdrant root made."""
+    settings = Settings(
+        _env_file=None,
+        data_dir=workdir / "data",
+        job_runner="inline",
+        bootstrap_key=BENCH_KEY,
+        local_key=False,
+        log_level="warning",
+    )
+    settings.resolved_qdrant_root.mkdir(parents=True, exist_ok=True)
+    return settings
 
 
 def fill_collection(folder: Path, vectors: np.ndarray) -> float:
@@ -280,17 +299,8 @@ def run(arrays: dict[str, np.ndarray], args: argparse.Namespace, workdir: Path) 
     synsets = len(old)
     paired, logged = min(PAIRED, synsets // 2), min(LOGGED, synsets // 4)
     ids = np.array([str(i) for i in range(synsets)])
-    data_dir = workdir / "data"
-    settings = Settings(
-        _env_file=None,
-        data_dir=data_dir,
-        job_runner="inline",
-        bootstrap_key=BENCH_KEY,
-        local_key=False,
-        log_level="warning",
-    )
-    root = settings.resolved_qdrant_root
-    root.mkdir(parents=True, exist_ok=True)
+    settings = service_settings(workdir)
+    data_dir, root = settings.data_dir, settings.resolved_qdrant_root
     out["fill_s"] = fill_collection(root / COLLECTION, old)
     print(f"collection of {synsets:,} points filled in {out['fill_s']:.0f} s", flush=True)
     counter = ReadCounter()
@@ -394,6 +404,58 @@ def run(arrays: dict[str, np.ndarray], args: argparse.Namespace, workdir: Path) 
     return out
 
 
+def run_scale(
+    arrays: dict[str, np.ndarray], points: int, seed: int, workdir: Path
+) -> dict[str, Any]:
+    """A collection of ``points`` MiniLM glosses tiled with noise, attached and upgraded (the
+    same upgrade as the equality run's): store bytes, RSS and rows read per step."""
+    out: dict[str, Any] = {"points": points}
+    old = tiled(arrays[f"gloss.{OLD_MODEL}"], points, seed=seed)
+    out["old_vector_bytes"] = int(old.nbytes)
+    synsets = len(arrays[f"gloss.{OLD_MODEL}"])
+    paired, logged = min(PAIRED, synsets // 2), min(LOGGED, synsets // 4)
+    ids = np.array([str(i) for i in range(paired)])
+    settings = service_settings(workdir)
+    data_dir, root = settings.data_dir, settings.resolved_qdrant_root
+    out["fill_s"] = fill_collection(root / COLLECTION, old)
+    del old
+    print(f"collection of {points:,} points filled in {out['fill_s']:.0f} s", flush=True)
+    footprint: dict[str, dict[str, float]] = {
+        "before": {"store_bytes": store_bytes(data_dir, root), "rss_mib": rss_mib()}
+    }
+    counter = ReadCounter()
+    try:
+        tic = time.perf_counter()
+        with TestClient(create_app(settings), raise_server_exceptions=True) as client:
+            client.headers["Authorization"] = f"Bearer {BENCH_KEY}"
+            state = client.app.state.service
+
+            def measure(step: str) -> None:
+                state.indexes.flush()
+                footprint[step] = {"store_bytes": store_bytes(data_dir, root), "rss_mib": rss_mib()}
+
+            measure("started")
+            out["start_s"] = time.perf_counter() - tic
+            counter.step = "attach"
+            tic = time.perf_counter()
+            body = {"name": "attached", "model_name": OLD_MODEL, "source": SOURCE}
+            attached = _ok(client.post("/v1/galleries", json=body), 201)
+            out["attach_s"] = time.perf_counter() - tic
+            out["count"] = attached["count"]
+            measure("attached")
+            counter.step = "upgrade"
+            tic = time.perf_counter()
+            upgrade(client, attached["id"], arrays, ids, paired, logged)
+            out["upgrade_s"] = time.perf_counter() - tic
+            measure("upgraded")
+    finally:
+        counter.close()
+    out["paired"], out["logged"] = paired, logged
+    out["footprint"] = footprint
+    out["rows_read"] = dict(counter.rows)
+    return out
+
+
 def verdict(value: float, target: float, unit: str = "") -> str:
     if value >= target:
         return "met"
@@ -480,6 +542,54 @@ def render_markdown(result: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def render_scale(result: dict[str, Any]) -> str:
+    r = result["run"]
+    fp, reads, mib = r["footprint"], r["rows_read"], 2**20
+    sampled = reads.get("upgrade.vectors", 0)
+    lines = [
+        f"Command: `{result['command']}` ({result['seconds'] / 60:.1f} min). "
+        + facts_markdown(result["machine"], result["load_start"], result["load_end"]),
+        "",
+        f"An embedded (local-mode) Qdrant collection of {r['points']:,} points (the MiniLM "
+        "glosses tiled with noise: real-data-derived) attached in process (`create_app` + "
+        f"`TestClient`, SQLite, inline jobs) and upgraded (procrustes, query objective, "
+        f"{r['paired']:,} MPNet gloss pairs, {r['logged']:,} logged lemma queries). Old vectors "
+        f"{r['old_vector_bytes'] / mib:.0f} MiB as float32. Store = the data dir without its "
+        "Qdrant root; RSS = this process, which holds the embedded Qdrant's points too.",
+        "",
+        "| step | store MiB | RSS MiB | rows read from the collection (with vectors / ids only) |",
+        "|---|---|---|---|",
+    ]
+    for step, read in (
+        ("before", None),
+        ("started", "setup"),
+        ("attached", "attach"),
+        ("upgraded", "upgrade"),
+    ):
+        label = {"before": "collection built, service not started", "started": "service started"}
+        rows = (
+            f"{reads.get(read + '.vectors', 0):,} / {reads.get(read + '.ids', 0):,}"
+            if read
+            else "—"
+        )
+        lines.append(
+            f"| {label.get(step, step)} | {fp[step]['store_bytes'] / mib:.1f} | "
+            f"{fp[step]['rss_mib']:.0f} | {rows} |"
+        )
+    grew = fp["upgraded"]["store_bytes"] - fp["started"]["store_bytes"]
+    lines += [
+        "",
+        f"The store grew {grew / mib:.1f} MiB over attach and upgrade, against "
+        f"{r['old_vector_bytes'] / mib:.0f} MiB of old vectors (no copy: "
+        f"{'met' if grew < r['old_vector_bytes'] / 10 else 'missed'}). Upgrade sampling read "
+        f"{sampled:,} vectors for {r['paired']:,} training items (target ≤ the training items: "
+        f"{'met' if sampled <= r['paired'] else 'missed'}). Collection filled in "
+        f"{r['fill_s']:.0f} s, service start (opening the folder) {r['start_s']:.0f} s, attach "
+        f"{r['attach_s']:.1f} s ({r['count']:,} points), upgrade {r['upgrade_s']:.0f} s.",
+    ]
+    return "\n".join(lines) + "\n"
+
+
 def main(
     argv: Sequence[str] | None = None, arrays: dict[str, np.ndarray] | None = None
 ) -> dict[str, Any]:
@@ -494,6 +604,9 @@ def main(
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--no-markdown", action="store_true")
+    parser.add_argument(
+        "--scale", type=int, default=None, help="only the no-copy figures, on this many points"
+    )
     args = parser.parse_args(argv)
     args.queries = args.queries or (200 if args.quick else 1_000)
     args.rounds_1 = args.rounds_1 or (5 if args.quick else 40)
@@ -502,6 +615,24 @@ def main(
     tic = time.perf_counter()
     arrays = arrays if arrays is not None else wordnet_arrays()
     workdir = Path(tempfile.mkdtemp(prefix="nobackfill-bench-qdrant-"))
+    if args.scale is not None:
+        try:
+            outcome = run_scale(arrays, args.scale, args.seed, workdir)
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
+        result = {
+            **run_record(command_line("bench.perf.qdrant_attach", argv), tic, load_start),
+            "run": outcome,
+        }
+        section = None if args.no_markdown or args.quick else SECTION + ".scale"
+        publish(
+            result,
+            args.out or RESULTS / "qdrant_attach_scale.json",
+            render_scale(result),
+            section,
+            "Attached Qdrant collection at scale (bench.perf.qdrant_attach --scale)",
+        )
+        return result
     try:
         outcome = run(arrays, args, workdir)
     finally:
