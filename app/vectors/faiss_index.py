@@ -20,6 +20,8 @@ import faiss
 import numpy as np
 import torch
 
+from app.vectors.lorentz_rows import exact_distances, lifted_gallery, lifted_queries
+
 IndexKind = Literal["flat", "ivf", "hnsw"]
 INDEX_KINDS: tuple[str, ...] = ("flat", "ivf", "hnsw")
 DEFAULT_PARAMS: dict[str, dict[str, int]] = {
@@ -36,8 +38,6 @@ FORMAT = 2
 RERANK_BUDGET = 2**25
 # Float32 scores the exact scan holds at once (queries × gallery rows): 64 MiB.
 SCAN_BUDGET = 2**24
-# Rows lifted at a time (bounds the float64 working copy).
-LIFT_BLOCK = 65536
 # Which engine scores a flat gallery exactly: "auto", "torch" (matrix product) or "faiss" (flat
 # scan). IVF and HNSW always search through FAISS. "auto" on a CPU lets FAISS scan batches of fewer
 # than FAISS_BELOW_BATCH queries and torch the rest: on the quiet 2-core benchmark machine, at 100k
@@ -68,51 +68,6 @@ def validate_index_params(kind: str, params: dict[str, Any]) -> dict[str, int]:
         if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= 65536:
             raise ValueError(f"{key} must be an integer in [1, 65536]")
     return merged
-
-
-def time_component64(x: np.ndarray, curv: float) -> np.ndarray:
-    return np.sqrt(1.0 / curv + np.einsum("...i,...i->...", x, x))
-
-
-def exact_distances(queries: np.ndarray, points: np.ndarray, curv: float) -> np.ndarray:
-    """Lorentz distances in float64 for paired rows (… × d), without catastrophic cancellation.
-
-    −c⟨q,x⟩_L = 1 + t with t = (c/2)(‖q − x‖² − (q₀ − x₀)²) ≥ 0 and q₀ − x₀ written as
-    (‖q‖² − ‖x‖²)/(q₀ + x₀); then d = acosh(1 + t)/√c = log1p(t + √(t(t + 2)))/√c.
-    """
-    q = np.asarray(queries, dtype=np.float64)
-    x = np.asarray(points, dtype=np.float64)
-    q0 = time_component64(q, curv)
-    x0 = time_component64(x, curv)
-    diff = q - x
-    dt = (np.einsum("...i,...i->...", q, q) - np.einsum("...i,...i->...", x, x)) / (q0 + x0)
-    # The spacelike difference of two sheet points has a non-negative Lorentz norm; rounding
-    # can leave a tiny negative t for (near-)identical points, where the distance is 0.
-    t = np.maximum(0.5 * curv * (np.einsum("...i,...i->...", diff, diff) - dt * dt), 0.0)
-    return np.log1p(t + np.sqrt(t * (t + 2.0))) / np.sqrt(curv)
-
-
-def lifted_gallery(points: np.ndarray, curv: float, out: np.ndarray | None = None) -> np.ndarray:
-    """Rows x̃ = (x₀, x) in float32 (x₀ from float64), written into ``out`` when given.
-
-    Worked in blocks of rows so that a million-row gallery never holds a float64 copy at once.
-    """
-    points = np.asarray(points)
-    n = len(points)
-    if out is None:
-        out = np.empty((n, points.shape[1] + 1), dtype=np.float32)
-    for start in range(0, n, LIFT_BLOCK):
-        block = np.asarray(points[start : start + LIFT_BLOCK], dtype=np.float64)
-        out[start : start + len(block), 0] = time_component64(block, curv)
-        out[start : start + len(block), 1:] = block
-    return out
-
-
-def lifted_queries(queries: np.ndarray, curv: float) -> np.ndarray:
-    q = np.asarray(queries, dtype=np.float64)
-    return np.ascontiguousarray(
-        np.concatenate([-time_component64(q, curv)[:, None], q], axis=1), dtype=np.float32
-    )
 
 
 def faiss_gpu_count() -> int:

@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 from app.ml.geometry.lorentz import exp_map0, log_map0
-from app.vectors.faiss_index import LIFT_BLOCK, exact_distances, lifted_gallery, lifted_queries
+from app.vectors.lorentz_rows import LIFT_BLOCK, exact_distances, lifted_gallery, lifted_queries
 
 Layout = Literal["cosine", "tangent", "poincare", "lifted"]
 LAYOUTS: tuple[str, ...] = ("cosine", "tangent", "poincare", "lifted")
