@@ -28,6 +28,7 @@ from app.ml.upgrade.fit_view import bridged_reference_fit, native_reference_fit
 from app.models.models import TrainedModel
 from app.models.service import ModelCache
 from app.vectors.index_store import IndexStore
+from app.vectors.lorentz_rows import best_by_id
 from app.vectors.points import lift_of
 
 
@@ -111,6 +112,11 @@ def _without_reembedded(
     return out_ids, out_dist
 
 
+# Candidates past the k-th taken from the scan of re-embedded features, so that a tie across the
+# k-th place (duplicate documents) is ordered by id whole, as an attached collection's is.
+TIE_ROOM = 16
+
+
 # (native, other): the native list's (vector ids, cosines against the new features) and the
 # other list's (vector ids, Lorentz distances to the query points), each nq × k, −1 padded.
 Lists = tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]
@@ -172,12 +178,13 @@ def mixed_search(
             return None
         # Native list: an exact scan of the re-embedded items. Bridged (or old) list: the
         # gallery's index, re-embedded items dropped.
-        pos, nscores = top_cosines(unit_rows(features), new_features, k)
+        pos, nscores = top_cosines(unit_rows(features), new_features, k + TIE_ROOM)
+        native = best_by_id(vector_ids[pos], nscores, k)
         index = index_for(session, store, gallery)
         other = _without_reembedded(
             index, query_points, np.sort(vector_ids), k, overfetch, min_candidates
         )
-        found = ((vector_ids[pos], nscores), other)
+        found = (native, other)
     (native_ids, nscores), (ids, dist) = found
     fit, ref_new, ref_old = backfill_fit(session, cache, row)
     curv = gallery.lift_curv

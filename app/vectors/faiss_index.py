@@ -20,7 +20,12 @@ import faiss
 import numpy as np
 import torch
 
-from app.vectors.lorentz_rows import exact_distances, lifted_gallery, lifted_queries
+from app.vectors.lorentz_rows import (
+    exact_distances,
+    lifted_gallery,
+    lifted_queries,
+    nearest_first,
+)
 
 IndexKind = Literal["flat", "ivf", "hnsw"]
 INDEX_KINDS: tuple[str, ...] = ("flat", "ivf", "hnsw")
@@ -477,7 +482,7 @@ class LorentzIndex:
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         dist = exact_distances(queries[:, None, :], rows.lifted[positions][..., 1:], self.curv)
         dist[~valid] = np.inf
-        order = np.argsort(dist, axis=1, kind="stable")[:, :k]
+        order = nearest_first(dist, rows.ids[positions], k)
         top_dist = np.take_along_axis(dist, order, axis=1)
         top_positions = np.take_along_axis(positions, order, axis=1)
         top_ids = rows.ids[top_positions]

@@ -1,6 +1,7 @@
 """Lorentz rows in float32 and exact distances in float64: the lift of gallery points and
 queries that turns nearest points into largest inner products, and the cancellation-free distance
-the re-rank uses. Pure numpy; shared by the FAISS index and Milvus's maths."""
+the re-rank uses, and the order of the ranked rows (nearest first, ties by id). Pure numpy; shared
+by the FAISS index, Milvus's maths and the searches of attached collections."""
 
 from __future__ import annotations
 
@@ -53,3 +54,23 @@ def lifted_queries(queries: np.ndarray, curv: float) -> np.ndarray:
     return np.ascontiguousarray(
         np.concatenate([-time_component64(q, curv)[:, None], q], axis=1), dtype=np.float32
     )
+
+
+def nearest_first(distances: np.ndarray, ids: np.ndarray, k: int) -> np.ndarray:
+    """Column order of the ``k`` smallest distances per row (nq × m → nq × min(k, m)), equal
+    distances in increasing id order.
+
+    Exact ties are common in real galleries (duplicate documents embed to the same vector), and
+    an engine returns tied rows in whatever order it stored or scanned them: breaking ties by
+    id makes every engine, and the same gallery after a rebuild, answer in one order. The
+    callers fetch candidates past the k-th so that a tie across the k-th place is seen whole.
+    """
+    keys = np.broadcast_to(np.asarray(ids), np.shape(distances))
+    return np.lexsort((keys, distances), axis=-1)[..., :k]
+
+
+def best_by_id(ids: np.ndarray, scores: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The k best (ids, scores) per row of candidates (nq × m, larger scores better), equal
+    scores in increasing id order (``nearest_first``)."""
+    order = nearest_first(-np.asarray(scores), ids, k)
+    return np.take_along_axis(ids, order, axis=1), np.take_along_axis(scores, order, axis=1)

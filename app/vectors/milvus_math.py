@@ -35,7 +35,13 @@ import numpy as np
 import torch
 
 from app.ml.geometry.lorentz import exp_map0, log_map0
-from app.vectors.lorentz_rows import LIFT_BLOCK, exact_distances, lifted_gallery, lifted_queries
+from app.vectors.lorentz_rows import (
+    LIFT_BLOCK,
+    exact_distances,
+    lifted_gallery,
+    lifted_queries,
+    nearest_first,
+)
 
 Layout = Literal["cosine", "tangent", "poincare", "lifted"]
 LAYOUTS: tuple[str, ...] = ("cosine", "tangent", "poincare", "lifted")
@@ -153,13 +159,19 @@ def cosine_lift(vectors: np.ndarray, scale: float, curv: float) -> np.ndarray:
 
 
 def rerank(
-    queries: np.ndarray, candidates: np.ndarray, valid: np.ndarray, k: int, curv: float
+    queries: np.ndarray,
+    candidates: np.ndarray,
+    valid: np.ndarray,
+    k: int,
+    curv: float,
+    ids: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Order the candidates of each query by exact float64 Lorentz distance.
 
     ``queries`` nq × d, ``candidates`` nq × m × d (space components), ``valid`` nq × m (False
     where the engine returned fewer than m). Returns positions into the m candidates (nq × k,
-    −1 where fewer than k are valid) and distances (inf there), nearest first.
+    −1 where fewer than k are valid) and distances (inf there), nearest first; equal distances
+    in increasing ``ids`` order (nq × m) when given, else in the engine's order.
     """
     queries = np.asarray(queries, dtype=np.float64)
     nq, m = valid.shape
@@ -169,7 +181,10 @@ def rerank(
         return positions, distances
     dist = exact_distances(queries[:, None, :], candidates, curv)
     dist = np.where(valid, dist, np.inf)
-    order = np.argsort(dist, axis=1, kind="stable")[:, :k]
+    if ids is None:
+        order = np.argsort(dist, axis=1, kind="stable")[:, :k]
+    else:
+        order = nearest_first(dist, ids, k)
     top = np.take_along_axis(dist, order, axis=1)
     found = min(k, m)
     positions[:, :found] = np.where(np.isfinite(top), order, -1)

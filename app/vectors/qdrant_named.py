@@ -26,8 +26,15 @@ from app.core.errors import conflict
 from app.ml.backfill.mixed import unit_rows
 from app.vectors import qdrant_ids
 from app.vectors.engine import StoredGallery
+from app.vectors.lorentz_rows import best_by_id
 from app.vectors.qdrant_source import MIGRATION_PREFIX, connection, reachable
-from app.vectors.qdrant_storage import READ_BATCH, SEARCH_BATCH, QdrantVectorStorage
+from app.vectors.qdrant_storage import (
+    READ_BATCH,
+    SEARCH_BATCH,
+    QdrantVectorStorage,
+    asker,
+    past_ties,
+)
 
 PAYLOAD_KEY = "nobackfill_models"
 
@@ -113,25 +120,27 @@ def search_vector(
     nq = len(queries)
     ids = np.full((nq, k), -1, dtype=np.int64)
     cosines = np.full((nq, k), -1.0, dtype=np.float32)
+
+    def request(query: np.ndarray, limit: int) -> models.QueryRequest:
+        return models.QueryRequest(
+            query=query.tolist(), using=name, limit=limit, with_vector=[name], with_payload=False
+        )
+
     for start in range(0, nq, SEARCH_BATCH):
         part = queries[start : start + SEARCH_BATCH]
-        requests = [
-            models.QueryRequest(
-                query=q.tolist(), using=name, limit=k, with_vector=[name], with_payload=False
-            )
-            for q in part
-        ]
         with reachable(source), conn.use() as client:
-            answers = client.query_batch_points(source.collection, requests=requests)
+            answers = client.query_batch_points(
+                source.collection, requests=[request(q, k + 1) for q in part]
+            )
         for offset, answer in enumerate(answers):
-            hits = answer.points
+            hits = past_ties(asker(source, conn, request, part[offset]), answer.points, k)
             if not hits:
                 continue
             qdrant_ids.remember(gallery.id, [h.id for h in hits])
+            hit_ids = np.array([qdrant_ids.internal_of(h.id) for h in hits], dtype=np.int64)
             found = unit_rows(np.asarray([h.vector[name] for h in hits], dtype=np.float32))
-            scores = found @ part[offset]
-            order = np.argsort(-scores, kind="stable")
+            best, scores = best_by_id(hit_ids[None], (found @ part[offset])[None], k)
             row = start + offset
-            ids[row, : len(hits)] = [qdrant_ids.internal_of(hits[i].id) for i in order.tolist()]
-            cosines[row, : len(hits)] = scores[order]
+            ids[row, : best.shape[1]] = best[0]
+            cosines[row, : best.shape[1]] = scores[0]
     return ids, cosines

@@ -16,7 +16,7 @@ transport failure answers 503 and writes nothing.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -28,11 +28,48 @@ from app.core.settings import Settings
 from app.vectors import qdrant_ids
 from app.vectors.engine import SCAN_BATCH, Stored, StoredGallery, Upserted
 from app.vectors.milvus_math import cosine_lift, rerank
-from app.vectors.qdrant_source import QdrantSource, connection, reachable
+from app.vectors.qdrant_source import Connection, QdrantSource, connection, reachable
 
 # Points per retrieve or scroll request, and queries per batched search request.
 READ_BATCH = 1024
 SEARCH_BATCH = 64
+# Qdrant scores in float32: two cosines this close may be equal (or ordered the other way) in
+# the float64 re-rank, so they count as a tie at the k-th place.
+TIE_SLACK = 1e-6
+
+
+def cuts_a_tie(hits: Sequence[Any], k: int, limit: int) -> bool:
+    """Whether a search asked for ``limit`` > k hits may have cut a tie running across the k-th
+    place: it returned all it was asked for and the last scores like the k-th."""
+    return len(hits) >= limit and hits[-1].score >= hits[k - 1].score - TIE_SLACK
+
+
+def asker(
+    source: QdrantSource,
+    conn: Connection,
+    request: Callable[[np.ndarray, int], models.QueryRequest],
+    query: np.ndarray,
+) -> Callable[[int], Sequence[Any]]:
+    """``limit`` → the hits of ``query``'s search asked with that limit (for ``past_ties``)."""
+
+    def ask(limit: int) -> Sequence[Any]:
+        with reachable(source), conn.use() as client:
+            answer = client.query_batch_points(source.collection, requests=[request(query, limit)])
+        return answer[0].points
+
+    return ask
+
+
+def past_ties(ask: Callable[[int], Sequence[Any]], hits: Sequence[Any], k: int) -> Sequence[Any]:
+    """``hits`` (a search asked for k + 1), or those of a wider search (``ask(limit)``) while a
+    tie may run across the k-th place: duplicate documents embed to one vector, and Qdrant
+    returns tied points in its own order, so without all of them the re-rank could not order
+    them by id (``app.vectors.lorentz_rows.nearest_first``) as every other engine does."""
+    limit = k + 1
+    while cuts_a_tie(hits, k, limit):
+        limit *= 2
+        hits = ask(limit)
+    return hits
 
 
 def read_only(gallery_id: str) -> Exception:
@@ -220,28 +257,32 @@ class QdrantSearcher:
             if without is None
             else models.Filter(must_not=[models.HasVectorCondition(has_vector=without)])
         )
+        with_vector = self._storage._with_vectors(gallery)
+
+        def request(query: np.ndarray, limit: int) -> models.QueryRequest:
+            return models.QueryRequest(
+                query=query.astype(np.float32).tolist(),
+                using=source.vector,
+                limit=limit,
+                with_vector=with_vector,
+                with_payload=False,
+                params=params,
+                filter=lacking,
+            )
+
         for start in range(0, nq, SEARCH_BATCH):
             part = queries[start : start + SEARCH_BATCH]
-            requests = [
-                models.QueryRequest(
-                    query=q.astype(np.float32).tolist(),
-                    using=source.vector,
-                    limit=k,
-                    with_vector=self._storage._with_vectors(gallery),
-                    with_payload=False,
-                    params=params,
-                    filter=lacking,
-                )
-                for q in part
-            ]
             with reachable(source), conn.use() as client:
-                answers = client.query_batch_points(source.collection, requests=requests)
+                answers = client.query_batch_points(
+                    source.collection, requests=[request(q, k + 1) for q in part]
+                )
             for offset, answer in enumerate(answers):
                 row = start + offset
-                hits = answer.points
+                hits = past_ties(asker(source, conn, request, part[offset]), answer.points, k)
                 if not hits:
                     continue
                 qdrant_ids.remember(gallery.id, [h.id for h in hits])
+                hit_ids = np.array([qdrant_ids.internal_of(h.id) for h in hits], dtype=np.int64)
                 found = cosine_lift(
                     self._storage._vectors(gallery, hits), gallery.lift_scale, gallery.lift_curv
                 ).astype(np.float32)
@@ -251,10 +292,11 @@ class QdrantSearcher:
                     np.ones((1, len(hits)), dtype=bool),
                     k,
                     gallery.lift_curv,
+                    ids=hit_ids[None],
                 )
                 at = order[0][order[0] >= 0]
                 n = len(at)
-                ids[row, :n] = [qdrant_ids.internal_of(hits[i].id) for i in at.tolist()]
+                ids[row, :n] = hit_ids[at]
                 distances[row, :n] = dist[0, :n]
                 points[row, :n] = found[at]
         return ids, distances, points

@@ -322,3 +322,51 @@ def test_approximate_indexes_refuse_an_exclusion() -> None:
     assert not index.can_exclude
     with pytest.raises(ValueError, match="cannot exclude"):
         index.search_with_points(gallery[:2].astype(np.float64), 5, exclude=np.arange(3))
+
+
+@pytest.mark.parametrize("engine", ["torch", "faiss"])
+def test_equal_distances_rank_by_id(engine: str) -> None:
+    """Duplicate vectors tie exactly; they come back in increasing id order whatever order they
+    were stored in, and a tie across the k-th place keeps the smallest ids (so two galleries of
+    the same vectors, or the same gallery rebuilt, answer alike)."""
+    rng = np.random.default_rng(21)
+    gallery = points_at_radius(40, 8, 2.0, seed=22).astype(np.float32)
+    duplicate = gallery[5]
+    gallery[[11, 17, 23, 29]] = duplicate
+    ids = rng.permutation(np.arange(100, 140))
+    index = LorentzIndex.build(8, 1.0, "flat", {}, ids, gallery, engine=engine)
+    tied = np.sort(ids[[5, 11, 17, 23, 29]])
+    found, dist = index.search(duplicate[None].astype(np.float64), 5)
+    np.testing.assert_array_equal(found[0], tied)
+    assert np.all(dist[0] == dist[0, 0])
+    found, _ = index.search(duplicate[None].astype(np.float64), 3)
+    np.testing.assert_array_equal(found[0], tied[:3])
+
+
+def test_best_by_id_orders_ties_and_keeps_the_smallest_ids() -> None:
+    from app.vectors.lorentz_rows import best_by_id
+
+    ids = np.array([[9, 4, 7, 1, 3]])
+    scores = np.array([[0.5, 0.9, 0.5, 0.5, 0.1]], dtype=np.float32)
+    best, best_scores = best_by_id(ids, scores, 3)
+    np.testing.assert_array_equal(best, [[4, 1, 7]])
+    np.testing.assert_array_equal(best_scores, scores[:, [1, 3, 2]])
+
+
+def test_a_qdrant_search_widens_while_a_tie_runs_across_the_kth_place() -> None:
+    from types import SimpleNamespace
+
+    from app.vectors.qdrant_storage import past_ties
+
+    scores = [0.9, 0.8, 0.8, 0.8, 0.8, 0.8, 0.8, 0.1]
+    asked: list[int] = []
+
+    def ask(limit: int) -> list:
+        asked.append(limit)
+        return [SimpleNamespace(score=s) for s in scores[:limit]]
+
+    hits = past_ties(ask, ask(3), 2)
+    assert asked == [3, 6, 12] and len(hits) == len(scores)
+    asked.clear()
+    # No tie at the k-th place: the first answer stands.
+    assert len(past_ties(ask, ask(2), 1)) == 2 and asked == [2]

@@ -326,3 +326,34 @@ def test_qdrant_unreachable_mid_search_is_a_503_and_writes_nothing(
     assert snapshot(client) == before
     monkeypatch.undo()
     assert top_ids(client.post(url, json={"vectors": nouns["old"][:1].tolist(), "k": 3}))
+
+
+def test_tied_points_rank_by_id_like_the_copied_gallery(
+    client: TestClient, tmp_path: Path, wordnet_small: dict
+) -> None:
+    """Duplicate documents embed to the same vector: Qdrant returns tied points in its own order
+    (here: the order they were stored in) and may cut a tie at the k-th place anywhere. The
+    service asks past the k-th place when the scores tie there and orders ties by internal id
+    (a point id, for integer points), as a copied gallery orders them by its internal ids
+    (the order its items were first stored: here the point ids' order)."""
+    old = wordnet_small[OLD][:60].copy()
+    tied = [41, 7, 33, 2, 19]  # stored in this order: not the id order
+    old[tied] = old[0]
+    point_ids = list(range(60))
+    order = tied + [i for i in point_ids if i not in tied]
+    build_collection(qdrant_root(tmp_path) / "dups", "dups", old[order], order)
+    attached = attach(client, {"engine": "qdrant", "path": "dups", "collection": "dups"})
+    copied = copied_gallery(client, [str(i) for i in point_ids], old)
+    for k in (2, 3, 5, 8):
+        answers = [
+            top_ids(
+                client.post(
+                    f"/v1/galleries/{g['id']}/search",
+                    json={"vectors": old[[0, 1]].tolist(), "k": k},
+                )
+            )
+            for g in (attached, copied)
+        ]
+        assert answers[0] == answers[1], k
+        expected = [str(i) for i in sorted([0, *tied])]
+        assert answers[0][0][: len(expected)] == expected[:k], k
