@@ -4,10 +4,12 @@ storage, and refuses writes (``refuse_writes``): the collection belongs to its o
 
 from __future__ import annotations
 
+from typing import Any
+
 from sqlalchemy.orm import Session
 
 from app.core.db import new_id
-from app.core.errors import invalid
+from app.core.errors import Problem, invalid
 from app.core.settings import Settings
 from app.galleries.models import Gallery
 from app.galleries.schemas import GalleryCreate
@@ -79,3 +81,39 @@ def attach_gallery(
     qdrant_ids.record(session, gallery.id, points)
     gallery.count = len(points)
     return gallery
+
+
+class CollectionChanged(ValueError):
+    """The attached collection can no longer serve its gallery as recorded (gone, another
+    dimension or metric): a job on it fails saying so, and nothing is written."""
+
+
+def recheck(session: Session, settings: Settings, gallery: Gallery) -> dict[str, Any] | None:
+    """Compare an attached collection with what its gallery recorded, at the start of each job
+    on it (its owner changes it at any time). Another dimension, a metric other than Cosine or a
+    missing collection or vector raise ``CollectionChanged``; another point count is taken as
+    the gallery's (staged; the caller commits) and returned for the job's report:
+    ``{"points_recorded", "points_now", "changed"}``. None for a gallery that is not attached.
+    A collection out of reach raises the 503 ``Problem`` (the job fails, it may be retried)."""
+    if gallery.vector_storage != QDRANT:
+        return None
+    try:
+        shape = describe(settings, QdrantSource.of(gallery.source or {}))
+    except Problem as exc:
+        if exc.status >= 500:
+            raise
+        raise CollectionChanged(
+            f"the attached collection changed under the service: {exc.detail}"
+        ) from exc
+    if shape.dim != gallery.dim:
+        raise CollectionChanged(
+            f"the attached collection changed under the service: its vectors have dimension "
+            f"{shape.dim}, the gallery's {gallery.dim}; attach it again as a new gallery"
+        )
+    recorded = gallery.count
+    gallery.count = shape.count
+    return {
+        "points_recorded": recorded,
+        "points_now": shape.count,
+        "changed": recorded != shape.count,
+    }

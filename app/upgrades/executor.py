@@ -27,6 +27,7 @@ from sqlalchemy import select, update
 from app.core.db import Database, as_utc, new_id, utcnow
 from app.core.settings import Settings
 from app.datasets.models import Dataset
+from app.galleries import attach
 from app.galleries.models import Gallery
 from app.jobs.models import CANCELLED, FAILED, QUEUED, RUNNING, SUCCEEDED, UpgradeJob
 from app.ml.methods.models import model_to_bytes
@@ -217,6 +218,12 @@ def _train(
         gallery = session.get(Gallery, job.gallery_id) if job.gallery_id else None
         if gallery is None:
             raise ValueError("the gallery of this upgrade was deleted")
+        collection = attach.recheck(session, settings, gallery)
+        if collection is not None:
+            session.commit()
+            loaded_from = {"collection": collection}
+        else:
+            loaded_from = {}
         data, loaded = backbone.load_inputs(session, dataset, gallery)
         session.expunge(gallery)
     out = backbone.train(
@@ -228,7 +235,7 @@ def _train(
         eval_fraction=job.eval_fraction,
         hooks=hooks,
     )
-    return replace(out, report={**loaded, **out.report})
+    return replace(out, report={**loaded_from, **loaded, **out.report})
 
 
 def _set_phase(db: Database, job_id: str, worker: str, phase: str) -> None:

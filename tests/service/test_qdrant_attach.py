@@ -21,6 +21,7 @@ from fastapi.testclient import TestClient
 from qdrant_client import QdrantClient, models
 from qdrant_client.http.exceptions import ResponseHandlingException
 
+from app.vectors.qdrant_source import QdrantSource, connection
 from tests.service.celery_worker import wait_for_job
 from tests.service.conftest import problem, snapshot
 
@@ -357,3 +358,70 @@ def test_tied_points_rank_by_id_like_the_copied_gallery(
         assert answers[0] == answers[1], k
         expected = [str(i) for i in sorted([0, *tied])]
         assert answers[0][0][: len(expected)] == expected[:k], k
+
+
+def paired_dataset(client: TestClient, gallery_id: str, nouns: dict, items: range) -> str:
+    """A dataset pairing the first items with their new vectors; its id."""
+    dataset = client.post("/v1/datasets", json={"name": "mpnet", "gallery_id": gallery_id}).json()
+    ids = [nouns["ids"][i] for i in items]
+    stored = client.post(
+        f"/v1/datasets/{dataset['id']}/items",
+        json={"ids": ids, "features": nouns["new"][list(items)].tolist()},
+    )
+    assert stored.status_code == 200, stored.text
+    return dataset["id"]
+
+
+def upgrade_on(client: TestClient, dataset_id: str) -> dict:
+    """A procrustes upgrade on the dataset; the finished job."""
+    created = client.post(
+        "/v1/upgrades", json={"dataset_id": dataset_id, "method": "procrustes", "seed": 3}
+    )
+    assert created.status_code == 202, created.text
+    return wait_for_job(client, created.json()["id"], timeout=300)
+
+
+def test_each_upgrade_rechecks_the_collection_and_reports_a_changed_count(
+    client: TestClient, nouns: dict
+) -> None:
+    """Points added or deleted by the collection's owner after attach: the next job counts them
+    again, says so in its report and corrects the gallery's count; unchanged, it says that."""
+    attached = attach(client, nouns["source"])
+    dataset_id = paired_dataset(client, attached["id"], nouns, range(10, 160))
+    job = upgrade_on(client, dataset_id)
+    assert job["status"] == "succeeded", job["error"]
+    assert job["report"]["collection"] == {"points_recorded": N, "points_now": N, "changed": False}
+    settings = client.app.state.service.settings
+    with connection(settings, QdrantSource.of(nouns["source"])).use() as qdrant:
+        qdrant.delete("nouns", points_selector=models.PointIdsList(points=[0, 1, 2, 250, 251]))
+    job = upgrade_on(client, dataset_id)
+    assert job["status"] == "succeeded", job["error"]
+    assert job["report"]["collection"] == {
+        "points_recorded": N,
+        "points_now": N - 5,
+        "changed": True,
+    }
+    assert client.get(f"/v1/galleries/{attached['id']}").json()["count"] == N - 5
+
+
+def test_an_upgrade_on_a_collection_whose_dimension_changed_fails_saying_so(
+    client: TestClient, nouns: dict
+) -> None:
+    attached = attach(client, nouns["source"])
+    dataset_id = paired_dataset(client, attached["id"], nouns, range(150))
+    settings = client.app.state.service.settings
+    with connection(settings, QdrantSource.of(nouns["source"])).use() as qdrant:
+        qdrant.delete_collection("nouns")
+        qdrant.create_collection(
+            "nouns", vectors_config=models.VectorParams(size=8, distance=models.Distance.COSINE)
+        )
+        # Every point still there (the submission finds its pairs), now 8-dimensional.
+        points = [
+            models.PointStruct(id=i, vector=v[:8].tolist()) for i, v in enumerate(nouns["old"])
+        ]
+        qdrant.upsert("nouns", points=points)
+    job = upgrade_on(client, dataset_id)
+    assert job["status"] == "failed"
+    assert "changed under the service" in job["error"] and "384" in job["error"], job["error"]
+    before = client.get(f"/v1/galleries/{attached['id']}").json()
+    assert before["count"] == N and before["dim"] == 384
