@@ -23,6 +23,7 @@ from app.core.schemas import (
 from app.core.tenancy import tenant_page
 from app.core.uploads import read_json_model
 from app.galleries.service import refuse_while_bound
+from app.migration.in_place import forget_model
 from app.models import service
 from app.models.export import EXPORT_FORMATS
 from app.models.models import TrainedModel
@@ -106,6 +107,7 @@ def delete_model(
     row = service.get_model(session, tenant_id, model_id)
     refuse_while_bound(session, row.id)
     cascaded = service.delete_model(session, state.settings, state.models, row, cascade=cascade)
+    forget_model(session, cascaded["by_gallery"], model_id)
     if not cascade:
         return Response(status_code=status.HTTP_204_NO_CONTENT)
     body = ModelDeleted(id=model_id, cascaded=ModelCascade(**cascaded))

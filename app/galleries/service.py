@@ -422,12 +422,20 @@ def delete_gallery(
             f"({listed}); deleting it would delete them: repeat with ?cascade=true to delete "
             "them with it"
         )
+    attached = gallery.source if gallery.vector_storage == QDRANT else None
     with store.lock(gallery.id):
         storage = storage_for(session, gallery)
         session.delete(gallery)
         session.commit()
         storage.drop(gallery.id)
         store.drop(gallery.id)
+    if attached is not None and reembedded:
+        # The service's writes to the owner's collection (an in-place migration) go too.
+        from app.vectors import qdrant_named
+        from app.vectors.qdrant_source import QdrantSource
+
+        settings = session_settings(session)
+        qdrant_named.forget_models(settings, gallery.id, QdrantSource.of(attached), reembedded)
     return {"reembedded_items": sum(reembedded.values()), "by_model": reembedded}
 
 

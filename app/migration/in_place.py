@@ -17,6 +17,7 @@ an error: the owner may delete points at any time.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
@@ -29,7 +30,9 @@ from app.migration.mixed_search import Lists
 from app.migration.reembed import locked_upload, reembedded_count, replace_rows
 from app.models.models import TrainedModel
 from app.vectors import qdrant_ids, qdrant_named
+from app.vectors.engine import QDRANT
 from app.vectors.index_store import IndexStore
+from app.vectors.qdrant_source import QdrantSource
 from app.vectors.qdrant_storage import QdrantSearcher, QdrantVectorStorage, qdrant_storage
 from app.vectors.storage import session_settings
 
@@ -140,3 +143,15 @@ def search_lists(
         query_points, k, without=name
     )
     return native, (ids, dist)
+
+
+def forget_model(session: Session, gallery_ids: Iterable[str], model_id: str) -> None:
+    """After a model's re-embedded items were deleted (committed): take its named vector and
+    provenance out of the attached collections among ``gallery_ids``
+    (``qdrant_named.forget_models``)."""
+    settings = session_settings(session)
+    for gallery_id in gallery_ids:
+        gallery = session.get(Gallery, gallery_id)
+        if gallery is not None and gallery.vector_storage == QDRANT:
+            source = QdrantSource.of(gallery.source or {})
+            qdrant_named.forget_models(settings, gallery.id, source, [model_id])

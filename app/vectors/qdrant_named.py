@@ -17,25 +17,29 @@ lists of a mixed search come from the collection itself, so they can never overl
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import logging
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 from qdrant_client import models
 
 from app.core.errors import conflict
+from app.core.settings import Settings
 from app.ml.backfill.mixed import unit_rows
 from app.vectors import qdrant_ids
 from app.vectors.engine import StoredGallery
 from app.vectors.lorentz_rows import best_by_id
-from app.vectors.qdrant_source import MIGRATION_PREFIX, connection, reachable
+from app.vectors.qdrant_source import MIGRATION_PREFIX, QdrantSource, connection, reachable
 from app.vectors.qdrant_storage import (
     READ_BATCH,
     SEARCH_BATCH,
     QdrantVectorStorage,
     asker,
     past_ties,
+    scroll,
 )
 
+log = logging.getLogger(__name__)
 PAYLOAD_KEY = "nobackfill_models"
 
 
@@ -104,6 +108,50 @@ def write(
             client.update_vectors(source.collection, points=vectors)
             client.set_payload(
                 source.collection, payload={model_id: written_at}, points=part, key=PAYLOAD_KEY
+            )
+
+
+def remove_model(settings: Settings, source: QdrantSource, model_id: str) -> int:
+    """Take ``model_id``'s writes out of the collection: its named vector and its entry in the
+    points' provenance (the payload key goes with its last entry); every point, its own vectors
+    and the rest of its payload stay. Returns the points whose provenance named the model."""
+    conn = connection(settings, source)
+    name = migration_vector(model_id)
+    entry = f"{PAYLOAD_KEY}.{model_id}"
+    naming = models.Filter(
+        must_not=[models.IsEmptyCondition(is_empty=models.PayloadField(key=entry))]
+    )
+    only, shared = [], []
+    for records in scroll(settings, source, READ_BATCH, payload=[PAYLOAD_KEY], only=naming):
+        for record in records:
+            written = (record.payload or {}).get(PAYLOAD_KEY) or {}
+            (only if set(written) <= {model_id} else shared).append(record.id)
+    with reachable(source), conn.use() as client:
+        for keys, points in (([PAYLOAD_KEY], only), ([entry], shared)):
+            for start in range(0, len(points), READ_BATCH):
+                client.delete_payload(
+                    source.collection, keys=keys, points=points[start : start + READ_BATCH]
+                )
+        vectors = client.get_collection(source.collection).config.params.vectors
+        if name in _named(vectors):
+            client.delete_vector_name(source.collection, name)
+    return len(only) + len(shared)
+
+
+def forget_models(
+    settings: Settings, gallery_id: str, source: QdrantSource, model_ids: Iterable[str]
+) -> None:
+    """``remove_model`` for each model, once its re-embedded items were deleted (committed).
+    Best effort: a collection out of reach keeps them (logged); no search reads them any more."""
+    for model_id in model_ids:
+        try:
+            remove_model(settings, source, model_id)
+        except Exception:
+            log.warning(
+                "could not remove model %s's vectors from gallery %s's collection",
+                model_id,
+                gallery_id,
+                exc_info=True,
             )
 
 

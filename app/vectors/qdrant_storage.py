@@ -60,6 +60,34 @@ def asker(
     return ask
 
 
+def scroll(
+    settings: Settings,
+    source: QdrantSource,
+    batch: int,
+    *,
+    vectors: bool | list[str] = False,
+    payload: bool | list[str] = False,
+    only: models.Filter | None = None,
+) -> Iterator[list[Any]]:
+    """The collection's points (those matching ``only``), a non-empty page at a time."""
+    conn = connection(settings, source)
+    offset = None
+    while True:
+        with reachable(source), conn.use() as client:
+            records, offset = client.scroll(
+                source.collection,
+                scroll_filter=only,
+                limit=batch,
+                offset=offset,
+                with_payload=payload,
+                with_vectors=vectors,
+            )
+        if records:
+            yield records
+        if offset is None:
+            return
+
+
 def past_ties(ask: Callable[[int], Sequence[Any]], hits: Sequence[Any], k: int) -> Sequence[Any]:
     """``hits`` (a search asked for k + 1), or those of a wider search (``ask(limit)``) while a
     tie may run across the k-th place: duplicate documents embed to one vector, and Qdrant
@@ -158,23 +186,10 @@ class QdrantVectorStorage:
         return {i: (item, None) for i, item in qdrant_ids.names(session, gallery.id, ids).items()}
 
     def _scroll(self, gallery: StoredGallery, vectors: bool, batch: int) -> Iterator[list[Any]]:
-        source = self._source(gallery)
-        conn = connection(self.settings, source)
-        offset = None
-        while True:
-            with reachable(source), conn.use() as client:
-                records, offset = client.scroll(
-                    source.collection,
-                    limit=batch,
-                    offset=offset,
-                    with_payload=False,
-                    with_vectors=self._with_vectors(gallery) if vectors else False,
-                )
+        with_vectors = self._with_vectors(gallery) if vectors else False
+        for records in scroll(self.settings, self._source(gallery), batch, vectors=with_vectors):
             qdrant_ids.remember(gallery.id, [r.id for r in records])
-            if records:
-                yield records
-            if offset is None:
-                return
+            yield records
 
     def scan(
         self, session: Session, gallery: StoredGallery, batch: int = SCAN_BATCH

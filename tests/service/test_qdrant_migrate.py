@@ -299,3 +299,32 @@ def test_searching_the_spaces_unmerged_is_refused(
     features = {"model_id": model_id, "features": wordnet_small[f"lemma.{NEW}"][:2].tolist()}
     problem(client.post(f"/v1/galleries/{attached}/search", json=features), 409)
     assert snapshot(client) == before
+
+
+@pytest.mark.parametrize("deleted", ["model", "gallery"])
+def test_a_cascaded_delete_removes_the_service_vector_and_provenance_from_the_collection(
+    client: TestClient, migration: dict, wordnet_small: dict, deleted: str
+) -> None:
+    """The named vector and the payload entries are the service's writes: deleting the model
+    (or detaching the gallery) with ``?cascade=true`` takes them out of the owner's collection,
+    leaving every point, its own vector and any other payload as they were."""
+    attached, model_id, name = migration["attached"], migration["model_id"], migration["vector"]
+    with collection(client) as qdrant:
+        qdrant.set_payload("glosses", payload={"owner": "kept"}, points=[0, 1, 2])
+        before, _ = qdrant.scroll("glosses", limit=N, with_vectors=True, with_payload=True)
+    assert reembed(client, attached, model_id, wordnet_small, migration["ids"][:40]).status_code
+    if deleted == "model":
+        client.delete(f"/v1/galleries/{migration['copied']}")
+        gone = client.delete(f"/v1/models/{model_id}", params={"cascade": "true"})
+    else:
+        for dataset in client.get("/v1/datasets").json()["items"]:
+            if dataset["gallery_id"] == attached:
+                assert client.delete(f"/v1/datasets/{dataset['id']}").status_code == 204
+        gone = client.delete(f"/v1/galleries/{attached}", params={"cascade": "true"})
+    assert gone.status_code == 200, gone.text
+    with collection(client) as qdrant:
+        vectors = qdrant.get_collection("glosses").config.params.vectors
+        after, _ = qdrant.scroll("glosses", limit=N, with_vectors=True, with_payload=True)
+    assert name not in (vectors if isinstance(vectors, dict) else {})
+    assert old_vectors(after) == old_vectors(before)
+    assert {str(r.id): r.payload for r in after} == {str(r.id): r.payload for r in before}
