@@ -27,7 +27,7 @@ from app.core.errors import conflict
 from app.core.settings import Settings
 from app.vectors import qdrant_ids
 from app.vectors.engine import SCAN_BATCH, Stored, StoredGallery, Upserted
-from app.vectors.milvus_math import cosine_lift, rerank
+from app.vectors.milvus_math import no_hits, ranked_hits
 from app.vectors.qdrant_source import QdrantSource, connection, reachable
 
 # Points per retrieve or scroll request, and queries per batched search request.
@@ -206,10 +206,7 @@ class QdrantSearcher:
         gallery = self._gallery
         source = self._storage._source(gallery)
         queries = np.asarray(queries, dtype=np.float64).reshape(-1, self.dim)
-        nq = len(queries)
-        ids = np.full((nq, k), -1, dtype=np.int64)
-        distances = np.full((nq, k), np.inf)
-        points = np.full((nq, k, self.dim), np.nan, dtype=np.float32)
+        ids, distances, points = no_hits(len(queries), k, self.dim)
         conn = connection(self._storage.settings, source)
         # A flat gallery asks a server for exact search (its HNSW is approximate); local mode
         # is always exact and warns about any search parameter.
@@ -220,7 +217,7 @@ class QdrantSearcher:
             if without is None
             else models.Filter(must_not=[models.HasVectorCondition(has_vector=without)])
         )
-        for start in range(0, nq, SEARCH_BATCH):
+        for start in range(0, len(queries), SEARCH_BATCH):
             part = queries[start : start + SEARCH_BATCH]
             requests = [
                 models.QueryRequest(
@@ -242,21 +239,13 @@ class QdrantSearcher:
                 if not hits:
                     continue
                 qdrant_ids.remember(gallery.id, [h.id for h in hits])
-                found = cosine_lift(
-                    self._storage._vectors(gallery, hits), gallery.lift_scale, gallery.lift_curv
-                ).astype(np.float32)
-                order, dist = rerank(
-                    part[offset : offset + 1],
-                    found[None],
-                    np.ones((1, len(hits)), dtype=bool),
-                    k,
-                    gallery.lift_curv,
+                vectors = self._storage._vectors(gallery, hits)
+                at, dist, found = ranked_hits(
+                    part[offset], vectors, gallery.lift_scale, gallery.lift_curv, k
                 )
-                at = order[0][order[0] >= 0]
                 n = len(at)
                 ids[row, :n] = [qdrant_ids.internal_of(hits[i].id) for i in at.tolist()]
-                distances[row, :n] = dist[0, :n]
-                points[row, :n] = found[at]
+                distances[row, :n], points[row, :n] = dist, found
         return ids, distances, points
 
 
