@@ -27,7 +27,14 @@ from app.galleries.schemas import GalleryCreate
 from app.ml.geometry.space import DEFAULT_CURVATURE, DEFAULT_LIFT_SCALE
 from app.models.models import TrainedModel
 from app.models.service import ModelCache, embed_features, get_model, resolve_modality
-from app.vectors.engine import MILVUS, QDRANT, SEARCHED_IN_ENGINE, VectorStorage
+from app.vectors.engine import (
+    ATTACHED,
+    ATTACHED_MILVUS,
+    MILVUS,
+    QDRANT,
+    SEARCHED_IN_ENGINE,
+    VectorStorage,
+)
 from app.vectors.faiss_index import LorentzIndex, validate_index_params
 from app.vectors.index_store import IndexSpec, IndexStore
 from app.vectors.points import lifted_points
@@ -37,6 +44,7 @@ from app.vectors.storage import session_settings, storage_for, vectors_dir
 from app.vectors.tables import ReembeddedVector
 
 if TYPE_CHECKING:
+    from app.vectors.milvus_attached import MilvusAttachedSearcher
     from app.vectors.milvus_storage import MilvusSearcher
     from app.vectors.qdrant_storage import QdrantSearcher
 
@@ -433,14 +441,19 @@ def delete_gallery(
 
 def index_for(
     session: Session, store: IndexStore, gallery: Gallery
-) -> LorentzIndex | MilvusSearcher | QdrantSearcher:
+) -> LorentzIndex | MilvusSearcher | QdrantSearcher | MilvusAttachedSearcher:
     """What searches the gallery: its in-memory FAISS index, or for a Milvus gallery a
     ``MilvusSearcher`` (same ``ntotal`` and ``search_with_points``) that holds nothing, and
-    for an attached Qdrant collection a ``QdrantSearcher``."""
+    for an attached Qdrant or Milvus collection a ``QdrantSearcher`` or a
+    ``MilvusAttachedSearcher``."""
     if gallery.vector_storage == QDRANT:
         from app.vectors.qdrant_storage import QdrantSearcher, qdrant_storage
 
         return QdrantSearcher(qdrant_storage(session_settings(session)), gallery)
+    if gallery.vector_storage == ATTACHED_MILVUS:
+        from app.vectors.milvus_attached import MilvusAttachedSearcher, milvus_attached_storage
+
+        return MilvusAttachedSearcher(milvus_attached_storage(session_settings(session)), gallery)
     if gallery.vector_storage == MILVUS:
         from app.vectors.milvus_storage import MilvusSearcher, milvus_storage
 
@@ -455,7 +468,7 @@ def gallery_points(
     index, or read from Milvus or Qdrant for this call only."""
     if gallery.vector_storage in SEARCHED_IN_ENGINE:
         ids, points = point_loader(session, gallery)()
-        # Qdrant's pages follow its own order, not the mapped ids'.
+        # Qdrant's and Milvus's pages follow their own order, not the mapped ids'.
         order = np.argsort(ids, kind="stable")
         return ids[order], points[order]
     index = index_for(session, store, gallery)
@@ -471,7 +484,7 @@ def verify_all_indexes(session: Session, store: IndexStore) -> dict[str, str]:
         [g for g in galleries if g.vector_storage == "segments"]
     )
     for gallery in galleries:
-        if gallery.vector_storage == QDRANT:
+        if gallery.vector_storage in ATTACHED:
             _recount_attached(session, gallery)
             continue
         if gallery.vector_storage == MILVUS:
