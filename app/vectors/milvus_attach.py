@@ -5,6 +5,11 @@ id field, its vector field and its metric; training pairs read the old vectors b
 maps the query into the collection's space first (a trained model's transform) and asks Milvus.
 The reader exposes no write and never changes the collection's state: it neither creates indexes
 nor loads a released collection (loading claims the owner's memory), it refuses instead.
+
+An attached gallery (``app.vectors.milvus_source`` checks the place, ``app.vectors.milvus_attached``
+serves it as a gallery's storage) reads through this class: checked once on attach, then built
+per request from what was checked (``known``), with every read at Strong consistency so that the
+owner's writes are seen.
 """
 
 from __future__ import annotations

@@ -29,7 +29,6 @@ serialises calls to a file's.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,7 +36,7 @@ from typing import Any
 from pymilvus import MilvusClient
 from pymilvus.exceptions import MilvusException
 
-from app.core.errors import Problem, invalid, unavailable
+from app.core.errors import Problem, invalid
 from app.core.settings import Settings
 from app.vectors import source_rules
 from app.vectors.milvus_attach import AttachedCollection, AttachError
@@ -189,20 +188,13 @@ def is_unreachable(exc: BaseException) -> bool:
     return False
 
 
-@contextlib.contextmanager
-def reachable(source: MilvusSource) -> Iterator[None]:
+def reachable(source: MilvusSource) -> contextlib.AbstractContextManager[None]:
     """While the service uses the collection: transport failures answer 503 (retry later)."""
-    try:
-        yield
-    except Problem:
-        raise
-    except Exception as exc:
-        if not is_unreachable(exc):
-            raise
-        raise unavailable(
-            f"the gallery's Milvus collection {source.collection!r} is unreachable; retry shortly",
-            RETRY_AFTER_S,
-        ) from exc
+    return source_rules.unreachable_is_503(
+        is_unreachable,
+        f"the gallery's Milvus collection {source.collection!r} is unreachable; retry shortly",
+        RETRY_AFTER_S,
+    )
 
 
 def reader(conn: Connection, source: MilvusSource, dim: int) -> AttachedCollection:

@@ -24,14 +24,13 @@ thread-safe: the process keeps one client per place and serialises calls to a lo
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from qdrant_client import QdrantClient, models
 
-from app.core.errors import Problem, invalid, unavailable
+from app.core.errors import Problem, invalid
 from app.core.settings import Settings
 from app.vectors import source_rules
 from app.vectors.source_rules import env_secret, under_root, url_allowed
@@ -158,20 +157,13 @@ def is_unreachable(exc: BaseException) -> bool:
     )
 
 
-@contextlib.contextmanager
-def reachable(source: QdrantSource) -> Iterator[None]:
+def reachable(source: QdrantSource) -> contextlib.AbstractContextManager[None]:
     """While the service uses the collection: transport failures answer 503 (retry later)."""
-    try:
-        yield
-    except Problem:
-        raise
-    except Exception as exc:
-        if not is_unreachable(exc):
-            raise
-        raise unavailable(
-            f"the gallery's Qdrant collection {source.collection!r} is unreachable; retry shortly",
-            RETRY_AFTER_S,
-        ) from exc
+    return source_rules.unreachable_is_503(
+        is_unreachable,
+        f"the gallery's Qdrant collection {source.collection!r} is unreachable; retry shortly",
+        RETRY_AFTER_S,
+    )
 
 
 def describe(settings: Settings, source: QdrantSource) -> CollectionShape:

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Generic, TypeVar
 from urllib.parse import urlsplit
 
-from app.core.errors import invalid
+from app.core.errors import Problem, invalid, unavailable
 
 Client = TypeVar("Client")
 
@@ -117,3 +117,19 @@ class Connections(Generic[Client]):
         for conn in opened:
             with conn.use() as client:
                 closer(client)
+
+
+@contextlib.contextmanager
+def unreachable_is_503(
+    is_unreachable: Callable[[BaseException], bool], detail: str, retry_after_s: int
+) -> Iterator[None]:
+    """While the service uses an attached collection: a transport failure (``is_unreachable``)
+    answers 503 with ``detail`` and Retry-After; any other error passes through."""
+    try:
+        yield
+    except Problem:
+        raise
+    except Exception as exc:
+        if not is_unreachable(exc):
+            raise
+        raise unavailable(detail, retry_after_s) from exc

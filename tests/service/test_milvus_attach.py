@@ -319,3 +319,20 @@ def test_the_collection_changed_under_the_service(
         milvus.delete("nouns", filter="doc_id in [7]")
     stop_client(restarted)
     assert make_client().get(url).json()["count"] == N - 1
+
+
+@pytest.mark.parametrize(
+    "value",
+    ["http://a:19530,https://b.example/milvus", '["http://a:19530", "https://b.example/milvus"]'],
+)
+def test_milvus_allowed_urls_read_from_a_comma_list_or_json(
+    monkeypatch: pytest.MonkeyPatch, value: str
+) -> None:
+    monkeypatch.setenv("NOBACKFILL_MILVUS_ALLOWED_URLS", value)
+    settings = Settings(_env_file=None)
+    assert settings.milvus_allowed_urls == ["http://a:19530", "https://b.example/milvus"]
+    from app.vectors.milvus_source import allowed_server
+
+    allowed_server(settings, "https://b.example/milvus/db1")
+    with pytest.raises(Problem):
+        allowed_server(settings, "http://a:19530.evil")
