@@ -49,6 +49,7 @@ MIGRATION_INFIX = "__nobackfill_"
 # Seconds a client is told to wait before retrying after the collection could not be reached.
 RETRY_AFTER_S = 5
 LITE_SUFFIX = ".db"
+LITE_CATALOGUE = "collections"
 # The metric every attached gallery needs (see the module docstring).
 METRIC = "COSINE"
 
@@ -121,8 +122,10 @@ def lite_file(settings: Settings, uri: str) -> Path:
             f"a milvus-lite file must lie under the server's folder {root} "
             "(NOBACKFILL_MILVUS_ATTACH_ROOT); a relative path is taken from there",
         )
-    # milvus-lite 3 keeps a store as a folder named ….db (2.x: one file of that name).
-    if path.suffix != LITE_SUFFIX or not path.exists():
+    # milvus-lite 3 keeps a store as a folder named ….db holding its catalogue (2.x: one file
+    # of that name); any other folder would be made a store by opening it.
+    store = path.is_file() or (path / LITE_CATALOGUE).is_dir()
+    if path.suffix != LITE_SUFFIX or not store:
         raise invalid("source.uri", f"{uri!r} is not a milvus-lite file (an existing ….db)")
     if settings.milvus_lite and Path(settings.resolved_milvus_uri).resolve() == path:
         raise invalid("source.uri", "the service's own Milvus store cannot be attached")

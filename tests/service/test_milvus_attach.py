@@ -152,6 +152,7 @@ def test_writes_to_an_attached_gallery_are_refused_and_change_nothing(
         ({"uri": "/etc/passwd.db"}, "source.uri", "must lie under"),
         ({"uri": "../../outside.db"}, "source.uri", "must lie under"),
         ({"uri": "missing.db"}, "source.uri", "not a milvus-lite file"),
+        ({"uri": "empty.db"}, "source.uri", "not a milvus-lite file"),
         ({"uri": "http://127.0.0.1:2"}, "source.uri", "not an allowed Milvus server"),
         ({"uri": "http://127.0.0.1:1"}, "source.uri", "unreachable"),
         (
@@ -171,6 +172,7 @@ def test_attach_refusals_name_the_field_and_write_nothing(
     build_collection(
         milvus_root(tmp_path) / "l2.db", "l2", nouns["old"][:10], list(range(10)), metric="L2"
     )
+    (milvus_root(tmp_path) / "empty.db").mkdir()
     before = snapshot(client)
     body = {"name": "g", "source": {**SOURCE, **source}}
     refused = problem(client.post("/v1/galleries", json=body), 422)
@@ -179,6 +181,7 @@ def test_attach_refusals_name_the_field_and_write_nothing(
     assert snapshot(client) == before
     assert not (tmp_path / "outside.db").exists()
     assert not (milvus_root(tmp_path) / "missing.db").exists()
+    assert not any((milvus_root(tmp_path) / "empty.db").iterdir())
 
 
 def test_a_milvus_lite_file_is_refused_with_celery_workers(tmp_path: Path, nouns: dict) -> None:
