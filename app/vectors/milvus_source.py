@@ -36,7 +36,7 @@ from typing import Any
 from pymilvus import MilvusClient
 from pymilvus.exceptions import MilvusException
 
-from app.core.errors import Problem, invalid
+from app.core.errors import Problem, invalid, unavailable
 from app.core.settings import Settings
 from app.vectors import source_rules
 from app.vectors.milvus_attach import AttachedCollection, AttachError
@@ -160,13 +160,19 @@ def connection(settings: Settings, source: MilvusSource) -> Connection:
 
 
 def _open(settings: Settings, key: tuple[str, ...], source: MilvusSource) -> Connection:
+    """A client of the place. pymilvus connects at once (unlike qdrant-client): a server out of
+    reach, or a milvus-lite store another process holds, answers 503 here, on whichever request
+    first opens the place (``describe`` turns it into the attach's 422)."""
     secret = token(settings, source.token_env) if key[0] == "url" else ""
     try:
         client = MilvusClient(uri=key[1], token=secret, timeout=settings.milvus_attach_timeout_s)
     except MilvusException as exc:
-        if key[0] == "url":
-            raise invalid("source.uri", f"the Milvus server is unreachable: {exc}") from exc
-        raise invalid("source.uri", f"cannot open the milvus-lite file: {exc}") from exc
+        where = "server" if key[0] == "url" else "milvus-lite store"
+        raise unavailable(
+            f"the gallery's Milvus {where} ({source.collection!r}) is unreachable; retry "
+            f"shortly: {exc}",
+            RETRY_AFTER_S,
+        ) from exc
     return Connection(client, local=key[0] == "file")
 
 
@@ -230,7 +236,12 @@ def describe(settings: Settings, source: MilvusSource) -> CollectionShape:
             "migration; attach the owner's collection and search the re-embedded ones through "
             "a mixed or transition search",
         )
-    conn = connection(settings, source)
+    try:
+        conn = connection(settings, source)
+    except Problem as exc:
+        if exc.status != 503:
+            raise
+        raise invalid("source.uri", exc.detail) from exc
     try:
         with conn.use() as client:
             found = AttachedCollection(

@@ -285,6 +285,14 @@ def test_milvus_unreachable_mid_search_is_a_503_and_writes_nothing(
     assert snapshot(client) == before
     monkeypatch.undo()
     assert top_ids(client.post(url, json={"vectors": nouns["old"][:1].tolist(), "k": 3}))
+    # Out of reach when the process first opens the place (pymilvus connects at once).
+    close_connections()
+    monkeypatch.setattr(MilvusClient, "__init__", lost)
+    response = client.post(url, json={"vectors": nouns["old"][:2].tolist(), "k": 3})
+    assert "unreachable" in problem(response, 503)["detail"]
+    assert response.headers["Retry-After"] and snapshot(client) == before
+    monkeypatch.undo()
+    assert top_ids(client.post(url, json={"vectors": nouns["old"][:1].tolist(), "k": 3}))
 
 
 def test_the_collection_changed_under_the_service(
