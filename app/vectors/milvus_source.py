@@ -124,7 +124,10 @@ def lite_file(settings: Settings, uri: str) -> Path:
         )
     # milvus-lite 3 keeps a store as a folder named ….db holding its catalogue (2.x: one file
     # of that name); any other folder would be made a store by opening it.
-    store = path.is_file() or (path / LITE_CATALOGUE).is_dir()
+    try:
+        store = path.is_file() or (path / LITE_CATALOGUE).is_dir()
+    except OSError:  # a name too long for the disk: no store
+        store = False
     if path.suffix != LITE_SUFFIX or not store:
         raise invalid("source.uri", f"{uri!r} is not a milvus-lite file (an existing ….db)")
     if settings.milvus_lite and Path(settings.resolved_milvus_uri).resolve() == path:

@@ -92,7 +92,11 @@ def local_folder(settings: Settings, path: str) -> Path:
             f"must lie under the server's Qdrant folder {root} (NOBACKFILL_QDRANT_ROOT); "
             "a relative path is taken from there",
         )
-    if not (folder / LOCAL_META).is_file():
+    try:
+        catalogue = (folder / LOCAL_META).is_file()
+    except OSError:  # a name too long for the disk: no folder
+        catalogue = False
+    if not catalogue:
         raise invalid("source.path", f"{path!r} is not an embedded Qdrant folder (no {LOCAL_META})")
     return folder
 

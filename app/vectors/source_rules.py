@@ -61,7 +61,10 @@ def url_allowed(entries: list[str], url: str) -> bool:
 def under_root(root: Path, path: str) -> Path | None:
     """``path`` (relative: taken from ``root``) resolved, symlinks included; None when it lies
     outside ``root``."""
-    resolved = (root / path).resolve()
+    try:
+        resolved = (root / path).resolve()
+    except (ValueError, OSError):  # a NUL byte, a name too long: no path of the disk
+        return None
     return resolved if resolved == root or root in resolved.parents else None
 
 

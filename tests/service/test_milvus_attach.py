@@ -153,6 +153,8 @@ def test_writes_to_an_attached_gallery_are_refused_and_change_nothing(
         ({"uri": "../../outside.db"}, "source.uri", "must lie under"),
         ({"uri": "missing.db"}, "source.uri", "not a milvus-lite file"),
         ({"uri": "empty.db"}, "source.uri", "not a milvus-lite file"),
+        ({"uri": "x" * 300 + ".db"}, "source.uri", "not a milvus-lite file"),
+        ({"uri": "nul\u0000.db"}, "source.uri", "must lie under"),
         ({"uri": "http://127.0.0.1:2"}, "source.uri", "not an allowed Milvus server"),
         ({"uri": "http://127.0.0.1:1"}, "source.uri", "unreachable"),
         (
