@@ -34,6 +34,7 @@ from app.vectors.milvus_attach import AttachedCollection
 from app.vectors.milvus_math import no_hits, ranked_hits
 from app.vectors.milvus_search import MAX_TOPK
 from app.vectors.milvus_source import MilvusSource, connection, reachable, reader
+from app.vectors.source_rules import AttachedSearcher
 
 # Rows per query page, and queries per search request.
 READ_BATCH = 1024
@@ -172,18 +173,8 @@ class MilvusAttachedStorage:
         the service had."""
 
 
-class MilvusAttachedSearcher:
-    """The attached collection behind the two index calls the search services make
-    (``ntotal``, ``search_with_points``); built per request, it holds no rows."""
-
-    def __init__(self, storage: MilvusAttachedStorage, gallery: StoredGallery) -> None:
-        self.dim = gallery.dim
-        self._storage = storage
-        self._gallery = gallery
-
-    @property
-    def ntotal(self) -> int:
-        return self._storage.points(self._gallery)
+class MilvusAttachedSearcher(AttachedSearcher[MilvusAttachedStorage]):
+    """The attached Milvus collection behind the two index calls the search services make."""
 
     def search_with_points(
         self,

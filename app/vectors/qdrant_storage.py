@@ -29,6 +29,7 @@ from app.vectors import qdrant_ids
 from app.vectors.engine import SCAN_BATCH, Stored, StoredGallery, Upserted
 from app.vectors.milvus_math import no_hits, ranked_hits
 from app.vectors.qdrant_source import QdrantSource, connection, reachable
+from app.vectors.source_rules import AttachedSearcher
 
 # Points per retrieve or scroll request, and queries per batched search request.
 READ_BATCH = 1024
@@ -176,18 +177,8 @@ class QdrantVectorStorage:
         the service had."""
 
 
-class QdrantSearcher:
-    """The attached collection behind the two index calls the search services make
-    (``ntotal``, ``search_with_points``); built per request, it holds no rows."""
-
-    def __init__(self, storage: QdrantVectorStorage, gallery: StoredGallery) -> None:
-        self.dim = gallery.dim
-        self._storage = storage
-        self._gallery = gallery
-
-    @property
-    def ntotal(self) -> int:
-        return self._storage.points(self._gallery)
+class QdrantSearcher(AttachedSearcher[QdrantVectorStorage]):
+    """The attached Qdrant collection behind the two index calls the search services make."""
 
     def search_with_points(
         self,

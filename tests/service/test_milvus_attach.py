@@ -27,9 +27,8 @@ from app.core.settings import Settings
 from app.galleries.attach import attach_gallery
 from app.galleries.schemas import GalleryCreate
 from app.vectors.milvus_source import MilvusSource, close_connections, connection
-from tests.service.celery_worker import wait_for_job
 from tests.service.conftest import problem, snapshot, stop_client
-from tests.service.test_qdrant_attach import attach, copied_gallery, top_ids
+from tests.service.test_qdrant_attach import attach, searches_like_the_copied_gallery, top_ids
 
 pytestmark = pytest.mark.faiss_only("attached galleries keep no vector in the service's engine")
 
@@ -227,46 +226,7 @@ def test_attached_search_equals_the_copied_gallery_old_and_bridged(
 ) -> None:
     """attach → dataset paired by primary keys → upgrade trained on the collection's vectors →
     search in the collection: the same top-10 as the same vectors uploaded as a gallery."""
-    attached = attach(client, SOURCE)
-    copied = copied_gallery(client, nouns["ids"], nouns["old"])
-    train, queries = np.arange(0, 200), np.arange(200, N)
-
-    def searched(body: dict) -> dict[str, list[list[str]]]:
-        return {
-            g["id"]: top_ids(client.post(f"/v1/galleries/{g['id']}/search", json=body))
-            for g in (attached, copied)
-        }
-
-    old_to_old = searched({"vectors": nouns["old"][queries].tolist(), "k": 10})
-    assert old_to_old[attached["id"]] == old_to_old[copied["id"]]
-
-    dataset = client.post(
-        "/v1/datasets", json={"name": "mpnet", "gallery_id": attached["id"]}
-    ).json()
-    items_url = f"/v1/datasets/{dataset['id']}/items"
-    # Items pair by the collection's keys: an id that names no row is refused.
-    stray = client.post(
-        items_url, json={"ids": ["0", "400"], "features": nouns["new"][:2].tolist()}
-    )
-    assert problem(stray, 422)["errors"][0]["field"] == "ids[1]"
-    ids = [nouns["ids"][i] for i in train]
-    items = client.post(items_url, json={"ids": ids, "features": nouns["new"][train].tolist()})
-    assert items.status_code == 200, items.text
-    created = client.post(
-        "/v1/upgrades", json={"dataset_id": dataset["id"], "method": "procrustes", "seed": 3}
-    )
-    assert created.status_code == 202, created.text
-    job = wait_for_job(client, created.json()["id"], timeout=300)
-    assert job["status"] == "succeeded", job["error"]
-    assert job["report"]["paired_items"] == len(train)
-
-    body = {"features": nouns["new"][queries].tolist(), "model_id": job["model_id"], "k": 10}
-    bridged = searched(body)
-    assert bridged[attached["id"]] == bridged[copied["id"]]
-    own = np.mean(
-        [nouns["ids"][q] in row for q, row in zip(queries, bridged[attached["id"]], strict=True)]
-    )
-    assert own > 0.3, own
+    searches_like_the_copied_gallery(client, SOURCE, nouns)
 
 
 def test_milvus_unreachable_mid_search_is_a_503_and_writes_nothing(

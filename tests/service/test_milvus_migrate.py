@@ -13,7 +13,6 @@ its key i. Both SQL backends; FAISS only, as tests/service/test_milvus_attach.py
 
 from __future__ import annotations
 
-import functools
 from pathlib import Path
 
 import numpy as np
@@ -23,14 +22,17 @@ from pymilvus import MilvusClient
 from pymilvus.exceptions import MilvusUnavailableException
 from sqlalchemy import func, select
 
-from app.ml.backfill.relevance import fit_relevance
 from app.vectors.tables import ReembeddedVector
-from tests.service.celery_worker import wait_for_job
 from tests.service.conftest import problem, snapshot
 from tests.service.test_milvus_attach import SOURCE, build_collection, milvus_root, owner, rows_of
-from tests.service.test_qdrant_attach import attach, copied_gallery
-from tests.service.test_qdrant_migrate import hits, reembed, transition
-from tests.service.test_queries_api import NEW, OLD, pair_glosses
+from tests.service.test_qdrant_migrate import (
+    attached_and_upgraded,
+    hits,
+    reembed,
+    searches_match,
+    transition,
+)
+from tests.service.test_queries_api import NEW, OLD
 
 pytestmark = pytest.mark.faiss_only("attached galleries keep no vector in the service's engine")
 
@@ -43,27 +45,10 @@ def migration(
 ) -> dict:
     """The collection attached, the same vectors copied into a gallery, and a backbone model
     upgraded on the attached gallery (relevance maps forced on, as test_qdrant_migrate's)."""
-    monkeypatch.setattr(
-        "app.ml.backfill.plan.fit_relevance", functools.partial(fit_relevance, min_positives=2)
-    )
     old = wordnet_small[f"gloss.{OLD}"][:N]
     build_collection(milvus_root(tmp_path) / "nouns.db", "nouns", old, list(range(N)))
-    ids = [str(i) for i in range(N)]
-    attached = attach(client, SOURCE)
-    copied = copied_gallery(client, ids, old)
-    setup = pair_glosses(client, wordnet_small, attached["id"], ids)
-    body = {"dataset_id": setup["dataset_id"], "method": "procrustes", "objective": "query"}
-    created = client.post("/v1/upgrades", json=body)
-    assert created.status_code == 202, created.text
-    job = wait_for_job(client, created.json()["id"], timeout=300)
-    assert job["status"] == "succeeded", job["error"]
-    return {
-        "attached": attached["id"],
-        "copied": copied["id"],
-        "model_id": job["model_id"],
-        "sibling": f"nouns__nobackfill_{job['model_id']}",
-        "ids": ids,
-    }
+    found = attached_and_upgraded(client, SOURCE, old, wordnet_small, monkeypatch)
+    return found | {"sibling": f"nouns__nobackfill_{found['model_id']}"}
 
 
 def sibling_rows(client: TestClient, name: str) -> dict[int, dict]:
@@ -120,21 +105,8 @@ def test_in_place_migration_fills_a_sibling_collection_and_searches_like_the_cop
     ).json()
     assert len(again["ids"]) == 10 and not set(again["ids"]) & set(plan["ids"])
 
-    # Transition and mixed searches: the copied gallery's answers, hit for hit, from both
-    # spaces. Half the queries are about re-embedded items, half about others.
-    rows = np.r_[[int(i) for i in plan["ids"][:16]], 320:336]
-    answers = {
-        g: hits(transition(client, g, model_id, wordnet_small, rows)) for g in (attached, copied)
-    }
-    assert answers[attached] == answers[copied]
-    assert {space for row in answers[attached] for _, space in row} == {"new", "old"}
-    assert all(len(row) == 10 for row in answers[attached])
-    features = {"model_id": model_id, "features": wordnet_small[f"lemma.{NEW}"][rows].tolist()}
-    mixed = {
-        g: hits(client.post(f"/v1/galleries/{g}/search", json=features | {"k": 10}))
-        for g in (attached, copied)
-    }
-    assert mixed[attached] == mixed[copied]
+    # Transition and mixed searches: the copied gallery's answers, hit for hit.
+    searches_match(client, migration, wordnet_small, plan["ids"])
 
 
 def test_a_row_deleted_after_the_plan_is_skipped_and_reported(
