@@ -105,6 +105,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
             # An embedded Qdrant folder stays locked while its client is open.
             close_connections()
+            attached_milvus = sys.modules.get("app.vectors.milvus_source")
+            if attached_milvus is not None:
+                # Loaded only where a Milvus collection was attached (pymilvus is optional).
+                attached_milvus.close_connections()
             if settings.vector_engine == "milvus":
                 from app.vectors.milvus_storage import release_engine
 

@@ -38,7 +38,7 @@ from app.galleries.schemas import (
 )
 from app.migration import in_place, progress, reembed
 from app.search.schemas import NPY_MEDIA_TYPE
-from app.vectors.engine import QDRANT
+from app.vectors.engine import ATTACHED
 
 router = APIRouter(prefix="/v1/galleries", tags=["galleries"])
 
@@ -175,8 +175,9 @@ def _store_reembedded(
     if not isinstance(model_id, str) or not 1 <= len(model_id) <= 40:
         raise invalid("model_id", "expected a model id (plain text or a JSON string in multipart)")
     row = reembed.backbone_for(session, tenant_id, gallery, model_id)
-    if gallery.vector_storage == QDRANT:
-        # An attached collection keeps them itself, as a named vector of the same points.
+    if gallery.vector_storage in ATTACHED:
+        # An attached collection keeps them itself: Qdrant as a named vector of the same
+        # points, Milvus in a sibling collection keyed by the same primary keys.
         upload = reembed.checked_features(
             state.settings, row, fields["ids"], fields.get("features")
         )

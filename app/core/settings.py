@@ -88,6 +88,27 @@ class Settings(BaseSettings):
     qdrant_timeout_s: float = Field(
         default=10.0, gt=0, description="timeout of one request to a Qdrant server"
     )
+    milvus_attach_root: Path | None = Field(
+        default=None,
+        description="the only folder under which an attached Milvus collection may name a "
+        "milvus-lite file as its `uri`; default <data_dir>/milvus-attach. A tenant must not make "
+        "the server open arbitrary files of its disk",
+    )
+    milvus_token_env_prefix: str = Field(
+        default="NOBACKFILL_MILVUS_TOKEN",
+        min_length=1,
+        description="an attached Milvus collection's `token_env` must be this name or start "
+        "with it (its value is sent to the tenant's URL: no other variable may be named)",
+    )
+    milvus_allowed_urls: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="the Milvus servers an attached collection may name as `uri`: URL prefixes, "
+        "matched as qdrant_allowed_urls. Empty (the default): no server at all, only milvus-lite "
+        "files under milvus_attach_root",
+    )
+    milvus_attach_timeout_s: float = Field(
+        default=10.0, gt=0, description="timeout of one request to an attached Milvus server"
+    )
 
     # HTTP.
     host: str = "127.0.0.1"
@@ -199,7 +220,7 @@ class Settings(BaseSettings):
         "database is the truth and the startup check rebuilds a file a crash left stale",
     )
 
-    @field_validator("qdrant_allowed_urls", mode="before")
+    @field_validator("qdrant_allowed_urls", "milvus_allowed_urls", mode="before")
     @classmethod
     def _url_list(cls, value: object) -> object:
         """An environment variable holds `a,b` or a JSON list; both read as a list of URLs."""
@@ -248,6 +269,10 @@ class Settings(BaseSettings):
     @property
     def resolved_qdrant_root(self) -> Path:
         return (self.qdrant_root or self.data_dir / "qdrant").resolve()
+
+    @property
+    def resolved_milvus_attach_root(self) -> Path:
+        return (self.milvus_attach_root or self.data_dir / "milvus-attach").resolve()
 
     @property
     def artifact_dir(self) -> Path:

@@ -1,9 +1,12 @@
-"""Attaching a Qdrant collection as a gallery: checked, described, its ids mapped; no vector
-copied. The gallery then reads the collection through ``app.vectors.qdrant_storage`` like any
-storage, and refuses writes (``refuse_writes``): the collection belongs to its owner."""
+"""Attaching a Qdrant or Milvus collection as a gallery: checked, described, its ids mapped; no
+vector copied. The gallery then reads the collection through ``app.vectors.qdrant_storage`` or
+``app.vectors.milvus_attached`` like any storage, and refuses writes (``refuse_writes``): the
+collection belongs to its owner. pymilvus is an optional dependency: the Milvus modules load
+only when a Milvus collection is attached or read."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from sqlalchemy.orm import Session
@@ -12,27 +15,37 @@ from app.core.db import new_id
 from app.core.errors import Problem, invalid
 from app.core.settings import Settings
 from app.galleries.models import Gallery
-from app.galleries.schemas import GalleryCreate
+from app.galleries.schemas import GalleryCreate, MilvusSourceIn
 from app.ml.geometry.space import DEFAULT_CURVATURE, DEFAULT_LIFT_SCALE
 from app.vectors import qdrant_ids
-from app.vectors.engine import QDRANT
+from app.vectors.engine import ATTACHED_MILVUS, QDRANT
 from app.vectors.faiss_index import validate_index_params
 from app.vectors.qdrant_source import QdrantSource, describe
 from app.vectors.qdrant_storage import qdrant_storage, read_only
+
+# The id map's column (``attached_point_ids.point_id``) holds item ids of this length at most.
+MAX_MAPPED_ID = 40
 
 
 def refuse_writes(gallery: Gallery) -> None:
     """409 for an item upload or delete on an attached gallery, before anything is read."""
     if gallery.vector_storage == QDRANT:
         raise read_only(gallery.id)
+    if gallery.vector_storage == ATTACHED_MILVUS:
+        from app.vectors.milvus_attached import read_only as milvus_read_only
+
+        raise milvus_read_only(gallery.id)
 
 
 def attach_gallery(
     session: Session, settings: Settings, tenant_id: str, request: GalleryCreate
 ) -> Gallery:
     """The gallery row of an attached collection (staged; the caller commits), after the checks
-    of ``describe`` (reachable, collection, vector, Cosine) and the service's own limits."""
+    of the engine's ``describe`` (reachable, collection, fields, Cosine) and the service's own
+    limits."""
     assert request.source is not None
+    if isinstance(request.source, MilvusSourceIn):
+        return _attach_milvus(session, settings, tenant_id, request, request.source)
     given = request.source
     if given.path is not None and settings.job_runner == "celery":
         # Local mode locks its folder to one process: the worker could never open it.
@@ -49,8 +62,60 @@ def attach_gallery(
         api_key_env=given.api_key_env,
     )
     shape = describe(settings, source)
-    if shape.dim > settings.max_dim:
-        raise invalid("source.collection", f"its dimension {shape.dim} exceeds {settings.max_dim}")
+    gallery = _gallery(session, settings, tenant_id, request, shape.dim, shape.count)
+    gallery.vector_storage, gallery.source = QDRANT, source.as_dict()
+    session.flush()
+    pages = qdrant_storage(settings).scroll_ids(gallery)
+    _record_ids(session, gallery, ([item.id for item in page] for page in pages))
+    return gallery
+
+
+def _attach_milvus(
+    session: Session,
+    settings: Settings,
+    tenant_id: str,
+    request: GalleryCreate,
+    given: MilvusSourceIn,
+) -> Gallery:
+    from app.vectors.milvus_attached import milvus_attached_storage
+    from app.vectors.milvus_source import MilvusSource
+    from app.vectors.milvus_source import describe as describe_milvus
+
+    source = MilvusSource(
+        uri=given.uri,
+        collection=given.collection,
+        id_field=given.id_field,
+        vector_field=given.vector_field,
+        metric=given.metric,
+        token_env=given.token_env,
+    )
+    if not source.remote and settings.job_runner == "celery":
+        # milvus-lite locks its file to one process: the worker could never open it.
+        raise invalid(
+            "source.uri",
+            "a milvus-lite file opens in one process only, and this service trains in Celery "
+            "workers: attach a Milvus server (http(s)://…) instead",
+        )
+    shape = describe_milvus(settings, source)
+    source = MilvusSource.of({**source.as_dict(), "id_type": shape.id_type})
+    gallery = _gallery(session, settings, tenant_id, request, shape.dim, shape.count)
+    gallery.vector_storage, gallery.source = ATTACHED_MILVUS, source.as_dict()
+    session.flush()
+    _record_ids(session, gallery, milvus_attached_storage(settings).scroll_keys(gallery))
+    return gallery
+
+
+def _gallery(
+    session: Session,
+    settings: Settings,
+    tenant_id: str,
+    request: GalleryCreate,
+    dim: int,
+    count: int,
+) -> Gallery:
+    """The attached gallery's row, its space checked against the service's limits (staged)."""
+    if dim > settings.max_dim:
+        raise invalid("source.collection", f"its dimension {dim} exceeds {settings.max_dim}")
     scale = request.lift_scale or DEFAULT_LIFT_SCALE
     if scale > settings.max_radius:
         raise invalid("lift_scale", f"lifted vectors would lie beyond radius {settings.max_radius}")
@@ -63,7 +128,7 @@ def attach_gallery(
         id=new_id("gal"),
         tenant_id=tenant_id,
         name=request.name,
-        dim=shape.dim,
+        dim=dim,
         model_name=request.model_name,
         metric="cosine",
         lift_scale=scale,
@@ -71,16 +136,26 @@ def attach_gallery(
         # The index kind only says exact (flat) or the collection's own index (anything else).
         index_kind=kind,
         index_params=params,
-        vector_storage=QDRANT,
-        source=source.as_dict(),
-        count=shape.count,
+        count=count,
     )
     session.add(gallery)
-    session.flush()
-    points = [item.id for part in qdrant_storage(settings).scroll_ids(gallery) for item in part]
+    return gallery
+
+
+def _record_ids(
+    session: Session, gallery: Gallery, pages: Iterable[list[qdrant_ids.PointId]]
+) -> None:
+    """Map the collection's ids (``qdrant_ids.record``) and count them."""
+    points = [point for page in pages for point in page]
+    long = next((p for p in points if len(qdrant_ids.item_id(p)) > MAX_MAPPED_ID), None)
+    if long is not None:
+        raise invalid(
+            "source.collection",
+            f"id {qdrant_ids.item_id(long)[:60]!r} is longer than {MAX_MAPPED_ID} characters, "
+            "the longest item id an attached gallery maps",
+        )
     qdrant_ids.record(session, gallery.id, points)
     gallery.count = len(points)
-    return gallery
 
 
 class CollectionChanged(ValueError):
@@ -95,10 +170,16 @@ def recheck(session: Session, settings: Settings, gallery: Gallery) -> dict[str,
     the gallery's (staged; the caller commits) and returned for the job's report:
     ``{"points_recorded", "points_now", "changed"}``. None for a gallery that is not attached.
     A collection out of reach raises the 503 ``Problem`` (the job fails, it may be retried)."""
-    if gallery.vector_storage != QDRANT:
+    if gallery.vector_storage not in (QDRANT, ATTACHED_MILVUS):
         return None
     try:
-        shape = describe(settings, QdrantSource.of(gallery.source or {}))
+        if gallery.vector_storage == QDRANT:
+            shape = describe(settings, QdrantSource.of(gallery.source or {}))
+        else:
+            from app.vectors.milvus_source import MilvusSource
+            from app.vectors.milvus_source import describe as describe_milvus
+
+            shape = describe_milvus(settings, MilvusSource.of(gallery.source or {}))
     except Problem as exc:
         if exc.status >= 500:
             raise

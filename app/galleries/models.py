@@ -43,8 +43,9 @@ class Gallery(Base):
     # gallery created before segment files existed, or with NOBACKFILL_VECTOR_STORAGE=sql).
     vector_storage: Mapped[str] = mapped_column(String(16), default="sql", server_default="sql")
     vector_manifest: Mapped[dict[str, Any] | None] = mapped_column(JSON)
-    # vector_storage "qdrant": the attached collection the gallery reads (never writes); its
-    # keys are ``app.vectors.qdrant_source.QdrantSource``'s. None for every other gallery.
+    # vector_storage "qdrant" / "milvus_attached": the attached collection the gallery reads
+    # (never writes); its keys are ``app.vectors.qdrant_source.QdrantSource``'s /
+    # ``app.vectors.milvus_source.MilvusSource``'s. None for every other gallery.
     source: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field, model_validator
 
@@ -44,6 +44,45 @@ class QdrantSourceIn(StrictModel):
         return self
 
 
+class MilvusSourceIn(StrictModel):
+    """A Milvus collection to attach: read-only, its rows are the gallery's items (item ids: the
+    primary key as a string)."""
+
+    engine: Literal["milvus"]
+    uri: str = Field(
+        min_length=1,
+        max_length=2048,
+        description="a Milvus server (http(s)://host:19530) or a milvus-lite file (….db) under "
+        "the server's Milvus attach root",
+    )
+    collection: str = Field(min_length=1, max_length=255)
+    id_field: str = Field(
+        min_length=1, max_length=255, description="the primary key (INT64 or VARCHAR)"
+    )
+    vector_field: str = Field(
+        min_length=1, max_length=255, description="the FLOAT_VECTOR field, indexed for COSINE"
+    )
+    metric: str = Field(
+        default="COSINE",
+        min_length=1,
+        max_length=32,
+        description="the vector field's metric; attached galleries need COSINE",
+    )
+    token_env: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=128,
+        pattern=r"^[A-Z_][A-Z0-9_]*$",
+        description="the server's environment variable holding the token (user:password)",
+    )
+
+    @model_validator(mode="after")
+    def _token_for_a_server(self) -> MilvusSourceIn:
+        if self.token_env is not None and not self.uri.startswith(("http://", "https://")):
+            raise ValueError("token_env applies to a server uri only")
+        return self
+
+
 class GalleryCreate(StrictModel):
     """External gallery: ``name``, ``dim``, ``model_name``, ``metric``. Model-bound gallery:
     ``name``, ``model_id`` (a model this service trained) and ``modality`` when it has several.
@@ -67,8 +106,12 @@ class GalleryCreate(StrictModel):
     index_params: dict[str, int] | None = Field(
         default=None, description="ivf: nlist, nprobe; hnsw: m, ef_construction, ef_search"
     )
-    source: QdrantSourceIn | None = Field(
-        default=None, description="attach an existing collection instead of storing vectors"
+    source: Annotated[QdrantSourceIn | MilvusSourceIn, Field(discriminator="engine")] | None = (
+        Field(
+            default=None,
+            description="attach an existing collection (Qdrant or Milvus) instead of storing "
+            "vectors",
+        )
     )
 
     @model_validator(mode="after")
@@ -160,7 +203,8 @@ class GalleryOut(BaseModel):
     count: int
     source: dict[str, Any] | None = Field(
         default=None,
-        description="attached galleries: the Qdrant collection read (never the API key itself)",
+        description="attached galleries: the Qdrant or Milvus collection read (never the key or "
+        "token itself)",
     )
     reembedded: list[ReembedProgress] = Field(
         default_factory=list, description="per model: items re-embedded by its new backbone"

@@ -27,7 +27,14 @@ from app.galleries.schemas import GalleryCreate
 from app.ml.geometry.space import DEFAULT_CURVATURE, DEFAULT_LIFT_SCALE
 from app.models.models import TrainedModel
 from app.models.service import ModelCache, embed_features, get_model, resolve_modality
-from app.vectors.engine import MILVUS, QDRANT, SEARCHED_IN_ENGINE, VectorStorage
+from app.vectors.engine import (
+    ATTACHED,
+    ATTACHED_MILVUS,
+    MILVUS,
+    QDRANT,
+    SEARCHED_IN_ENGINE,
+    VectorStorage,
+)
 from app.vectors.faiss_index import LorentzIndex, validate_index_params
 from app.vectors.index_store import IndexSpec, IndexStore
 from app.vectors.points import lifted_points
@@ -37,6 +44,7 @@ from app.vectors.storage import session_settings, storage_for, vectors_dir
 from app.vectors.tables import ReembeddedVector
 
 if TYPE_CHECKING:
+    from app.vectors.milvus_attached import MilvusAttachedSearcher
     from app.vectors.milvus_storage import MilvusSearcher
     from app.vectors.qdrant_storage import QdrantSearcher
 
@@ -422,33 +430,50 @@ def delete_gallery(
             f"({listed}); deleting it would delete them: repeat with ?cascade=true to delete "
             "them with it"
         )
-    attached = gallery.source if gallery.vector_storage == QDRANT else None
+    kind, attached = gallery.vector_storage, dict(gallery.source or {})
     with store.lock(gallery.id):
         storage = storage_for(session, gallery)
         session.delete(gallery)
         session.commit()
         storage.drop(gallery.id)
         store.drop(gallery.id)
-    if attached is not None and reembedded:
+    if reembedded:
         # The service's writes to the owner's collection (an in-place migration) go too.
+        _forget_in_collection(session, gallery.id, kind, attached, reembedded)
+    return {"reembedded_items": sum(reembedded.values()), "by_model": reembedded}
+
+
+def _forget_in_collection(
+    session: Session, gallery_id: str, kind: str, source: dict[str, Any], model_ids: list[str]
+) -> None:
+    settings = session_settings(session)
+    if kind == QDRANT:
         from app.vectors import qdrant_named
         from app.vectors.qdrant_source import QdrantSource
 
-        settings = session_settings(session)
-        qdrant_named.forget_models(settings, gallery.id, QdrantSource.of(attached), reembedded)
-    return {"reembedded_items": sum(reembedded.values()), "by_model": reembedded}
+        qdrant_named.forget_models(settings, gallery_id, QdrantSource.of(source), model_ids)
+    elif kind == ATTACHED_MILVUS:
+        from app.vectors import milvus_sibling
+        from app.vectors.milvus_source import MilvusSource
+
+        milvus_sibling.forget_models(settings, gallery_id, MilvusSource.of(source), model_ids)
 
 
 def index_for(
     session: Session, store: IndexStore, gallery: Gallery
-) -> LorentzIndex | MilvusSearcher | QdrantSearcher:
+) -> LorentzIndex | MilvusSearcher | QdrantSearcher | MilvusAttachedSearcher:
     """What searches the gallery: its in-memory FAISS index, or for a Milvus gallery a
     ``MilvusSearcher`` (same ``ntotal`` and ``search_with_points``) that holds nothing, and
-    for an attached Qdrant collection a ``QdrantSearcher``."""
+    for an attached Qdrant or Milvus collection a ``QdrantSearcher`` or a
+    ``MilvusAttachedSearcher``."""
     if gallery.vector_storage == QDRANT:
         from app.vectors.qdrant_storage import QdrantSearcher, qdrant_storage
 
         return QdrantSearcher(qdrant_storage(session_settings(session)), gallery)
+    if gallery.vector_storage == ATTACHED_MILVUS:
+        from app.vectors.milvus_attached import MilvusAttachedSearcher, milvus_attached_storage
+
+        return MilvusAttachedSearcher(milvus_attached_storage(session_settings(session)), gallery)
     if gallery.vector_storage == MILVUS:
         from app.vectors.milvus_storage import MilvusSearcher, milvus_storage
 
@@ -463,7 +488,7 @@ def gallery_points(
     index, or read from Milvus or Qdrant for this call only."""
     if gallery.vector_storage in SEARCHED_IN_ENGINE:
         ids, points = point_loader(session, gallery)()
-        # Qdrant's pages follow its own order, not the mapped ids'.
+        # Qdrant's and Milvus's pages follow their own order, not the mapped ids'.
         order = np.argsort(ids, kind="stable")
         return ids[order], points[order]
     index = index_for(session, store, gallery)
@@ -479,7 +504,7 @@ def verify_all_indexes(session: Session, store: IndexStore) -> dict[str, str]:
         [g for g in galleries if g.vector_storage == "segments"]
     )
     for gallery in galleries:
-        if gallery.vector_storage == QDRANT:
+        if gallery.vector_storage in ATTACHED:
             _recount_attached(session, gallery)
             continue
         if gallery.vector_storage == MILVUS:

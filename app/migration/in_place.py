@@ -1,4 +1,6 @@
-"""Partial backfill of an attached Qdrant collection, in place (issue 27, item 2).
+"""Partial backfill of an attached Qdrant collection, in place (issue 27, item 2); an attached
+Milvus collection's goes through ``app.migration.in_place_milvus``, which shares the counting
+(``store_written``) and the merge.
 
 Re-embedded items are written into the user's collection as a named vector of their own points
 (``app.vectors.qdrant_named``), not into the service's store: the service keeps one row per item
@@ -24,13 +26,14 @@ import numpy as np
 from sqlalchemy.orm import Session
 
 from app.core.db import utcnow
-from app.core.errors import FieldError, Problem, conflict, invalid_fields
+from app.core.errors import Problem, conflict
 from app.galleries.models import Gallery
+from app.migration.in_place_rows import refuse_unnamed, store_written
 from app.migration.mixed_search import Lists
-from app.migration.reembed import locked_upload, reembedded_count, replace_rows
+from app.migration.reembed import reembedded_count
 from app.models.models import TrainedModel
 from app.vectors import qdrant_ids, qdrant_named
-from app.vectors.engine import QDRANT
+from app.vectors.engine import ATTACHED_MILVUS, QDRANT
 from app.vectors.index_store import IndexStore
 from app.vectors.qdrant_source import QdrantSource
 from app.vectors.qdrant_storage import QdrantSearcher, QdrantVectorStorage, qdrant_storage
@@ -45,34 +48,25 @@ def store_in_place(
     upload: tuple[list[str], np.ndarray],
 ) -> dict[str, Any]:
     """Write an upload (ids and features, as ``reembed.checked_features`` returns them) as the
-    model's named vector of those points, and count them. Ids that cannot name a point answer
-    422 (nothing written); points no longer in the collection are skipped and listed under
-    ``skipped``."""
+    model's named vector of those points (a Milvus collection: ``in_place_milvus``), and count
+    them. Ids that cannot name a point answer 422 (nothing written); points no longer in the
+    collection are skipped and listed under ``skipped``."""
+    if gallery.vector_storage == ATTACHED_MILVUS:
+        from app.migration import in_place_milvus
+
+        return in_place_milvus.store_in_place(session, store, gallery, row, upload)
     ids, matrix = upload
-    unnamed = [n for n, item in enumerate(ids) if qdrant_ids.point_of(item) is None]
-    if unnamed:
-        raise invalid_fields(
-            [
-                FieldError(f"ids[{n}]", f"{ids[n]!r} names no point (an integer or a UUID)")
-                for n in unnamed[:20]
-            ]
-        )
+    refuse_unnamed(ids, qdrant_ids.point_of, "an integer or a UUID")
     storage = qdrant_storage(session_settings(session))
     name = qdrant_named.migration_vector(row.id)
-    with locked_upload(session, store, gallery, row) as gallery:
-        written = _write_present(session, storage, gallery, name, row.id, ids, matrix)
-        kept = sorted(written)
-        replace_rows(session, gallery, row.id, [written[n] for n in kept], [None] * len(kept))
-        session.commit()
-    out: dict[str, Any] = {
-        "upserted": len(kept),
-        "count": gallery.count,
-        "reembedded": reembedded_count(session, gallery.id, row.id),
-    }
-    skipped = sorted(set(range(len(ids))) - set(kept))
-    if skipped:
-        out["skipped"] = [ids[n] for n in skipped]
-    return out
+    return store_written(
+        session,
+        store,
+        gallery,
+        row,
+        ids,
+        lambda locked: _write_present(session, storage, locked, name, row.id, ids, matrix),
+    )
 
 
 def _write_present(
@@ -127,6 +121,10 @@ def search_lists(
     is re-embedded for the model. 409 when the rows count re-embedded items but the collection
     lost their vector (its owner dropped it): the old vector alone would answer for items meant
     to be scored in the new space, unmerged."""
+    if gallery.vector_storage == ATTACHED_MILVUS:
+        from app.migration import in_place_milvus
+
+        return in_place_milvus.search_lists(session, gallery, row, features, query_points, k)
     if reembedded_count(session, gallery.id, row.id) == 0:
         return None
     storage = qdrant_storage(session_settings(session))
@@ -146,12 +144,21 @@ def search_lists(
 
 
 def forget_model(session: Session, gallery_ids: Iterable[str], model_id: str) -> None:
-    """After a model's re-embedded items were deleted (committed): take its named vector and
-    provenance out of the attached collections among ``gallery_ids``
-    (``qdrant_named.forget_models``)."""
+    """After a model's re-embedded items were deleted (committed): take what the service wrote
+    for it out of the attached collections among ``gallery_ids`` (Qdrant: its named vector and
+    provenance, ``qdrant_named.forget_models``; Milvus: its sibling collection,
+    ``milvus_sibling.forget_models``). Best effort: what stays, no search reads any more."""
     settings = session_settings(session)
     for gallery_id in gallery_ids:
         gallery = session.get(Gallery, gallery_id)
-        if gallery is not None and gallery.vector_storage == QDRANT:
+        if gallery is None:
+            continue
+        if gallery.vector_storage == QDRANT:
             source = QdrantSource.of(gallery.source or {})
             qdrant_named.forget_models(settings, gallery.id, source, [model_id])
+        elif gallery.vector_storage == ATTACHED_MILVUS:
+            from app.vectors import milvus_sibling
+            from app.vectors.milvus_source import MilvusSource
+
+            source = MilvusSource.of(gallery.source or {})
+            milvus_sibling.forget_models(settings, gallery.id, source, [model_id])

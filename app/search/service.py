@@ -18,7 +18,7 @@ from app.galleries.service import index_for
 from app.migration.returned import ReturnedTally
 from app.models.service import BACKBONE, ModelCache, embed_features, get_model, resolve_modality
 from app.search.schemas import SearchRequest
-from app.vectors.engine import QDRANT
+from app.vectors.engine import ATTACHED
 from app.vectors.index_store import IndexStore
 from app.vectors.points import lifted_points
 from app.vectors.storage import storage_for
@@ -156,8 +156,9 @@ def _mixed_search(
     features = as_matrix(
         request.vectors, request.field, dim=int(row.input_dims[modality]), max_dim=settings.max_dim
     )
-    # An attached collection: one Qdrant search per vector, the same merge.
-    lists = in_place.search_lists if gallery.vector_storage == QDRANT else None
+    # An attached collection: one search per vector place (Qdrant: named vector; Milvus:
+    # collection), the same merge.
+    lists = in_place.search_lists if gallery.vector_storage in ATTACHED else None
     found = mixed_search.mixed_search(
         session,
         store,

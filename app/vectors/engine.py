@@ -50,7 +50,7 @@ class StoredGallery(Protocol):
 
     id: str
     dim: int  # Euclidean dimension of a stored vector
-    vector_storage: str  # "sql", "segments", MILVUS or QDRANT
+    vector_storage: str  # "sql", "segments", MILVUS, QDRANT or ATTACHED_MILVUS
     vector_manifest: dict[str, Any] | None
     # How stored vectors become Lorentz space components (``app.vectors.points``).
     bound_model_id: str | None  # set: vectors are already a model's space components
@@ -58,7 +58,8 @@ class StoredGallery(Protocol):
     lift_curv: float
     lift_scale: float | None
     index_kind: str  # "flat" asks an engine for exact search
-    # QDRANT: the attached collection (``app.vectors.qdrant_source.QdrantSource``); else None.
+    # QDRANT / ATTACHED_MILVUS: the attached collection (``app.vectors.qdrant_source.QdrantSource``,
+    # ``app.vectors.milvus_source.MilvusSource``); else None.
     source: dict[str, Any] | None
 
 
@@ -126,5 +127,9 @@ class VectorStorage(Protocol):
 MILVUS = "milvus"
 # ``vector_storage`` of a gallery attached to a Qdrant collection (read-only; search there too).
 QDRANT = "qdrant"
+# ``vector_storage`` of a gallery attached to a Milvus collection of its owner's (read-only).
+ATTACHED_MILVUS = "milvus_attached"
+# Galleries reading a collection their owner keeps: the service never writes its vectors.
+ATTACHED = (QDRANT, ATTACHED_MILVUS)
 # Storages that search their own vectors: no FAISS index of the gallery lives in this process.
-SEARCHED_IN_ENGINE = (MILVUS, QDRANT)
+SEARCHED_IN_ENGINE = (MILVUS, QDRANT, ATTACHED_MILVUS)

@@ -158,6 +158,35 @@ def cosine_lift(vectors: np.ndarray, scale: float, curv: float) -> np.ndarray:
     return np.sinh(np.sqrt(curv) * scale) / np.sqrt(curv) * unit
 
 
+def no_hits(nq: int, k: int, dim: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(ids −1, distances inf, points NaN), nq × k: a search's answer before any hit."""
+    return (
+        np.full((nq, k), -1, dtype=np.int64),
+        np.full((nq, k), np.inf),
+        np.full((nq, k, dim), np.nan, dtype=np.float32),
+    )
+
+
+def ranked_hits(
+    query: np.ndarray,
+    vectors: np.ndarray,
+    scale: float,
+    curv: float,
+    k: int,
+    ids: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """An attached cosine collection's hits for one query (space components), ordered by exact
+    Lorentz distance: (positions into ``vectors``, float64 distances, float32 lifted points),
+    nearest first, at most k; equal distances in increasing ``ids`` order (the hits' internal
+    ids) when given. The hits' stored vectors are lifted as the service lifts them."""
+    found = cosine_lift(vectors, scale, curv).astype(np.float32)
+    valid = np.ones((1, len(found)), dtype=bool)
+    keys = None if ids is None else np.asarray(ids)[None]
+    order, dist = rerank(np.asarray(query)[None], found[None], valid, k, curv, ids=keys)
+    at = order[0][order[0] >= 0]
+    return at, dist[0, : len(at)], found[at]
+
+
 def rerank(
     queries: np.ndarray,
     candidates: np.ndarray,

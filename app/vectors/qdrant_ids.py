@@ -1,9 +1,11 @@
-"""Internal ids of an attached Qdrant collection's points, and back.
+"""Internal ids of an attached collection's points, and back (Qdrant points; Milvus rows too,
+whose primary keys ``app.vectors.milvus_attached`` maps through the same functions and table).
 
-Item ids are the point ids as strings: ``"42"`` or a UUID's canonical form. Internal ids must be
+Item ids are the point ids as strings: ``"42"`` or a UUID's canonical form (Milvus: the INT64 key
+in decimal, or the VARCHAR key itself, which is always hashed). Internal ids must be
 stable int64s (FAISS ids, what re-embedded features and access counts point at):
 
-* an integer point id below 2⁶² is its own internal id (no table, no lookup);
+* an integer point id in [0, 2⁶²) is its own internal id (no table, no lookup);
 * any other point id (a UUID, or an integer from 2⁶² up to 2⁶⁴ − 1) gets a hash of its string in
   [2⁶², 2⁶³): stable without coordination, so a point added after attach has its id too, and
   disjoint from the plain ids. The reverse (internal id → point id) needs the table
@@ -60,7 +62,8 @@ def hashed(item: str) -> int:
 
 
 def internal_of(point: PointId) -> int:
-    if isinstance(point, int) and point < PLAIN_LIMIT:
+    # Negative integers (a Milvus INT64 key) are hashed: −1 pads the service's id arrays.
+    if isinstance(point, int) and 0 <= point < PLAIN_LIMIT:
         return point
     return hashed(item_id(point))
 

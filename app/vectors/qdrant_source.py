@@ -24,18 +24,16 @@ thread-safe: the process keeps one client per place and serialises calls to a lo
 from __future__ import annotations
 
 import contextlib
-import os
-import threading
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 from qdrant_client import QdrantClient, models
 
-from app.core.errors import Problem, invalid, unavailable
+from app.core.errors import Problem, invalid
 from app.core.settings import Settings
+from app.vectors import source_rules
+from app.vectors.source_rules import env_secret, under_root, url_allowed
 
 # The local-mode folder's catalogue: a folder without it is not a Qdrant folder (and the client
 # would create one there).
@@ -79,85 +77,43 @@ class CollectionShape:
     count: int
 
 
-class Connection:
-    """One client and the lock its calls take (local mode: not thread-safe)."""
-
-    def __init__(self, client: QdrantClient, local: bool) -> None:
-        self.client = client
-        self.local = local
-        self._lock: contextlib.AbstractContextManager[Any] = (
-            threading.Lock() if local else contextlib.nullcontext()
-        )
-
-    @contextlib.contextmanager
-    def use(self) -> Iterator[QdrantClient]:
-        with self._lock:
-            yield self.client
-
-
-_connections: dict[tuple[str, ...], Connection] = {}
-_connections_guard = threading.Lock()
+Connection = source_rules.Connection[QdrantClient]
+_connections: source_rules.Connections[QdrantClient] = source_rules.Connections()
 
 
 def local_folder(settings: Settings, path: str) -> Path:
     """The local-mode folder ``path`` names (relative: under the root), refused outside the
     root or when it holds no Qdrant catalogue."""
     root = settings.resolved_qdrant_root
-    folder = (root / path).resolve()
-    if folder != root and root not in folder.parents:
+    folder = under_root(root, path)
+    if folder is None:
         raise invalid(
             "source.path",
             f"must lie under the server's Qdrant folder {root} (NOBACKFILL_QDRANT_ROOT); "
             "a relative path is taken from there",
         )
-    if not (folder / LOCAL_META).is_file():
+    try:
+        catalogue = (folder / LOCAL_META).is_file()
+    except OSError:  # a name too long for the disk: no folder
+        catalogue = False
+    if not catalogue:
         raise invalid("source.path", f"{path!r} is not an embedded Qdrant folder (no {LOCAL_META})")
     return folder
 
 
-def _parts(url: str) -> tuple[str, str, int | None, str] | None:
-    """(scheme, host, port, path) of an http(s) URL, the port made explicit; None for others
-    (or a URL with credentials in it, which no entry should vouch for)."""
-    try:
-        parsed = urlsplit(url)
-        port = parsed.port
-    except ValueError:
-        return None
-    if parsed.scheme not in ("http", "https") or not parsed.hostname or parsed.username:
-        return None
-    default = 443 if parsed.scheme == "https" else 80
-    return parsed.scheme, parsed.hostname.lower(), port or default, parsed.path or "/"
-
-
 def allowed_url(settings: Settings, url: str) -> None:
-    """422 unless ``url`` falls under an entry of ``qdrant_allowed_urls``: the same scheme, host
-    and port (compared parsed, so ``http://qdrant:6333.evil`` is not under
-    ``http://qdrant:6333``), and a path starting with the entry's."""
-    given = _parts(url)
-    for entry in settings.qdrant_allowed_urls:
-        allowed = _parts(entry)
-        if given is None or allowed is None or given[:3] != allowed[:3]:
-            continue
-        prefix = allowed[3] if allowed[3].endswith("/") else allowed[3] + "/"
-        if given[3] == allowed[3] or (given[3] + "/").startswith(prefix):
-            return
-    raise invalid(
-        "source.url",
-        "not an allowed Qdrant server (NOBACKFILL_QDRANT_ALLOWED_URLS lists them; "
-        f"{len(settings.qdrant_allowed_urls)} allowed)",
-    )
+    """422 unless ``url`` falls under an entry of ``qdrant_allowed_urls``
+    (``source_rules.url_allowed``)."""
+    if not url_allowed(settings.qdrant_allowed_urls, url):
+        raise invalid(
+            "source.url",
+            "not an allowed Qdrant server (NOBACKFILL_QDRANT_ALLOWED_URLS lists them; "
+            f"{len(settings.qdrant_allowed_urls)} allowed)",
+        )
 
 
 def api_key(settings: Settings, name: str | None) -> str | None:
-    if name is None:
-        return None
-    prefix = settings.qdrant_api_key_env_prefix
-    if not name.startswith(prefix):
-        raise invalid("source.api_key_env", f"must be {prefix} or start with it")
-    value = os.environ.get(name)
-    if not value:
-        raise invalid("source.api_key_env", f"the server has no environment variable {name}")
-    return value
+    return env_secret(settings.qdrant_api_key_env_prefix, name, "source.api_key_env")
 
 
 def connection(settings: Settings, source: QdrantSource) -> Connection:
@@ -168,10 +124,7 @@ def connection(settings: Settings, source: QdrantSource) -> Connection:
         assert source.url is not None
         allowed_url(settings, source.url)
         key = ("url", source.url, source.api_key_env or "")
-    with _connections_guard:
-        if key not in _connections:
-            _connections[key] = _open(settings, key, source)
-        return _connections[key]
+    return _connections.get(key, lambda: _open(settings, key, source))
 
 
 def _open(settings: Settings, key: tuple[str, ...], source: QdrantSource) -> Connection:
@@ -196,12 +149,7 @@ def _open(settings: Settings, key: tuple[str, ...], source: QdrantSource) -> Con
 
 def close_connections() -> None:
     """The app stopping: close every client (a local-mode folder's lock goes with it)."""
-    with _connections_guard:
-        opened = list(_connections.values())
-        _connections.clear()
-    for conn in opened:
-        with conn.use() as client:
-            client.close()
+    _connections.close(lambda client: client.close())
 
 
 def is_unreachable(exc: BaseException) -> bool:
@@ -213,20 +161,13 @@ def is_unreachable(exc: BaseException) -> bool:
     )
 
 
-@contextlib.contextmanager
-def reachable(source: QdrantSource) -> Iterator[None]:
+def reachable(source: QdrantSource) -> contextlib.AbstractContextManager[None]:
     """While the service uses the collection: transport failures answer 503 (retry later)."""
-    try:
-        yield
-    except Problem:
-        raise
-    except Exception as exc:
-        if not is_unreachable(exc):
-            raise
-        raise unavailable(
-            f"the gallery's Qdrant collection {source.collection!r} is unreachable; retry shortly",
-            RETRY_AFTER_S,
-        ) from exc
+    return source_rules.unreachable_is_503(
+        is_unreachable,
+        f"the gallery's Qdrant collection {source.collection!r} is unreachable; retry shortly",
+        RETRY_AFTER_S,
+    )
 
 
 def describe(settings: Settings, source: QdrantSource) -> CollectionShape:

@@ -27,8 +27,9 @@ from app.core.errors import conflict
 from app.core.settings import Settings
 from app.vectors import qdrant_ids
 from app.vectors.engine import SCAN_BATCH, Stored, StoredGallery, Upserted
-from app.vectors.milvus_math import cosine_lift, rerank
+from app.vectors.milvus_math import no_hits, ranked_hits
 from app.vectors.qdrant_source import Connection, QdrantSource, connection, reachable
+from app.vectors.source_rules import AttachedSearcher
 
 # Points per retrieve or scroll request, and queries per batched search request.
 READ_BATCH = 1024
@@ -228,18 +229,8 @@ class QdrantVectorStorage:
         the service had."""
 
 
-class QdrantSearcher:
-    """The attached collection behind the two index calls the search services make
-    (``ntotal``, ``search_with_points``); built per request, it holds no rows."""
-
-    def __init__(self, storage: QdrantVectorStorage, gallery: StoredGallery) -> None:
-        self.dim = gallery.dim
-        self._storage = storage
-        self._gallery = gallery
-
-    @property
-    def ntotal(self) -> int:
-        return self._storage.points(self._gallery)
+class QdrantSearcher(AttachedSearcher[QdrantVectorStorage]):
+    """The attached Qdrant collection behind the two index calls the search services make."""
 
     def search_with_points(
         self,
@@ -258,10 +249,7 @@ class QdrantSearcher:
         gallery = self._gallery
         source = self._storage._source(gallery)
         queries = np.asarray(queries, dtype=np.float64).reshape(-1, self.dim)
-        nq = len(queries)
-        ids = np.full((nq, k), -1, dtype=np.int64)
-        distances = np.full((nq, k), np.inf)
-        points = np.full((nq, k, self.dim), np.nan, dtype=np.float32)
+        ids, distances, points = no_hits(len(queries), k, self.dim)
         conn = connection(self._storage.settings, source)
         # A flat gallery asks a server for exact search (its HNSW is approximate); local mode
         # is always exact and warns about any search parameter.
@@ -285,7 +273,7 @@ class QdrantSearcher:
                 filter=lacking,
             )
 
-        for start in range(0, nq, SEARCH_BATCH):
+        for start in range(0, len(queries), SEARCH_BATCH):
             part = queries[start : start + SEARCH_BATCH]
             with reachable(source), conn.use() as client:
                 answers = client.query_batch_points(
@@ -298,22 +286,13 @@ class QdrantSearcher:
                     continue
                 qdrant_ids.remember(gallery.id, [h.id for h in hits])
                 hit_ids = np.array([qdrant_ids.internal_of(h.id) for h in hits], dtype=np.int64)
-                found = cosine_lift(
-                    self._storage._vectors(gallery, hits), gallery.lift_scale, gallery.lift_curv
-                ).astype(np.float32)
-                order, dist = rerank(
-                    part[offset : offset + 1],
-                    found[None],
-                    np.ones((1, len(hits)), dtype=bool),
-                    k,
-                    gallery.lift_curv,
-                    ids=hit_ids[None],
+                vectors = self._storage._vectors(gallery, hits)
+                at, dist, found = ranked_hits(
+                    part[offset], vectors, gallery.lift_scale, gallery.lift_curv, k, ids=hit_ids
                 )
-                at = order[0][order[0] >= 0]
                 n = len(at)
                 ids[row, :n] = hit_ids[at]
-                distances[row, :n] = dist[0, :n]
-                points[row, :n] = found[at]
+                distances[row, :n], points[row, :n] = dist, found
         return ids, distances, points
 
 

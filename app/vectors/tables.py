@@ -62,8 +62,9 @@ class ReembeddedVector(Base):
     gallery_id: Mapped[str] = mapped_column(ForeignKey("galleries.id", ondelete="CASCADE"))
     model_id: Mapped[str] = mapped_column(ForeignKey("models.id", ondelete="CASCADE"))
     vector_id: Mapped[int] = mapped_column(BigIntPK, index=True)
-    # float32 little-endian, as uploaded; None where an attached Qdrant collection holds them
-    # as a named vector of the item's point (``app.migration.in_place``).
+    # float32 little-endian, as uploaded; None where an attached collection holds them: Qdrant
+    # as a named vector of the item's point (``app.migration.in_place``), Milvus in a sibling
+    # collection (``app.migration.in_place_milvus``).
     features: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow)
 

@@ -248,22 +248,25 @@ def test_uuid_and_large_point_ids_are_item_ids(
 def test_attached_search_equals_the_copied_gallery_old_and_bridged(
     client: TestClient, nouns: dict
 ) -> None:
+    searches_like_the_copied_gallery(client, nouns["source"], nouns)
+
+
+def searches_like_the_copied_gallery(client: TestClient, source: dict, nouns: dict) -> None:
     """attach → dataset paired by point ids → upgrade trained on the collection's vectors →
-    search in the collection: the same top-10 as the same vectors uploaded as a gallery."""
-    attached = attach(client, nouns["source"])
+    search in the collection: the same top-10 as the same vectors uploaded as a gallery (any
+    engine's collection of ``nouns``: N old vectors, item ids "0"…)."""
+    attached = attach(client, source)
     copied = copied_gallery(client, nouns["ids"], nouns["old"])
     train = np.arange(0, 200)
     queries = np.arange(200, N)
 
-    old_to_old = {
-        g["id"]: top_ids(
-            client.post(
-                f"/v1/galleries/{g['id']}/search",
-                json={"vectors": nouns["old"][queries].tolist(), "k": 10},
-            )
-        )
-        for g in (attached, copied)
-    }
+    def searched(body: dict) -> dict[str, list[list[str]]]:
+        return {
+            g["id"]: top_ids(client.post(f"/v1/galleries/{g['id']}/search", json=body))
+            for g in (attached, copied)
+        }
+
+    old_to_old = searched({"vectors": nouns["old"][queries].tolist(), "k": 10})
     assert old_to_old[attached["id"]] == old_to_old[copied["id"]]
 
     dataset = client.post(
@@ -286,19 +289,8 @@ def test_attached_search_equals_the_copied_gallery_old_and_bridged(
     assert job["status"] == "succeeded", job["error"]
     assert job["report"]["paired_items"] == len(train)
 
-    bridged = {
-        g["id"]: top_ids(
-            client.post(
-                f"/v1/galleries/{g['id']}/search",
-                json={
-                    "features": nouns["new"][queries].tolist(),
-                    "model_id": job["model_id"],
-                    "k": 10,
-                },
-            )
-        )
-        for g in (attached, copied)
-    }
+    body = {"features": nouns["new"][queries].tolist(), "model_id": job["model_id"], "k": 10}
+    bridged = searched(body)
     assert bridged[attached["id"]] == bridged[copied["id"]]
     # Bridged search finds the query's own item far above chance.
     own = np.mean(

@@ -52,13 +52,26 @@ def migration(
     test_backfill_api's transition test does): this fixture's held-out queries give the native
     list a map and the old list none, and the merge then never ranks a native hit first (an
     open point of the merge itself, on any gallery), so no answer would show the new vector."""
+    old = wordnet_small[f"gloss.{OLD}"][:N]
+    build_collection(qdrant_root(tmp_path) / "glosses", "glosses", old, list(range(N)))
+    found = attached_and_upgraded(client, SOURCE, old, wordnet_small, monkeypatch)
+    return found | {"vector": f"nobackfill_{found['model_id']}"}
+
+
+def attached_and_upgraded(
+    client: TestClient,
+    source: dict,
+    old: np.ndarray,
+    wordnet_small: dict,
+    monkeypatch: pytest.MonkeyPatch,
+) -> dict:
+    """``source`` (a collection of ``old``, item ids "0"…) attached, the same vectors copied into
+    a gallery, and a backbone model upgraded on the attached gallery (see ``migration``)."""
     monkeypatch.setattr(
         "app.ml.backfill.plan.fit_relevance", functools.partial(fit_relevance, min_positives=2)
     )
-    old = wordnet_small[f"gloss.{OLD}"][:N]
-    build_collection(qdrant_root(tmp_path) / "glosses", "glosses", old, list(range(N)))
-    ids = [str(i) for i in range(N)]
-    attached = attach(client, SOURCE)
+    ids = [str(i) for i in range(len(old))]
+    attached = attach(client, source)
     copied = copied_gallery(client, ids, old)
     setup = pair_glosses(client, wordnet_small, attached["id"], ids)
     body = {"dataset_id": setup["dataset_id"], "method": "procrustes", "objective": "query"}
@@ -70,7 +83,6 @@ def migration(
         "attached": attached["id"],
         "copied": copied["id"],
         "model_id": job["model_id"],
-        "vector": f"nobackfill_{job['model_id']}",
         "ids": ids,
     }
 
@@ -173,10 +185,23 @@ def test_in_place_migration_writes_a_second_vector_and_searches_like_the_copied_
     assert len(again["ids"]) == 10 and not set(again["ids"]) & set(plan["ids"])
     assert again["reembedded"] == 100
 
-    # Transition search (both query vectors) and the new model's mixed search: the copied
-    # gallery's answers, hit for hit, and from both spaces.
-    # Half the queries are about re-embedded items, half about others.
-    rows = np.r_[[int(i) for i in plan["ids"][:16]], 320:336]
+    searches_match(client, migration, wordnet_small, plan["ids"])
+    # Old-space search is the old vector's alone, unchanged by the migration.
+    old_q = {"vectors": wordnet_small[f"lemma.{OLD}"][:8].tolist(), "k": 10}
+    old_hits = [client.post(f"/v1/galleries/{g}/search", json=old_q) for g in (attached, copied)]
+    assert [[h["id"] for h in row] for row in old_hits[0].json()["results"]] == [
+        [h["id"] for h in row] for row in old_hits[1].json()["results"]
+    ]
+
+
+def searches_match(
+    client: TestClient, migration: dict, wordnet_small: dict, planned: list[str]
+) -> None:
+    """Transition search (both query vectors) and the new model's mixed search of the attached
+    gallery: the copied gallery's answers, hit for hit, and from both spaces. Half the queries
+    are about re-embedded items (``planned``), half about others."""
+    attached, copied, model_id = migration["attached"], migration["copied"], migration["model_id"]
+    rows = np.r_[[int(i) for i in planned[:16]], 320:336]
     answers = {
         g: hits(transition(client, g, model_id, wordnet_small, rows)) for g in (attached, copied)
     }
@@ -189,12 +214,6 @@ def test_in_place_migration_writes_a_second_vector_and_searches_like_the_copied_
         for g in (attached, copied)
     }
     assert mixed[attached] == mixed[copied]
-    # Old-space search is the old vector's alone, unchanged by the migration.
-    old_q = {"vectors": wordnet_small[f"lemma.{OLD}"][:8].tolist(), "k": 10}
-    old_hits = [client.post(f"/v1/galleries/{g}/search", json=old_q) for g in (attached, copied)]
-    assert [[h["id"] for h in row] for row in old_hits[0].json()["results"]] == [
-        [h["id"] for h in row] for row in old_hits[1].json()["results"]
-    ]
 
 
 def test_a_point_deleted_after_the_plan_is_skipped_and_reported(

@@ -1,0 +1,225 @@
+"""An attached Milvus collection behind the vector-storage interface, read-only, and its search —
+the Milvus twin of ``app.vectors.qdrant_storage``.
+
+The gallery's vectors are the collection's rows (``app.vectors.milvus_source`` says where);
+the service never writes to the collection: ``upsert`` and ``delete`` refuse (the galleries
+service refuses before them, with the same answer). Reads go to Milvus on every call, with
+Strong consistency, so the API process holds nothing per gallery, and a row added or removed by
+the collection's owner is seen at once. Item ids are the primary keys as strings (the INT64 key
+in decimal, the VARCHAR key itself); internal ids come from ``app.vectors.qdrant_ids``, whose
+mapping and table serve every attached engine.
+
+Search (``MilvusAttachedSearcher``): an attached gallery is a cosine gallery, whose points all
+lie at one radius, so the Lorentz ranking of a query point is the cosine ranking of its space
+components against the stored vectors: Milvus's COSINE search of the vector field returns the
+top k (exact when the owner indexed the field FLAT, the collection's own recall otherwise), and
+the hits' vectors, lifted as the service lifts them, give the float64 distances (the numbers a
+copied gallery's FAISS search gives). A transport failure answers 503 and writes nothing.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+from sqlalchemy.orm import Session
+
+from app.core.errors import conflict
+from app.core.settings import Settings
+from app.vectors import qdrant_ids
+from app.vectors.engine import SCAN_BATCH, Stored, StoredGallery, Upserted
+from app.vectors.milvus_attach import AttachedCollection
+from app.vectors.milvus_math import no_hits, ranked_hits
+from app.vectors.milvus_search import MAX_TOPK
+from app.vectors.milvus_source import MilvusSource, connection, reachable, reader
+from app.vectors.source_rules import AttachedSearcher
+
+# Rows per query page, and queries per search request.
+READ_BATCH = 1024
+SEARCH_BATCH = 64
+# Hits asked for past the k-th place (the search keeps the k nearest, ties by id).
+TIE_ROOM = 16
+INT64 = re.compile(r"^-?(0|[1-9][0-9]*)$")
+INT64_LIMIT = 2**63
+
+
+def read_only(gallery_id: str) -> Exception:
+    return conflict(
+        f"gallery {gallery_id} is an attached Milvus collection: the service never writes to "
+        "it; change its rows in Milvus itself"
+    )
+
+
+def point_of(item: str, string_ids: bool) -> int | str | None:
+    """The primary key an item id names, None when it names none (an INT64 key is written in
+    canonical decimal)."""
+    if string_ids:
+        return item
+    if not (item.isascii() and INT64.match(item)):
+        return None
+    value = int(item)
+    return value if -INT64_LIMIT <= value < INT64_LIMIT else None
+
+
+class MilvusAttachedStorage:
+    name = "milvus_attached"
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+
+    def source(self, gallery: StoredGallery) -> MilvusSource:
+        return MilvusSource.of(gallery.source or {})
+
+    def collection(self, gallery: StoredGallery) -> tuple[MilvusSource, Any, AttachedCollection]:
+        """(source, its connection, a reader of the gallery's collection)."""
+        source = self.source(gallery)
+        conn = connection(self.settings, source)
+        return source, conn, reader(conn, source, gallery.dim)
+
+    def _keys(self, gallery: StoredGallery, item_ids: Sequence[str]) -> list[int | str]:
+        string_ids = self.source(gallery).string_ids
+        keys = (point_of(item, string_ids) for item in item_ids)
+        return [key for key in keys if key is not None]
+
+    def upsert(
+        self,
+        session: Session,
+        gallery: StoredGallery,
+        item_ids: Sequence[str],
+        vectors: np.ndarray,
+        labels: Sequence[str | None],
+        metadata: Sequence[dict[str, Any] | None],
+    ) -> Upserted:
+        raise read_only(gallery.id)
+
+    def delete(
+        self, session: Session, gallery: StoredGallery, item_ids: Sequence[str]
+    ) -> np.ndarray:
+        raise read_only(gallery.id)
+
+    def lookup(
+        self, session: Session, gallery: StoredGallery, item_ids: Sequence[str]
+    ) -> dict[str, tuple[int, str | None]]:
+        source, conn, rows = self.collection(gallery)
+        with reachable(source), conn.use():
+            found = rows.existing(self._keys(gallery, item_ids))
+        return {
+            qdrant_ids.item_id(key): (qdrant_ids.internal_of(key), None) for key in sorted(found)
+        }
+
+    def fetch(self, session: Session, gallery: StoredGallery, item_ids: Sequence[str]) -> Stored:
+        source, conn, rows = self.collection(gallery)
+        with reachable(source), conn.use():
+            keys, vectors = rows.fetch_vectors(self._keys(gallery, item_ids))
+        ids = np.array([qdrant_ids.internal_of(k) for k in keys], dtype=np.int64)
+        items = [qdrant_ids.item_id(k) for k in keys]
+        n = len(items)
+        return Stored(items, ids, vectors, [None] * n, [None] * n)
+
+    def names(
+        self, session: Session, gallery: StoredGallery, ids: Sequence[int]
+    ) -> dict[int, tuple[str, str | None]]:
+        # Named without asking Milvus: the callers name ids a search or scan has just returned.
+        return {i: (item, None) for i, item in qdrant_ids.names(session, gallery.id, ids).items()}
+
+    def _pages(self, gallery: StoredGallery, vectors: bool, batch: int) -> Iterator[list[dict]]:
+        source, conn, rows = self.collection(gallery)
+        pages = rows.iterate(batch, vectors)
+        while True:
+            with reachable(source), conn.use():
+                page = next(pages, None)
+            if page is None:
+                return
+            qdrant_ids.remember(gallery.id, [row[source.id_field] for row in page])
+            yield page
+
+    def scan(
+        self, session: Session, gallery: StoredGallery, batch: int = SCAN_BATCH
+    ) -> Iterator[Stored]:
+        """Every row, in batches, each ascending by internal id."""
+        source = self.source(gallery)
+        for page in self._pages(gallery, vectors=True, batch=min(batch, READ_BATCH)):
+            keys = [row[source.id_field] for row in page]
+            ids = np.array([qdrant_ids.internal_of(k) for k in keys], dtype=np.int64)
+            order = np.argsort(ids, kind="stable")
+            vectors = np.asarray([page[i][source.vector_field] for i in order.tolist()], np.float32)
+            items = [qdrant_ids.item_id(keys[i]) for i in order.tolist()]
+            n = len(items)
+            yield Stored(items, ids[order], vectors.reshape(n, gallery.dim), [None] * n, [None] * n)
+
+    def scroll_keys(self, gallery: StoredGallery) -> Iterator[list[int | str]]:
+        """Every primary key, in pages (the attach maps them)."""
+        source = self.source(gallery)
+        for page in self._pages(gallery, vectors=False, batch=10 * READ_BATCH):
+            yield [row[source.id_field] for row in page]
+
+    def all_ids(self, session: Session, gallery: StoredGallery) -> np.ndarray:
+        parts = [np.zeros(0, dtype=np.int64)]
+        for keys in self.scroll_keys(gallery):
+            parts.append(np.array([qdrant_ids.internal_of(k) for k in keys], np.int64))
+        return np.sort(np.concatenate(parts))
+
+    def count(self, session: Session, gallery: StoredGallery) -> int:
+        return self.points(gallery)
+
+    def points(self, gallery: StoredGallery) -> int:
+        """Rows in the collection now."""
+        source, conn, rows = self.collection(gallery)
+        with reachable(source), conn.use():
+            return rows.count()
+
+    def drop(self, gallery_id: str) -> None:
+        """Detaching leaves the collection as it is: the gallery's row (and its id map) is all
+        the service had."""
+
+
+class MilvusAttachedSearcher(AttachedSearcher[MilvusAttachedStorage]):
+    """The attached Milvus collection behind the two index calls the search services make."""
+
+    def search_with_points(
+        self,
+        queries: np.ndarray,
+        k: int,
+        *,
+        overfetch: int = 4,
+        min_candidates: int = 64,
+        without: Sequence[int | str] = (),
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(internal ids, float64 distances, float32 points) per query, nearest first, −1 / inf
+        / NaN padded, as ``LorentzIndex.search_with_points``. The candidate sizes of the FAISS
+        path do not apply: Milvus's cosine top k is the answer. ``without``: primary keys left
+        out by the search's filter (a mixed search's old list leaves the re-embedded rows to
+        their own collection's search)."""
+        gallery = self._gallery
+        source, conn, rows = self._storage.collection(gallery)
+        queries = np.asarray(queries, dtype=np.float64).reshape(-1, self.dim)
+        ids, distances, points = no_hits(len(queries), k, self.dim)
+        expr = rows.ids_filter(list(without), negate=True) if len(without) else ""
+        # Past the k-th place: a tie across it (duplicate documents) is then ordered by id
+        # whole, as every engine orders ties (``lorentz_rows.nearest_first``).
+        limit = min(k + TIE_ROOM, MAX_TOPK)
+        for start in range(0, len(queries), SEARCH_BATCH):
+            part = queries[start : start + SEARCH_BATCH]
+            with reachable(source), conn.use():
+                answers = rows.search_rows(part, limit, expr)
+            for offset, hits in enumerate(answers):
+                row = start + offset
+                if not hits:
+                    continue
+                keys = [key for key, _ in hits]
+                qdrant_ids.remember(gallery.id, keys)
+                hit_ids = np.array([qdrant_ids.internal_of(key) for key in keys], dtype=np.int64)
+                vectors = np.stack([vector for _, vector in hits])
+                at, dist, found = ranked_hits(
+                    part[offset], vectors, gallery.lift_scale, gallery.lift_curv, k, ids=hit_ids
+                )
+                n = len(at)
+                ids[row, :n] = hit_ids[at]
+                distances[row, :n], points[row, :n] = dist, found
+        return ids, distances, points
+
+
+def milvus_attached_storage(settings: Settings) -> MilvusAttachedStorage:
+    return MilvusAttachedStorage(settings)
