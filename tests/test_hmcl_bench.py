@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from bench.common.wordnet import FIXTURE_DATA_DIR, OLD_MODEL, load_wordnet
 from bench.quality.continual import (
     Config,
     kind_figures,
@@ -20,7 +21,16 @@ from bench.quality.continual import (
     selection_score,
 )
 from bench.quality.continual_report import render_markdown, targets
-from bench.quality.continual_stream import CLASSIFICATION, RETRIEVAL, Task, carve_validation
+from bench.quality.continual_stream import (
+    CLASSIFICATION,
+    CLASSIFICATION_TASKS,
+    RETRIEVAL,
+    RETRIEVAL_GROUPS,
+    Corpus,
+    Task,
+    build_tasks,
+    carve_validation,
+)
 
 MINILM = "all-MiniLM-L6-v2"
 REPO = Path(__file__).resolve().parent.parent
@@ -94,6 +104,39 @@ def test_validation_is_carved_from_training_rows_only(wordnet_small: dict) -> No
     # Labels and class texts stay aligned with their rows.
     np.testing.assert_array_equal(carved.class_names[carved.test_labels], carved.test["text"])
     np.testing.assert_array_equal(carved.class_names[carved.train_labels], carved.train["text"])
+
+
+def _fixture_corpus() -> Corpus:
+    data = load_wordnet(FIXTURE_DATA_DIR, fields=("lemma", "gloss"), models=(OLD_MODEL,))
+    ancestors = load_wordnet(
+        FIXTURE_DATA_DIR, fields=("lemma",), models=(OLD_MODEL,), prefix="ancestors."
+    )
+    return Corpus(data, ancestors)
+
+
+def test_the_two_streams_alternate_the_same_tasks_in_other_orders() -> None:
+    corpus = _fixture_corpus()
+    interleaved = build_tasks(corpus, 40, seed=0, per_class=3)
+    reordered = build_tasks(corpus, 40, seed=0, per_class=3, stream="reordered")
+    assert [t.kind for t in interleaved] == [CLASSIFICATION, RETRIEVAL] * CLASSIFICATION_TASKS
+    assert [t.kind for t in reordered] == [RETRIEVAL, CLASSIFICATION] * CLASSIFICATION_TASKS
+    groups = ["+".join(g.removeprefix("noun.") for g in group) for group in RETRIEVAL_GROUPS]
+    assert [t.name for t in interleaved[1::2]] == [f"retrieval: {g}" for g in groups]
+    assert [t.name for t in reordered[::2]] == [f"retrieval: {g}" for g in groups[::-1]]
+
+    def class_sets(tasks: list[Task]) -> list[set[bytes]]:
+        return [{row.tobytes() for row in t.class_names} for t in tasks if t.kind == CLASSIFICATION]
+
+    first, second = class_sets(interleaved), class_sets(reordered)
+    # The same classes, every one in exactly one task of each stream, grouped differently.
+    assert set().union(*first) == set().union(*second)
+    assert sum(len(c) for c in second) == len(set().union(*second))
+    assert all(a != b for a in first for b in second)
+    for t in reordered:
+        assert t.train_rows > 0 and t.test_rows > 0
+        assert (t.kind == CLASSIFICATION) == (t.classes == 20)
+    with pytest.raises(ValueError, match="unknown stream"):
+        build_tasks(corpus, 40, stream="shuffled")
 
 
 def test_quick_configuration_is_small_and_fair() -> None:

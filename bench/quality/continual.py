@@ -1,5 +1,6 @@
 """Continual upgrades on real data: HMCL (CA, MR) against fine-tuning and EWC, on a stream that
-interleaves classification-style and retrieval tasks (``bench.quality.continual_stream``).
+alternates classification-style and retrieval tasks (``bench.quality.continual_stream``;
+``--stream interleaved`` C1 R1 C2 R2 …, the default, or ``reordered`` R4 C1′ R3 C2′ …).
 
     python -m bench.quality.continual --quick   # one seed, small tasks, two settings per method (< 2 min)
     python -m bench.quality.continual           # 5 seeds, full tasks, four settings per method (≈ 18 min)
@@ -57,11 +58,13 @@ from bench.quality.continual_stream import (
     CLASS_DEPTH,
     CLASSES_PER_TASK,
     GLOSS,
+    INTERLEAVED,
     KINDS,
     MIN_CLASS_ITEMS,
     MODALITIES,
     RETRIEVAL,
     RETRIEVAL_GROUPS,
+    STREAMS,
     TEXT,
     VALIDATION_FRACTION,
     Corpus,
@@ -89,6 +92,7 @@ class Config:
     grid: dict[str, tuple[Any, ...]]
     timing_repeats: int
     timing_dims: tuple[int, ...] = field(default=(384, 768))
+    stream: str = INTERLEAVED
 
     def settings(self) -> list[dict[str, Any]]:
         keys = list(self.grid)
@@ -342,7 +346,9 @@ def run_benchmark(
         corpus = corpus or load_corpus()
 
         def stream(seed: int) -> list[Task]:
-            return build_tasks(corpus, config.retrieval_items, seed, config.per_class)
+            return build_tasks(
+                corpus, config.retrieval_items, seed, config.per_class, config.stream
+            )
 
     selection_seed = config.seeds[0]
     first = stream(selection_seed)
@@ -355,7 +361,9 @@ def run_benchmark(
         tasks = first
         if dim != first[0].train[GLOSS].shape[1]:
             other = load_corpus(NEW_MODEL)
-            tasks = build_tasks(other, config.retrieval_items, selection_seed, config.per_class)
+            tasks = build_tasks(
+                other, config.retrieval_items, selection_seed, config.per_class, config.stream
+            )
         timing[str(dim)] = time_steps(tasks, step_params, config.timing_repeats, selection_seed)
         print(f"  timed steps at d = {dim}", flush=True)
     per_seed: dict[str, list[dict]] = {m: [] for m in config.methods}
@@ -414,7 +422,9 @@ def timing_only(
     timing = {}
     for dim in config.timing_dims:
         corpus = load_corpus() if dim == 384 else load_corpus(NEW_MODEL)
-        tasks = build_tasks(corpus, config.retrieval_items, config.seeds[0], config.per_class)
+        tasks = build_tasks(
+            corpus, config.retrieval_items, config.seeds[0], config.per_class, config.stream
+        )
         step_params = {m: params for m in METHODS}
         timing[str(dim)] = time_steps(tasks, step_params, config.timing_repeats, config.seeds[0])
     result = {
@@ -445,6 +455,13 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         default={},
         help="JSON overrides of the base settings of every method, e.g. '{\"energy\": 0.6}'",
     )
+    parser.add_argument(
+        "--stream",
+        choices=STREAMS,
+        default=INTERLEAVED,
+        help="task order: C1 R1 C2 R2 … (interleaved) or R4 C1′ R3 C2′ … (reordered: retrieval "
+        "first, other class groups)",
+    )
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", type=Path, default=None, help="results JSON path")
     parser.add_argument(
@@ -468,6 +485,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     torch.set_num_threads(args.threads)
     config = (quick_config if args.quick else full_config)(args.seeds)
     config.base_params = {**config.base_params, **args.params}
+    config.stream = args.stream
     if args.methods:
         if "finetune" not in args.methods:
             parser.error("--methods must include finetune (the reference of every ratio)")
@@ -475,7 +493,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     command = command_line("bench.quality.continual", argv)
     if args.timing_only:
         return timing_only(config, command, args.batch_size, args.out)
-    out = args.out or RESULTS / ("continual_quick.json" if args.quick else "continual.json")
+    stem = "continual_quick" if args.quick else "continual"
+    if args.stream != INTERLEAVED:
+        stem += f"_{args.stream}"
+    out = args.out or RESULTS / f"{stem}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
 
     def write(result: dict[str, Any]) -> None:

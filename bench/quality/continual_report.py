@@ -126,11 +126,12 @@ def render_markdown(result: Mapping[str, Any]) -> str:
         f"torch {result['torch']}, {result['threads']} thread(s)); seeds {seeds}, mean ± sd "
         f"over seeds. Encoder {result['encoder']} for both modalities (`text`, `gloss`).",
         "",
-        f"Stream (train/test rows of seed {seeds[0]}): {tasks}. Classification tasks pair each "
-        "gloss with its class's name text (the lemmas of its hypernym ancestor at depth 6; "
-        "classes disjoint across tasks) and score the accuracy of each test gloss's nearest "
-        "class text among the task's classes; retrieval tasks pair a synset's lemmas with its "
-        "gloss (synsets of no kept class) and score symmetric recall@5.",
+        f"Stream `{cfg.get('stream', 'interleaved')}` (train/test rows of seed {seeds[0]}): "
+        f"{tasks}. Classification tasks pair each gloss with its class's name text (the lemmas "
+        "of its hypernym ancestor at depth 6; classes disjoint across tasks) and score the "
+        "accuracy of each test gloss's nearest class text among the task's classes; retrieval "
+        "tasks pair a synset's lemmas with its gloss (synsets of no kept class) and score "
+        "symmetric recall@5.",
         "",
         "Settings per method, chosen on validation rows carved from each task's training rows "
         f"(20 %) of seed {seeds[0]}'s stream, {len(cfg['settings'])} trials per method "
