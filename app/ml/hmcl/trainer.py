@@ -193,6 +193,7 @@ class TaskTrainer:
                 self.task_start,
                 self.params.energy,
                 self.params.min_rank,
+                residual_weight=self.params.residual_weight if method == "hmcl-ca" else 0.0,
             )
             # Derived in float64; applied in the weights' float32: the correction's rounding
             # (≈1e-7 relative) is far below the AdamW step it corrects.
