@@ -20,7 +20,7 @@ from bench.quality.continual import (
     run_benchmark,
     selection_score,
 )
-from bench.quality.continual_report import render_markdown, targets
+from bench.quality.continual_report import render_markdown, render_streams, targets
 from bench.quality.continual_stream import (
     CLASSIFICATION,
     CLASSIFICATION_TASKS,
@@ -185,6 +185,12 @@ def test_a_tiny_benchmark_produces_every_figure_and_table(wordnet_small: dict) -
     markdown = render_markdown({"command": "test", **result})
     assert "| hmcl-ca |" in markdown and "**Classification tasks**" in markdown
     assert "Issue 13's targets" in markdown
+    assert result["config"]["stream"]["order"] == "interleaved"
+    stream = {**result["config"]["stream"], "order": "reordered"}
+    other = {"command": "test", **result, "config": {**result["config"], "stream": stream}}
+    both = render_streams([{"command": "test", **result}, other])
+    assert both.index("### Stream `interleaved`") < both.index("### Stream `reordered`")
+    assert both.count("| hmcl-ca |") == 2 * markdown.count("| hmcl-ca |")
 
 
 # Issue 13's targets for hmcl-ca, restated here so that the verdicts are checked against the

@@ -8,6 +8,8 @@ alternates classification-style and retrieval tasks (``bench.quality.continual_s
         --out bench/results/continual_energy0.6.json           # a variant: overrides for every method
     python -m bench.quality.continual --timing-only --batch-size 1024   # only the per-step times
     python -m bench.quality.continual --render bench/results/continual.json   # only the tables
+    python -m bench.quality.continual --render bench/results/continual.json \
+        bench/results/continual_reordered.json --publish   # both streams into BENCHMARKS.md
 
 Each method gets its own settings (lr × min_steps), chosen on validation rows carved from every
 task's **training** rows (``carve_validation``) of the first seed's stream: the same grid, so the
@@ -51,9 +53,16 @@ from app.ml.hmcl.metrics import (
     paired_recall_at_k,
     symmetric_recall_at_k,
 )
-from bench.common.report import command_line
+from bench.common.report import command_line, replace_section
 from bench.common.wordnet import NEW_MODEL, REPO_ROOT, quick_data_dir
-from bench.quality.continual_report import render_markdown, targets, timing_lines
+from bench.quality.continual_report import (
+    SECTION,
+    SECTION_TITLE,
+    render_markdown,
+    render_streams,
+    targets,
+    timing_lines,
+)
 from bench.quality.continual_stream import (
     CLASS_DEPTH,
     CLASSES_PER_TASK,
@@ -398,7 +407,7 @@ def run_benchmark(
                 "seeds": config.seeds[: len(per_seed[config.methods[0]])],
                 "seeds_planned": config.seeds,
                 "settings": config.settings(),
-                "stream": stream_constants(),
+                "stream": {"order": config.stream, **stream_constants()},
             },
             "encoder": corpus.encoder if corpus is not None else "caller's stream",
             "tasks": task_sizes(first),
@@ -468,7 +477,16 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", type=Path, default=None, help="results JSON path")
     parser.add_argument(
-        "--render", type=Path, default=None, help="only print the tables of a results JSON"
+        "--render",
+        type=Path,
+        nargs="+",
+        default=None,
+        help="only print the tables of results JSONs (one per stream)",
+    )
+    parser.add_argument(
+        "--publish",
+        action="store_true",
+        help="with --render: also write them into BENCHMARKS.md's continual section",
     )
     parser.add_argument(
         "--timing-only",
@@ -482,9 +500,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     if args.quick:
         quick_data_dir("bench.quality.continual")
     if args.render is not None:
-        result = json.loads(args.render.read_text())
-        print(render_markdown(result))
-        return result
+        results = [json.loads(path.read_text()) for path in args.render]
+        markdown = render_streams(results)
+        print(markdown)
+        if args.publish:
+            replace_section(SECTION, SECTION_TITLE, markdown)
+        return results[0]
     torch.set_num_threads(args.threads)
     config = (quick_config if args.quick else full_config)(args.seeds)
     config.base_params = {**config.base_params, **args.params}
