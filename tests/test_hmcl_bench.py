@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from bench.common.wordnet import FIXTURE_DATA_DIR, OLD_MODEL, load_wordnet
 from bench.quality.continual import (
     Config,
     kind_figures,
@@ -19,8 +20,17 @@ from bench.quality.continual import (
     run_benchmark,
     selection_score,
 )
-from bench.quality.continual_report import render_markdown, targets
-from bench.quality.continual_stream import CLASSIFICATION, RETRIEVAL, Task, carve_validation
+from bench.quality.continual_report import render_markdown, render_streams, targets
+from bench.quality.continual_stream import (
+    CLASSIFICATION,
+    CLASSIFICATION_TASKS,
+    RETRIEVAL,
+    RETRIEVAL_GROUPS,
+    Corpus,
+    Task,
+    build_tasks,
+    carve_validation,
+)
 
 MINILM = "all-MiniLM-L6-v2"
 REPO = Path(__file__).resolve().parent.parent
@@ -96,6 +106,39 @@ def test_validation_is_carved_from_training_rows_only(wordnet_small: dict) -> No
     np.testing.assert_array_equal(carved.class_names[carved.train_labels], carved.train["text"])
 
 
+def _fixture_corpus() -> Corpus:
+    data = load_wordnet(FIXTURE_DATA_DIR, fields=("lemma", "gloss"), models=(OLD_MODEL,))
+    ancestors = load_wordnet(
+        FIXTURE_DATA_DIR, fields=("lemma",), models=(OLD_MODEL,), prefix="ancestors."
+    )
+    return Corpus(data, ancestors)
+
+
+def test_the_two_streams_alternate_the_same_tasks_in_other_orders() -> None:
+    corpus = _fixture_corpus()
+    interleaved = build_tasks(corpus, 40, seed=0, per_class=3)
+    reordered = build_tasks(corpus, 40, seed=0, per_class=3, stream="reordered")
+    assert [t.kind for t in interleaved] == [CLASSIFICATION, RETRIEVAL] * CLASSIFICATION_TASKS
+    assert [t.kind for t in reordered] == [RETRIEVAL, CLASSIFICATION] * CLASSIFICATION_TASKS
+    groups = ["+".join(g.removeprefix("noun.") for g in group) for group in RETRIEVAL_GROUPS]
+    assert [t.name for t in interleaved[1::2]] == [f"retrieval: {g}" for g in groups]
+    assert [t.name for t in reordered[::2]] == [f"retrieval: {g}" for g in groups[::-1]]
+
+    def class_sets(tasks: list[Task]) -> list[set[bytes]]:
+        return [{row.tobytes() for row in t.class_names} for t in tasks if t.kind == CLASSIFICATION]
+
+    first, second = class_sets(interleaved), class_sets(reordered)
+    # The same classes, every one in exactly one task of each stream, grouped differently.
+    assert set().union(*first) == set().union(*second)
+    assert sum(len(c) for c in second) == len(set().union(*second))
+    assert all(a != b for a in first for b in second)
+    for t in reordered:
+        assert t.train_rows > 0 and t.test_rows > 0
+        assert (t.kind == CLASSIFICATION) == (t.classes == 20)
+    with pytest.raises(ValueError, match="unknown stream"):
+        build_tasks(corpus, 40, stream="shuffled")
+
+
 def test_quick_configuration_is_small_and_fair() -> None:
     config = quick_config()
     assert config.seeds == (0,) and config.timing_dims == (384,)
@@ -142,6 +185,12 @@ def test_a_tiny_benchmark_produces_every_figure_and_table(wordnet_small: dict) -
     markdown = render_markdown({"command": "test", **result})
     assert "| hmcl-ca |" in markdown and "**Classification tasks**" in markdown
     assert "Issue 13's targets" in markdown
+    assert result["config"]["stream"]["order"] == "interleaved"
+    stream = {**result["config"]["stream"], "order": "reordered"}
+    other = {"command": "test", **result, "config": {**result["config"], "stream": stream}}
+    both = render_streams([{"command": "test", **result}, other])
+    assert both.index("### Stream `interleaved`") < both.index("### Stream `reordered`")
+    assert both.count("| hmcl-ca |") == 2 * markdown.count("| hmcl-ca |")
 
 
 # Issue 13's targets for hmcl-ca, restated here so that the verdicts are checked against the

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from app.ml.hmcl.metrics import DRIFT_MEASURES
@@ -112,6 +112,11 @@ def timing_lines(timing: Mapping[str, Any]) -> list[str]:
     return lines
 
 
+def stream_order(config: Mapping[str, Any]) -> str:
+    """The task order a run used (runs before ``--stream`` existed: ``interleaved``)."""
+    return config.get("stream", {}).get("order", "interleaved")
+
+
 def render_markdown(result: Mapping[str, Any]) -> str:
     s, cfg = result["summary"], result["config"]
     methods = list(cfg["methods"])
@@ -126,11 +131,12 @@ def render_markdown(result: Mapping[str, Any]) -> str:
         f"torch {result['torch']}, {result['threads']} thread(s)); seeds {seeds}, mean ± sd "
         f"over seeds. Encoder {result['encoder']} for both modalities (`text`, `gloss`).",
         "",
-        f"Stream (train/test rows of seed {seeds[0]}): {tasks}. Classification tasks pair each "
-        "gloss with its class's name text (the lemmas of its hypernym ancestor at depth 6; "
-        "classes disjoint across tasks) and score the accuracy of each test gloss's nearest "
-        "class text among the task's classes; retrieval tasks pair a synset's lemmas with its "
-        "gloss (synsets of no kept class) and score symmetric recall@5.",
+        f"Stream `{stream_order(cfg)}` (train/test rows of seed {seeds[0]}): "
+        f"{tasks}. Classification tasks pair each gloss with its class's name text (the lemmas "
+        "of its hypernym ancestor at depth 6; classes disjoint across tasks) and score the "
+        "accuracy of each test gloss's nearest class text among the task's classes; retrieval "
+        "tasks pair a synset's lemmas with its gloss (synsets of no kept class) and score "
+        "symmetric recall@5.",
         "",
         "Settings per method, chosen on validation rows carved from each task's training rows "
         f"(20 %) of seed {seeds[0]}'s stream, {len(cfg['settings'])} trials per method "
@@ -197,3 +203,16 @@ def render_markdown(result: Mapping[str, Any]) -> str:
                 f"{'yes' if t['met'] else 'no'} | {t['margin']:+.4f} |"
             )
     return "\n".join(lines) + "\n"
+
+
+SECTION = "bench.quality.continual"
+SECTION_TITLE = "Continual upgrades (HMCL): classification-style and retrieval tasks"
+
+
+def render_streams(results: Sequence[Mapping[str, Any]]) -> str:
+    """The tables of one run, or of several (one per stream) under a heading each."""
+    if len(results) == 1:
+        return render_markdown(results[0])
+    return "\n".join(
+        f"### Stream `{stream_order(r['config'])}`\n\n{render_markdown(r)}" for r in results
+    )

@@ -1,5 +1,6 @@
-"""The continual benchmark's public task stream: classification-style tasks (many glosses ↔ one
-class-name text) interleaved with retrieval tasks (lemma ↔ gloss, one to one), on WordNet nouns.
+"""The continual benchmark's public task streams: classification-style tasks (many glosses ↔ one
+class-name text) alternating with retrieval tasks (lemma ↔ gloss, one to one), on WordNet nouns,
+in two orders (``build_tasks``: ``interleaved`` and ``reordered``).
 
 Two modalities, both embedded by one frozen encoder: ``text`` (a short name: the synset's own
 lemmas in a retrieval task, its class ancestor's lemmas in a classification task) and ``gloss``
@@ -37,6 +38,8 @@ RETRIEVAL_GROUPS: tuple[tuple[str, ...], ...] = (
     ("noun.act", "noun.event", "noun.communication", "noun.cognition"),
     ("noun.state", "noun.attribute", "noun.quantity", "noun.location", "noun.substance"),
 )
+INTERLEAVED, REORDERED = "interleaved", "reordered"
+STREAMS = (INTERLEAVED, REORDERED)
 TRAIN_FRACTION = 0.6
 VALIDATION_FRACTION = 0.2  # of a task's training rows, for choosing settings
 
@@ -93,8 +96,11 @@ def load_corpus(encoder: str = OLD_MODEL) -> Corpus:
     return Corpus(data, ancestors, encoder)
 
 
-def stream_classes(meta: list[dict]) -> list[list[str]]:
-    """The class ids (ancestor synsets) of each classification task, disjoint, in stream order."""
+def stream_classes(meta: list[dict], blocked: bool = False) -> list[list[str]]:
+    """The class ids (ancestor synsets) of each classification task, disjoint, in stream order:
+    the kept classes in a fixed shuffled order, dealt round-robin (task t takes every
+    ``CLASSIFICATION_TASKS``-th from t) or, ``blocked``, in consecutive runs (the same classes,
+    grouped into other tasks)."""
     counts = Counter(m["ancestors"][CLASS_DEPTH] for m in meta if len(m["ancestors"]) > CLASS_DEPTH)
     kept = sorted(c for c, n in counts.items() if n >= MIN_CLASS_ITEMS)
     needed = CLASSES_PER_TASK * CLASSIFICATION_TASKS
@@ -102,6 +108,11 @@ def stream_classes(meta: list[dict]) -> list[list[str]]:
         raise ValueError(f"{len(kept)} classes with ≥ {MIN_CLASS_ITEMS} items; {needed} needed")
     order = np.random.default_rng(STREAM_SEED).permutation(len(kept))[:needed]
     dealt = [kept[i] for i in order]
+    if blocked:
+        return [
+            dealt[t * CLASSES_PER_TASK : (t + 1) * CLASSES_PER_TASK]
+            for t in range(CLASSIFICATION_TASKS)
+        ]
     return [dealt[t::CLASSIFICATION_TASKS] for t in range(CLASSIFICATION_TASKS)]
 
 
@@ -160,13 +171,24 @@ def _retrieval_task(
 
 
 def build_tasks(
-    corpus: Corpus, retrieval_items: int = 0, seed: int = 0, per_class: int = 0
+    corpus: Corpus,
+    retrieval_items: int = 0,
+    seed: int = 0,
+    per_class: int = 0,
+    stream: str = INTERLEAVED,
 ) -> list[Task]:
-    """The stream C1 R1 C2 R2 …: classification tasks of ``CLASSES_PER_TASK`` disjoint classes
-    (up to ``per_class`` items each; 0: all) interleaved with retrieval tasks of up to
-    ``retrieval_items`` synsets each (0: all), every task split 60/40 train/test by ``seed``."""
+    """Classification tasks of ``CLASSES_PER_TASK`` disjoint classes (up to ``per_class`` items
+    each; 0: all) alternating with retrieval tasks of up to ``retrieval_items`` synsets each
+    (0: all), every task split 60/40 train/test by ``seed``. ``stream``:
+
+    - ``interleaved``: C1 R1 C2 R2 … (classes dealt round-robin, retrieval groups in order);
+    - ``reordered``: R4 C1′ R3 C2′ … — retrieval first, the retrieval groups in reverse order,
+      and the same classes grouped into other tasks (dealt in consecutive runs).
+    """
+    if stream not in STREAMS:
+        raise ValueError(f"unknown stream {stream!r}; expected one of {list(STREAMS)}")
     rng = np.random.default_rng(seed)
-    class_sets = stream_classes(corpus.data.meta)
+    class_sets = stream_classes(corpus.data.meta, blocked=stream == REORDERED)
     in_class = {c for cs in class_sets for c in cs}
     pool = np.array(
         [
@@ -175,10 +197,14 @@ def build_tasks(
             if not (len(m["ancestors"]) > CLASS_DEPTH and m["ancestors"][CLASS_DEPTH] in in_class)
         ]
     )
+    groups = RETRIEVAL_GROUPS if stream == INTERLEAVED else RETRIEVAL_GROUPS[::-1]
     tasks = []
-    for t, (classes, group) in enumerate(zip(class_sets, RETRIEVAL_GROUPS, strict=True)):
-        tasks.append(_classification_task(corpus, f"classes {t + 1}", classes, per_class, rng))
-        tasks.append(_retrieval_task(corpus, group, pool, retrieval_items, rng))
+    for t, (classes, group) in enumerate(zip(class_sets, groups, strict=True)):
+        pair = [
+            _classification_task(corpus, f"classes {t + 1}", classes, per_class, rng),
+            _retrieval_task(corpus, group, pool, retrieval_items, rng),
+        ]
+        tasks += pair if stream == INTERLEAVED else pair[::-1]
     return tasks
 
 

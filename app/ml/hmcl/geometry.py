@@ -91,28 +91,72 @@ def least_squares_coefficients(
     return (basis.T @ cross @ head.T) / eigenvalues[:, None]
 
 
+def residual_output_moment(
+    second_moment_lifted: Tensor, head: Tensor, basis: Tensor, coefficients: Tensor
+) -> Tensor:
+    """M_r = Σ y_r y_rᵀ (d×d) over the old rows of the part of their outputs the protected
+    features do not explain: y_r = W z − Cᵀ Vᵀ x (Y_r = Y − X_p B, the free features' share and
+    whatever of the w₀ z₀ column X_p does not reproduce), from the moments: Y_r = Z A with
+    A = Wᵀ − [0; V C], so M_r = Aᵀ (Σ z zᵀ) A."""
+    lifted = head.T.clone()
+    lifted[1:] -= basis @ coefficients
+    return lifted.T @ second_moment_lifted @ lifted
+
+
+def residual_rotation_cost(
+    h_matrix: Tensor, residual: Tensor, protected_output: float, weight: float
+) -> Tensor:
+    """μ H_r with H_r = M_r · tr H / Σ tr(C_mᵀΛ_mC_m): the residual outputs' second moment in
+    the units of H.
+
+    Why. CA moves the protected outputs X_pB by the rotation I + Ω and leaves the rest of every
+    old output, Y_r = Y − X_pB, where it was: the old rows then separate by ‖Y_rΩᵀ‖, which is
+    not a rotation (drift), and the Lyapunov solution Ω̃_ij = K_ij / (h_i + h_j) is largest
+    exactly where H is small: in output directions the protected part hardly spans but Y_r may.
+    Adding μ‖ΩC_rᵀ‖² (C_rᵀC_r = H_r) to Σ‖ΩC_mᵀ − δ_sᵐV_m‖² prices that separation: the
+    minimiser over skew Ω solves Ω(H + μH_r) + (H + μH_r)Ω = F − Fᵀ, and the step stays
+    admissible (δ_s* = δ_s(I − P) + ΩCᵀVᵀ for whatever Ω). tr H / Σ tr(CᵀΛC) converts an output
+    moment into H's units: ‖ΩCᵀ‖² costs tr(ΩHΩᵀ) in parameters and tr(ΩCᵀΛCΩᵀ) in outputs.
+    μ = 0 is the closest admissible step itself.
+    """
+    return weight * residual * (float(torch.trace(h_matrix)) / protected_output)
+
+
 def protected_geometry(
     second_moments: Mapping[str, Tensor],
     heads: Mapping[str, Tensor],
     energy: float,
     min_rank: int,
     rank_tol: float = RANK_TOL,
+    residual_weight: float = 0.0,
 ) -> ProtectedGeometry:
     """Protected bases, least-squares maps and H's eigenbasis from lifted second moments Σ z zᵀ
     (computed in float64 whatever the inputs' type).
 
     Only the protected part P_m B_m = V_m C_m of the least-squares map B_m = X_m⁺Y_m enters the
     closest admissible update; C_m = Λ_m⁻¹V_mᵀ(Σ x zᵀ)W_mᵀ needs no other eigenvector of XᵀX.
+
+    ``residual_weight`` μ > 0 solves the Lyapunov equation with H + μH_r instead of H
+    (``residual_rotation_cost``): Ω then also pays for what it does *not* rotate.
     """
     bases, coefs, captured = {}, {}, {}
     dim = next(iter(heads.values())).shape[0]
     h_matrix = torch.zeros(dim, dim, dtype=torch.float64)
+    residual = torch.zeros(dim, dim, dtype=torch.float64)
+    protected_output = 0.0
     for name, moment in second_moments.items():
         moment = moment.double()
         basis, evals, frac = protected_subspace(moment[1:, 1:], energy, min_rank, rank_tol)
         coef = least_squares_coefficients(moment, basis, evals, heads[name].double())
         bases[name], coefs[name], captured[name] = basis, coef, frac
         h_matrix += coef.T @ coef
+        if residual_weight > 0:
+            residual += residual_output_moment(moment, heads[name].double(), basis, coef)
+            protected_output += float((coef.T * (evals[:, None] * coef).T).sum())
+    if residual_weight > 0 and protected_output > 0:
+        h_matrix = h_matrix + residual_rotation_cost(
+            h_matrix, residual, protected_output, residual_weight
+        )
     h_vals, h_vecs = torch.linalg.eigh(h_matrix)
     h_max = float(h_vals.max()) if h_vals.numel() else 0.0
     # H = 0 (nothing protected) keeps nothing: there is no rotation to solve for.

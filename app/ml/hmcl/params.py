@@ -27,7 +27,10 @@ class ContinualParams:
     Defaults: AdamW without weight decay, one step per mini-batch of ``batch_size`` rows, at
     least ``epochs`` epochs and at least ``min_steps`` steps (small tasks get more epochs),
     curvature 0.1, lr 5e-4 (the paper's); ρ = 0.8 (the top of the paper's range), β = 0.1 and
-    k_min = 8 inside theirs. HMCL corrects every step and anchors once per epoch.
+    k_min = 8 inside theirs. HMCL corrects every step and anchors once per epoch. CA's Ω also
+    pays for the old outputs it leaves unrotated with weight μ = 1, the unit that prices them
+    like the protected ones (``residual_rotation_cost``; μ = 0: the bare closest admissible step,
+    which let Ω grow far past a small rotation: ``tests/test_hmcl_interleaved.py``).
     """
 
     lr: float = 5e-4
@@ -40,6 +43,7 @@ class ContinualParams:
     energy: float = 0.8  # ρ
     min_rank: int = 8  # k_min
     anchor: float = 0.1  # β
+    residual_weight: float = 1.0  # μ: CA's price on the old outputs' unrotated residual
     ewc_lambda: float = 1.0
     fisher_batch_size: int = 256
     rotation: str | None = None  # None: DEFAULT_ROTATION[method]
@@ -92,6 +96,10 @@ class ContinualParams:
             (0 < self.energy <= 1, "energy (ρ) must be in (0, 1]"),
             (self.min_rank >= 0, "min_rank (k_min) must be ≥ 0"),
             (0 < self.anchor < 1, "anchor (β) must be in (0, 1)"),
+            (
+                self.residual_weight >= 0 and math.isfinite(self.residual_weight),
+                "residual_weight (μ) must be ≥ 0",
+            ),
             (self.ewc_lambda >= 0, "ewc_lambda must be ≥ 0"),
             (self.fisher_batch_size >= 2, "fisher_batch_size must be ≥ 2"),
             (

@@ -141,11 +141,11 @@ def _check_compatible(
 
 
 class TaskTrainer:
-    """One task of continual training, one optimizer step per ``step()`` (one epoch).
+    """One task of continual training, one pass over the task per ``epoch()``.
 
-    Each step: gradients accumulated over the epoch's batches (plus EWC's penalty once), one AdamW
-    step, then — for HMCL with protected data — the admissible correction of the realized
-    displacement and the anchoring. AdamW's moments are never touched by the correction.
+    Each mini-batch: its loss (plus EWC's penalty), one AdamW step, then — for HMCL with
+    protected data — the admissible correction of the realized displacement; the anchoring once
+    per epoch. AdamW's moments are never touched by the correction.
     """
 
     def __init__(
@@ -193,6 +193,7 @@ class TaskTrainer:
                 self.task_start,
                 self.params.energy,
                 self.params.min_rank,
+                residual_weight=self.params.residual_weight if method == "hmcl-ca" else 0.0,
             )
             # Derived in float64; applied in the weights' float32: the correction's rounding
             # (≈1e-7 relative) is far below the AdamW step it corrects.
