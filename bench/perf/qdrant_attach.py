@@ -414,46 +414,88 @@ def run_scale(
     out["old_vector_bytes"] = int(old.nbytes)
     synsets = len(arrays[f"gloss.{OLD_MODEL}"])
     paired, logged = min(PAIRED, synsets // 2), min(LOGGED, synsets // 4)
-    ids = np.array([str(i) for i in range(paired)])
     settings = service_settings(workdir)
-    data_dir, root = settings.data_dir, settings.resolved_qdrant_root
+    root = settings.resolved_qdrant_root
     out["fill_s"] = fill_collection(root / COLLECTION, old)
     del old
     print(f"collection of {points:,} points filled in {out['fill_s']:.0f} s", flush=True)
-    footprint: dict[str, dict[str, float]] = {
-        "before": {"store_bytes": store_bytes(data_dir, root), "rss_mib": rss_mib()}
-    }
     counter = ReadCounter()
     try:
-        tic = time.perf_counter()
-        with TestClient(create_app(settings), raise_server_exceptions=True) as client:
-            client.headers["Authorization"] = f"Bearer {BENCH_KEY}"
-            state = client.app.state.service
-
-            def measure(step: str) -> None:
-                state.indexes.flush()
-                footprint[step] = {"store_bytes": store_bytes(data_dir, root), "rss_mib": rss_mib()}
-
-            measure("started")
-            out["start_s"] = time.perf_counter() - tic
-            counter.step = "attach"
-            tic = time.perf_counter()
-            body = {"name": "attached", "model_name": OLD_MODEL, "source": SOURCE}
-            attached = _ok(client.post("/v1/galleries", json=body), 201)
-            out["attach_s"] = time.perf_counter() - tic
-            out["count"] = attached["count"]
-            measure("attached")
-            counter.step = "upgrade"
-            tic = time.perf_counter()
-            upgrade(client, attached["id"], arrays, ids, paired, logged)
-            out["upgrade_s"] = time.perf_counter() - tic
-            measure("upgraded")
+        out |= attached_and_upgraded(settings, root, SOURCE, counter, arrays, paired, logged)
     finally:
         counter.close()
+    return out
+
+
+def attached_and_upgraded(
+    settings: Settings,
+    root: Path,
+    source: dict[str, Any],
+    counter: Any,
+    arrays: dict[str, np.ndarray],
+    paired: int,
+    logged: int,
+) -> dict[str, Any]:
+    """Start the service, attach ``source`` and upgrade on it (``upgrade``), measuring the store
+    (the data dir less ``root``, where the collection lives) and RSS at each step and timing
+    them; ``counter`` (``.step``, ``.rows``) counts the rows read from the collection."""
+    data_dir = settings.data_dir
+    ids = np.array([str(i) for i in range(paired)])
+    out: dict[str, Any] = {}
+    footprint = {"before": {"store_bytes": store_bytes(data_dir, root), "rss_mib": rss_mib()}}
+    tic = time.perf_counter()
+    with TestClient(create_app(settings), raise_server_exceptions=True) as client:
+        client.headers["Authorization"] = f"Bearer {BENCH_KEY}"
+        state = client.app.state.service
+
+        def measure(step: str) -> None:
+            state.indexes.flush()
+            footprint[step] = {"store_bytes": store_bytes(data_dir, root), "rss_mib": rss_mib()}
+
+        measure("started")
+        out["start_s"] = time.perf_counter() - tic
+        counter.step = "attach"
+        tic = time.perf_counter()
+        body = {"name": "attached", "model_name": OLD_MODEL, "source": source}
+        attached = _ok(client.post("/v1/galleries", json=body), 201)
+        out["attach_s"] = time.perf_counter() - tic
+        out["count"] = attached["count"]
+        measure("attached")
+        counter.step = "upgrade"
+        tic = time.perf_counter()
+        upgrade(client, attached["id"], arrays, ids, paired, logged)
+        out["upgrade_s"] = time.perf_counter() - tic
+        measure("upgraded")
     out["paired"], out["logged"] = paired, logged
     out["footprint"] = footprint
     out["rows_read"] = dict(counter.rows)
     return out
+
+
+def footprint_table(r: dict[str, Any]) -> list[str]:
+    """The store / RSS / rows-read table of a scale run (``attached_and_upgraded``)."""
+    fp, reads, mib = r["footprint"], r["rows_read"], 2**20
+    lines = [
+        "| step | store MiB | RSS MiB | rows read from the collection (with vectors / ids only) |",
+        "|---|---|---|---|",
+    ]
+    labels = {"before": "collection built, service not started", "started": "service started"}
+    for step, read in (
+        ("before", None),
+        ("started", "setup"),
+        ("attached", "attach"),
+        ("upgraded", "upgrade"),
+    ):
+        rows = (
+            f"{reads.get(read + '.vectors', 0):,} / {reads.get(read + '.ids', 0):,}"
+            if read
+            else "—"
+        )
+        lines.append(
+            f"| {labels.get(step, step)} | {fp[step]['store_bytes'] / mib:.1f} | "
+            f"{fp[step]['rss_mib']:.0f} | {rows} |"
+        )
+    return lines
 
 
 def verdict(value: float, target: float, unit: str = "") -> str:
@@ -557,25 +599,8 @@ def render_scale(result: dict[str, Any]) -> str:
         f"{r['old_vector_bytes'] / mib:.0f} MiB as float32. Store = the data dir without its "
         "Qdrant root; RSS = this process, which holds the embedded Qdrant's points too.",
         "",
-        "| step | store MiB | RSS MiB | rows read from the collection (with vectors / ids only) |",
-        "|---|---|---|---|",
     ]
-    for step, read in (
-        ("before", None),
-        ("started", "setup"),
-        ("attached", "attach"),
-        ("upgraded", "upgrade"),
-    ):
-        label = {"before": "collection built, service not started", "started": "service started"}
-        rows = (
-            f"{reads.get(read + '.vectors', 0):,} / {reads.get(read + '.ids', 0):,}"
-            if read
-            else "—"
-        )
-        lines.append(
-            f"| {label.get(step, step)} | {fp[step]['store_bytes'] / mib:.1f} | "
-            f"{fp[step]['rss_mib']:.0f} | {rows} |"
-        )
+    lines += footprint_table(r)
     attach_grew = fp["attached"]["store_bytes"] - fp["started"]["store_bytes"]
     upgrade_grew = fp["upgraded"]["store_bytes"] - fp["attached"]["store_bytes"]
     lines += [
