@@ -101,7 +101,8 @@ def _attach_milvus(
     gallery = _gallery(session, settings, tenant_id, request, shape.dim, shape.count)
     gallery.vector_storage, gallery.source = ATTACHED_MILVUS, source.as_dict()
     session.flush()
-    _record_ids(session, gallery, milvus_attached_storage(settings).scroll_keys(gallery))
+    keys = milvus_attached_storage(settings).mapped_keys(gallery)
+    _record_ids(session, gallery, keys, count=None if source.string_ids else shape.count)
     return gallery
 
 
@@ -143,9 +144,13 @@ def _gallery(
 
 
 def _record_ids(
-    session: Session, gallery: Gallery, pages: Iterable[list[qdrant_ids.PointId]]
+    session: Session,
+    gallery: Gallery,
+    pages: Iterable[list[qdrant_ids.PointId]],
+    count: int | None = None,
 ) -> None:
-    """Map the collection's ids (``qdrant_ids.record``) and count them."""
+    """Map the collection's ids (``qdrant_ids.record``) and count them; ``count``: the
+    collection's own count, when ``pages`` hold only the ids that need a map."""
     points = [point for page in pages for point in page]
     long = next((p for p in points if len(qdrant_ids.item_id(p)) > MAX_MAPPED_ID), None)
     if long is not None:
@@ -155,7 +160,7 @@ def _record_ids(
             "the longest item id an attached gallery maps",
         )
     qdrant_ids.record(session, gallery.id, points)
-    gallery.count = len(points)
+    gallery.count = len(points) if count is None else count
 
 
 class CollectionChanged(ValueError):

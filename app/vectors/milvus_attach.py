@@ -149,11 +149,16 @@ class AttachedCollection:
             found.update(row[self.id_field] for row in rows)
         return found
 
-    def iterate(self, batch: int, vectors: bool) -> Iterator[list[dict[str, Any]]]:
-        """Every row (its id, and its vector when asked), in pages of at most ``batch``."""
+    def iterate(self, batch: int, vectors: bool, only: str = "") -> Iterator[list[dict[str, Any]]]:
+        """Every row (its id, and its vector when asked), or those matching the filter
+        expression ``only``, in pages of at most ``batch``."""
         fields = [self.id_field, self.vector_field] if vectors else [self.id_field]
         pages = self._client.query_iterator(
-            self.collection, batch_size=batch, output_fields=fields, consistency_level=STRONG
+            self.collection,
+            batch_size=batch,
+            filter=only,
+            output_fields=fields,
+            consistency_level=STRONG,
         )
         try:
             while rows := pages.next():

@@ -124,9 +124,11 @@ class MilvusAttachedStorage:
         # Named without asking Milvus: the callers name ids a search or scan has just returned.
         return {i: (item, None) for i, item in qdrant_ids.names(session, gallery.id, ids).items()}
 
-    def _pages(self, gallery: StoredGallery, vectors: bool, batch: int) -> Iterator[list[dict]]:
+    def _pages(
+        self, gallery: StoredGallery, vectors: bool, batch: int, only: str = ""
+    ) -> Iterator[list[dict]]:
         source, conn, rows = self.collection(gallery)
-        pages = rows.iterate(batch, vectors)
+        pages = rows.iterate(batch, vectors, only)
         while True:
             with reachable(source), conn.use():
                 page = next(pages, None)
@@ -150,10 +152,21 @@ class MilvusAttachedStorage:
             yield Stored(items, ids[order], vectors.reshape(n, gallery.dim), [None] * n, [None] * n)
 
     def scroll_keys(self, gallery: StoredGallery) -> Iterator[list[int | str]]:
-        """Every primary key, in pages (the attach maps them)."""
+        """Every primary key, in pages."""
         source = self.source(gallery)
         for page in self._pages(gallery, vectors=False, batch=10 * READ_BATCH):
             yield [row[source.id_field] for row in page]
+
+    def mapped_keys(self, gallery: StoredGallery) -> Iterator[list[int | str]]:
+        """The primary keys that are not their own internal id, in pages (the attach records
+        them, ``qdrant_ids.record``): every VARCHAR key, and of INT64 keys only those outside
+        [0, 2⁶²), found by a filter rather than by reading every key (a million-row collection
+        is paged through in minutes by milvus-lite)."""
+        source = self.source(gallery)
+        field = source.id_field
+        only = "" if source.string_ids else f"{field} < 0 or {field} >= {qdrant_ids.PLAIN_LIMIT}"
+        for page in self._pages(gallery, vectors=False, batch=10 * READ_BATCH, only=only):
+            yield [row[field] for row in page]
 
     def all_ids(self, session: Session, gallery: StoredGallery) -> np.ndarray:
         parts = [np.zeros(0, dtype=np.int64)]

@@ -68,8 +68,8 @@ class RowCounter:
         self._saved = {n: getattr(AttachedCollection, n) for n in ("iterate", "fetch_vectors")}
         counter = self
 
-        def iterate(reader, batch, vectors):
-            for page in counter._saved["iterate"](reader, batch, vectors):
+        def iterate(reader, batch, vectors, only=""):
+            for page in counter._saved["iterate"](reader, batch, vectors, only):
                 counter.add(vectors, len(page))
                 yield page
 
@@ -157,7 +157,8 @@ def render(result: dict[str, Any]) -> str:
         f"{sampled:,} vectors for {r['paired']:,} training items (target ≤ the training items: "
         f"{'met' if sampled <= r['paired'] else 'missed'}). Collection filled in "
         f"{r['fill_s']:.0f} s, service start {r['start_s']:.0f} s, attach "
-        f"{r['attach_s']:.1f} s ({r['count']:,} points; it reads every key once to map them), "
+        f"{r['attach_s']:.1f} s ({r['count']:,} points; it reads only the keys that need a map: none of these INT64 "
+        "keys), "
         f"upgrade {r['upgrade_s']:.0f} s.",
     ]
     return "\n".join(lines) + "\n"
