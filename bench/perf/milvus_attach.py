@@ -33,16 +33,9 @@ from pymilvus import DataType, MilvusClient
 from app.vectors.milvus_attach import AttachedCollection
 from bench.common.machine import facts_markdown, load_average, run_record
 from bench.common.report import command_line, publish
-from bench.common.tiled import tiled
-from bench.common.wordnet import OLD_MODEL, REPO_ROOT
+from bench.common.wordnet import REPO_ROOT
 from bench.perf.backfill_plan import wordnet_arrays
-from bench.perf.qdrant_attach import (
-    LOGGED,
-    PAIRED,
-    attached_and_upgraded,
-    footprint_table,
-    service_settings,
-)
+from bench.perf.qdrant_attach import footprint_table, scale_run, service_settings
 
 RESULTS = REPO_ROOT / "bench/results"
 SECTION = "bench.perf.milvus_attach.scale"
@@ -109,22 +102,13 @@ def fill_store(file: Path, vectors: np.ndarray) -> float:
 
 
 def run(arrays: dict[str, np.ndarray], points: int, seed: int, workdir: Path) -> dict[str, Any]:
-    out: dict[str, Any] = {"points": points}
-    old = tiled(arrays[f"gloss.{OLD_MODEL}"], points, seed=seed)
-    out["old_vector_bytes"] = int(old.nbytes)
-    synsets = len(arrays[f"gloss.{OLD_MODEL}"])
-    paired, logged = min(PAIRED, synsets // 2), min(LOGGED, synsets // 4)
     settings = service_settings(workdir)
     root = settings.resolved_milvus_attach_root
-    out["fill_s"] = fill_store(root / STORE, old)
-    del old
-    print(f"collection of {points:,} points filled in {out['fill_s']:.0f} s", flush=True)
-    counter = RowCounter()
-    try:
-        out |= attached_and_upgraded(settings, root, SOURCE, counter, arrays, paired, logged)
-    finally:
-        counter.close()
-    return out
+
+    def fill(vectors: np.ndarray) -> float:
+        return fill_store(root / STORE, vectors)
+
+    return scale_run(arrays, points, seed, settings, root, fill, SOURCE, RowCounter)
 
 
 def render(result: dict[str, Any]) -> str:

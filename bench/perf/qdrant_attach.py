@@ -409,19 +409,44 @@ def run_scale(
 ) -> dict[str, Any]:
     """A collection of ``points`` MiniLM glosses tiled with noise, attached and upgraded (the
     same upgrade as the equality run's): store bytes, RSS and rows read per step."""
+    settings = service_settings(workdir)
+    root = settings.resolved_qdrant_root
+    return scale_run(
+        arrays,
+        points,
+        seed,
+        settings,
+        root,
+        lambda vectors: fill_collection(root / COLLECTION, vectors),
+        SOURCE,
+        ReadCounter,
+    )
+
+
+def scale_run(
+    arrays: dict[str, np.ndarray],
+    points: int,
+    seed: int,
+    settings: Settings,
+    root: Path,
+    fill: Callable[[np.ndarray], float],
+    source: dict[str, Any],
+    counter_type: Callable[[], Any],
+) -> dict[str, Any]:
+    """The scale run of either engine: ``points`` tiled glosses written by ``fill`` (its
+    seconds) into a store under ``root``, then ``attached_and_upgraded`` counting reads with a
+    fresh ``counter_type()`` (closed after)."""
     out: dict[str, Any] = {"points": points}
     old = tiled(arrays[f"gloss.{OLD_MODEL}"], points, seed=seed)
     out["old_vector_bytes"] = int(old.nbytes)
     synsets = len(arrays[f"gloss.{OLD_MODEL}"])
     paired, logged = min(PAIRED, synsets // 2), min(LOGGED, synsets // 4)
-    settings = service_settings(workdir)
-    root = settings.resolved_qdrant_root
-    out["fill_s"] = fill_collection(root / COLLECTION, old)
+    out["fill_s"] = fill(old)
     del old
     print(f"collection of {points:,} points filled in {out['fill_s']:.0f} s", flush=True)
-    counter = ReadCounter()
+    counter = counter_type()
     try:
-        out |= attached_and_upgraded(settings, root, SOURCE, counter, arrays, paired, logged)
+        out |= attached_and_upgraded(settings, root, source, counter, arrays, paired, logged)
     finally:
         counter.close()
     return out
