@@ -1,2 +1,2 @@
-"""Retrieval quality on real data: compat (+ its grid, report and --widen), querydoc (+ pairs),
+"""Retrieval quality on real data: compat (+ its grid, scenarios and report), querydoc (+ pairs),
 backfill and continual (+ its task stream and report)."""

@@ -4,20 +4,22 @@
     python -m bench.quality.compat --scenarios external,new-architecture
     python -m bench.quality.compat --quick             # the committed 800-synset fixture, seconds
 
-Spread over processes (how the committed results were made, see BENCHMARKS.md): per scenario
-``--unit select --methods A`` and ``--methods B`` (two groups of methods), per seed ``--unit auto
---seed K`` and ``--unit methods --seed K --methods A|B --selection <select files>``, then
-``--combine <unit files>``; each unit writes its own JSON file. ``--widen FILE --scenarios A,B``
-applies the current selection rule to a finished results file (its trials reused, only new ones
-trained, moved choices retrained per seed; ``bench.quality.compat_widen``) and writes the widened
-scenarios alone, for ``--merge FILE <widened files>``.
+Spread over processes (how the committed results are made, see BENCHMARKS.md): per scenario and
+seed ``--unit select --seed K --methods A`` and ``--methods B`` (two groups of methods), ``--unit
+auto --seed K`` and ``--unit methods --seed K --methods A|B --selection <that seed's select
+files>``, then ``--combine <unit files>``; each unit writes its own JSON file. ``--final`` (on the
+methods and auto units, or a whole run) also measures every trained model on the held-back items.
 
 Data: WordNet noun glosses embedded by all-MiniLM-L6-v2 (old backbone, 384-d) and
 all-mpnet-base-v2 (new backbone, 768-d); 147 fine classes (lexname + depth-4 ancestor, classes
-with ≥ 12 members); the data README's 60/40 split (train / evaluation). Settings are chosen on a
-validation split carved from the training part (20 %, seed 1) and never look at the evaluation
-part; every method gets the same validation trials rule (``bench.quality.compat_grid``). Scenarios,
-at head level (every "model" is a head on frozen backbone features):
+with ≥ 12 members). Splits (``bench.quality.compat_scenarios``): 15 % of the items are held back
+from every development run; each seed draws its own 60/40 train / evaluation split of the rest,
+its own validation carve (20 % of the training part) and its own old-head items or classes, so the
+95 % intervals across seeds include split sampling. Settings are chosen per seed on that seed's
+validation carve and never look at the evaluation part; every method gets the same number of
+validation trials, widening included, under the same instance floor as ``auto``
+(``bench.quality.compat_grid``). Scenarios, at head level (every "model" is a head on frozen
+backbone features):
 
 - ``extended-data``: old head on MiniLM trained on 50 % of the training items; new on MiniLM.
 - ``extended-class``: old head on MiniLM trained on the items of 50 % of the classes; new on MiniLM.
@@ -39,8 +41,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import platform
 import time
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -63,7 +67,7 @@ from app.ml.upgrade.pipeline import UpgradeContext, run_auto
 from bench.common.wordnet import (
     REPO_ROOT,
 )
-from bench.quality import compat_grid, compat_report
+from bench.quality import compat_grid, compat_report, compat_scenarios
 from bench.quality.compat_scenarios import (
     QUICK_SCENARIOS,
     SCENARIOS,
@@ -74,7 +78,6 @@ from bench.quality.compat_scenarios import (
     load_split,
     old_points_for,
 )
-from bench.quality.compat_widen import widen_scenario
 
 RESULTS = REPO_ROOT / "bench/results/compat.json"
 EMPTY = np.zeros(0, dtype=np.int64)
@@ -101,10 +104,11 @@ def _log(msg: str) -> None:
 
 
 class ScenarioRun:
-    """One scenario's units of work, each runnable alone (``--unit``) and combined later:
-    ``select`` (validation trials of every method), ``methods`` (every method trained on the
-    training part for one seed with the selected settings, measured on the evaluation part),
-    ``auto`` (the service's auto for one seed, needing no selection) and ``finish``."""
+    """One scenario on one seed's split, its units of work each runnable alone (``--unit``) and
+    combined later: ``select`` (validation trials of every method on this split's validation
+    carve), ``methods`` (every method trained on the training part with the selected settings,
+    measured on the evaluation part and, for a final run, on the held-back items) and ``auto``
+    (the service's auto, needing no selection)."""
 
     def __init__(self, scenario: Scenario, split: Split, cfg: RunConfig):
         self.scenario, self.split, self.cfg = scenario, split, cfg
@@ -112,123 +116,178 @@ class ScenarioRun:
         self.new = split.features[scenario.new_backbone]
         self.common = {"epochs": cfg.epochs}
 
-    def context(self, seed: int) -> UpgradeContext:
-        return _context(self.split, self.new, self.old_points, seed)
+    @property
+    def seed(self) -> int:
+        return self.split.seed
 
-    def evaluation_set(self, ctx: UpgradeContext):
-        return ctx.eval_set(np.arange(len(self.split.labels)), self.split.evaluation, EMPTY)
+    def context(self) -> UpgradeContext:
+        return _context(self.split, self.new, self.old_points, self.seed)
+
+    def evaluation_set(self, ctx: UpgradeContext, final: bool = False):
+        items = self.split.held_back if final else self.split.evaluation
+        return ctx.eval_set(np.arange(len(self.split.labels)), items, EMPTY)
 
     def validation(self):
         """(train(method, settings) on the fit part, the validation EvalSet): what selection's
         trials are trained and scored with."""
-        ctx0 = self.context(0)
-        val = ctx0.eval_set(self.split.train, self.split.validation, EMPTY)
+        ctx = self.context()
+        val = ctx.eval_set(self.split.train, self.split.validation, EMPTY)
 
         def fit_trainer(method: str, settings: dict[str, Any]):
             params = CompatParams.from_dict({**self.common, **settings})
-            return ctx0.train(method, params, self.split.fit, EMPTY, NO_HOOKS)
+            return ctx.train(method, params, self.split.fit, EMPTY, NO_HOOKS)
 
         return fit_trainer, val
 
-    def select(
-        self,
-        methods: tuple[str, ...] = compat_grid.METHODS,
-        reuse: dict[str, list[dict[str, Any]]] | None = None,
-    ) -> dict[str, Any]:
+    def select(self, methods: tuple[str, ...] = compat_grid.METHODS) -> dict[str, Any]:
         fit_trainer, val = self.validation()
         selection = compat_grid.select(
-            fit_trainer, val, self.cfg.trials, methods, reuse, self.cfg.extend_rounds
+            fit_trainer, val, self.cfg.trials, methods, None, self.cfg.extend_rounds
         )
-        _log(f"{self.scenario.name}: chosen {selection['chosen']}; edges {selection['edge']}")
+        _log(
+            f"{self.scenario.name}: seed {self.seed}, chosen {selection['chosen']}; "
+            f"edges {selection['edge']}"
+        )
         return selection
 
+    def _evaluation_sets(self, ctx: UpgradeContext, final: bool) -> dict[str, Any]:
+        sets = {"evaluation": self.evaluation_set(ctx)}
+        if final:
+            sets["held_back"] = self.evaluation_set(ctx, final=True)
+        return sets
+
     def methods(
-        self, seed: int, selection: dict[str, Any], methods: tuple[str, ...] = compat_grid.METHODS
+        self,
+        selection: dict[str, Any],
+        methods: tuple[str, ...] = compat_grid.METHODS,
+        final: bool = False,
     ) -> dict[str, Any]:
-        ctx = self.context(seed)
-        ev = self.evaluation_set(ctx)
-        out: dict[str, Any] = {"seed": seed, "measured": {}, "seconds": {}}
+        ctx = self.context()
+        sets = self._evaluation_sets(ctx, final)
+        out: dict[str, Any] = {"seed": self.seed, "seconds": {}}
+        out.update({part: {"measured": {}} for part in sets})
         for method in methods:
             t0 = time.perf_counter()
             params = CompatParams.from_dict({**self.common, **selection["chosen"][method]})
             model = ctx.train(method, params, self.split.train, EMPTY, NO_HOOKS)
-            if method == "independent":
-                out["independent"] = measure_independent(ev, model)
-            else:
-                out["measured"][method] = measure_bridge(ev, model)
+            for part, ev in sets.items():
+                if method == "independent":
+                    out[part]["independent"] = measure_independent(ev, model)
+                else:
+                    out[part]["measured"][method] = measure_bridge(ev, model)
             out["seconds"][method] = time.perf_counter() - t0
-        _log(f"{self.scenario.name}: seed {seed}, every method measured")
+        _log(f"{self.scenario.name}: seed {self.seed}, every method measured")
         return out
 
-    def auto(self, seed: int) -> dict[str, Any]:
+    def auto(self, final: bool = False) -> dict[str, Any]:
         t0 = time.perf_counter()
-        ctx = self.context(seed)
+        ctx = self.context()
         split = self.split
+        params = AutoParams.from_dict(self.cfg.auto_params)
         outcome = run_auto(
             ctx,
-            AutoParams.from_dict(self.cfg.auto_params),
+            params,
             "class",
             split.train,
             split.evaluation,
             EMPTY,
             EMPTY,
         )
-        measured = measure_bridge(self.evaluation_set(ctx), outcome.model)
         chosen = next(c for c in outcome.report["candidates"] if c["name"] == outcome.method)
-        _log(f"{self.scenario.name}: seed {seed}, auto chose {outcome.method}")
-        return {
-            "seed": seed,
-            "measured": {"auto": measured},
-            "seconds": {"auto": time.perf_counter() - t0},
+        _log(f"{self.scenario.name}: seed {self.seed}, auto chose {outcome.method}")
+        out: dict[str, Any] = {
+            "seed": self.seed,
             "auto": {
                 "chosen": outcome.method,
                 "chosen_settings": chosen["chosen_settings"],
+                "trials": params.trials,
                 "validation": {c["name"]: c["validation"] for c in outcome.report["candidates"]},
             },
         }
+        for part, ev in self._evaluation_sets(ctx, final).items():
+            out[part] = {"measured": {"auto": measure_bridge(ev, outcome.model)}}
+        out["seconds"] = {"auto": time.perf_counter() - t0}
+        return out
 
     def finish(self, selection: dict[str, Any], parts: list[dict[str, Any]]) -> dict[str, Any]:
-        """Every seed's ``methods`` and ``auto`` parts assembled against the same stay and
-        reindex measurements (P_com / P_up, ARR), summarised over seeds."""
-        ev = self.evaluation_set(self.context(0))
-        stay, reindex = measure_stay(ev), measure_reindex(ev)
-        runs = []
-        for seed in sorted({p["seed"] for p in parts}):
-            mine = [p for p in parts if p["seed"] == seed]
-            measured = {k: v for p in mine for k, v in p["measured"].items()}
-            independent = next(p["independent"] for p in mine if "independent" in p)
-            auto = next(p["auto"] for p in mine if "auto" in p)
-            seconds = {k: v for p in mine for k, v in p["seconds"].items()}
-            metrics = assemble(stay, reindex, measured, independent)
-            runs.append({"seed": seed, "metrics": metrics, "seconds": seconds, "auto": auto})
-        return json_safe(
-            {
-                "scenario": self.scenario.__dict__,
-                "selection": selection,
-                "runs": runs,
-                "summary": compat_report.summarise(runs),
-                "calibration": calibration(self.split, self.old_points),
-            }
-        )
+        """This seed's ``methods`` and ``auto`` parts assembled against the same stay and
+        reindex measurements (P_com / P_up, ARR): on the evaluation part, and on the held-back
+        items where every part measured them."""
+        ctx = self.context()
+        run: dict[str, Any] = {
+            "seed": self.seed,
+            "selection": selection,
+            "seconds": {k: v for p in parts for k, v in p["seconds"].items()},
+            "auto": next(p["auto"] for p in parts if "auto" in p),
+            "calibration": calibration(self.split, self.old_points),
+        }
+        for part in ("evaluation", "held_back"):
+            if not all(part in p for p in parts):
+                continue
+            final = part == "held_back"
+            ev = self.evaluation_set(ctx, final=final)
+            measured = {k: v for p in parts for k, v in p[part]["measured"].items()}
+            independent = next(p[part]["independent"] for p in parts if "independent" in p[part])
+            metrics = assemble(measure_stay(ev), measure_reindex(ev), measured, independent)
+            run["metrics" if not final else "final_metrics"] = metrics
+        return run
 
 
-def run_scenario(
-    scenario: Scenario, split: Split, seeds: list[int], cfg: RunConfig
+def run_seed(
+    scenario: Scenario, split: Split, cfg: RunConfig, final: bool = False
 ) -> dict[str, Any]:
-    """Select every method's setting on validation, then train each (and ``auto``) on the
-    training part per seed and measure all of them on the evaluation part."""
+    """One seed of one scenario: select every method's setting on this split's validation
+    carve, train each (and ``auto``) on its training part, measure them on its evaluation part
+    (and, ``final``, on the held-back items)."""
     run = ScenarioRun(scenario, split, cfg)
     selection = run.select()
-    parts = [part for seed in seeds for part in (run.methods(seed, selection), run.auto(seed))]
-    return run.finish(selection, parts)
+    return run.finish(selection, [run.methods(selection, final=final), run.auto(final)])
+
+
+def _seed_job(
+    scenario: Scenario, seed: int, cfg: RunConfig, quick: bool, final: bool, threads: int
+) -> dict[str, Any]:
+    """One seed's run in a worker process (``--jobs``)."""
+    torch.set_num_threads(threads)
+    return run_seed(scenario, load_split(quick, seed), cfg, final)
+
+
+def run_seeds(
+    scenario: Scenario, seeds: list[int], cfg: RunConfig, args: argparse.Namespace
+) -> list[dict[str, Any]]:
+    """Every seed's ``run_seed``: in this process, or (``--jobs`` > 1) one worker process per
+    seed, ``--jobs`` at a time; the results do not depend on which (each seed is seeded)."""
+    if args.jobs <= 1:
+        return [_seed_job(scenario, s, cfg, args.quick, args.final, args.threads) for s in seeds]
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=args.jobs, mp_context=context) as pool:
+        futures = [
+            pool.submit(_seed_job, scenario, s, cfg, args.quick, args.final, args.threads)
+            for s in seeds
+        ]
+        return [f.result() for f in futures]
+
+
+def scenario_result(scenario: Scenario, runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """A scenario's per-seed runs and their summaries over seeds (held-back apart)."""
+    runs = sorted(runs, key=lambda r: r["seed"])
+    out = {
+        "scenario": scenario.__dict__,
+        "runs": runs,
+        "summary": compat_report.summarise(runs),
+    }
+    if all("final_metrics" in r for r in runs):
+        out["final_summary"] = compat_report.summarise(runs, key="final_metrics")
+    return json_safe(out)
 
 
 def _payload(
-    split: Split, cfg: RunConfig, quick: bool, seeds: int, scenarios: list[dict[str, Any]]
+    split: Split, cfg: RunConfig, quick: bool, seeds: list[int], scenarios: list[dict[str, Any]]
 ) -> dict[str, Any]:
     return {
         "quick": quick,
-        "seeds": seeds,
+        "seeds": len(seeds),
+        "split_seeds": seeds,
         "trials_per_method": cfg.trials,
         "extend_rounds": cfg.extend_rounds,
         "epochs": cfg.epochs,
@@ -237,80 +296,62 @@ def _payload(
         "n_fit": len(split.fit),
         "n_validation": len(split.validation),
         "n_eval": len(split.evaluation),
+        "n_held_back": len(split.held_back),
+        "held_back": {
+            "fraction": compat_scenarios.HELD_BACK_FRACTION,
+            "seed": compat_scenarios.HELD_BACK_SEED,
+        },
         "n_classes": len(np.unique(split.labels)),
         "machine": f"{platform.machine()}, {torch.get_num_threads()} torch thread(s)",
         "scenarios": scenarios,
     }
 
 
-def run_unit(args: argparse.Namespace, split: Split, cfg: RunConfig) -> dict[str, Any]:
-    """One unit of one scenario (``--unit``), for runs spread over processes."""
+def run_unit(args: argparse.Namespace, cfg: RunConfig) -> dict[str, Any]:
+    """One unit of one scenario on one seed's split (``--unit``), for runs spread over
+    processes."""
     (scenario,) = [s for s in SCENARIOS if s.name == args.scenarios]
-    run = ScenarioRun(scenario, split, cfg)
+    run = ScenarioRun(scenario, load_split(args.quick, args.seed), cfg)
     out: dict[str, Any] = {"unit": args.unit, "scenario": scenario.name, "seed": args.seed}
     if args.unit == "select":
         out["selection"] = run.select(args.methods)
     elif args.unit == "methods":
         selection = compat_report.merge_selections(
-            [json.loads(p.read_text())["selection"] for p in args.selection]
+            [json.loads(p.read_text())["selection"] for p in args.selection], seed=args.seed
         )
-        out["part"] = run.methods(args.seed, selection, args.methods)
+        out["part"] = run.methods(selection, args.methods, final=args.final)
     else:
-        out["part"] = run.auto(args.seed)
+        out["part"] = run.auto(final=args.final)
     return out
 
 
-def combine_units(paths: list[Path], split: Split, cfg: RunConfig, quick: bool) -> dict[str, Any]:
-    """Scenarios from ``--unit`` files: a ``select`` file and every seed's ``methods`` and
-    ``auto`` files per scenario; the elapsed time is the units' sum."""
+def combine_units(paths: list[Path], cfg: RunConfig, quick: bool) -> dict[str, Any]:
+    """Scenarios from ``--unit`` files: per scenario and seed, its ``select`` files and its
+    ``methods`` and ``auto`` files; the elapsed time is the units' sum."""
     units = [json.loads(p.read_text()) for p in paths]
-    scenarios, seeds = [], set()
+    scenarios, seed_sets = [], set()
     for scenario in SCENARIOS:
         mine = [u for u in units if u["scenario"] == scenario.name]
         if not mine:
             continue
-        selection = compat_report.merge_selections(
-            [u["selection"] for u in mine if u["unit"] == "select"]
-        )
-        parts = [u["part"] for u in mine if u["unit"] != "select"]
-        seeds.add(len({p["seed"] for p in parts}))
-        scenarios.append(ScenarioRun(scenario, split, cfg).finish(selection, parts))
-    if len(seeds) != 1:
-        raise ValueError(f"scenarios have different numbers of seeds: {sorted(seeds)}")
-    payload = _payload(split, cfg, quick, seeds.pop(), scenarios)
+        seeds = sorted({u["seed"] for u in mine})
+        seed_sets.add(tuple(seeds))
+        runs = []
+        for seed in seeds:
+            these = [u for u in mine if u["seed"] == seed]
+            selection = compat_report.merge_selections(
+                [u["selection"] for u in these if u["unit"] == "select"], seed=seed
+            )
+            parts = [u["part"] for u in these if u["unit"] != "select"]
+            run = ScenarioRun(scenario, load_split(quick, seed), cfg)
+            runs.append(run.finish(selection, parts))
+        scenarios.append(scenario_result(scenario, runs))
+    if len(seed_sets) != 1:
+        raise ValueError(f"scenarios have different seeds: {sorted(seed_sets)}")
+    payload = _payload(load_split(quick, 0), cfg, quick, list(seed_sets.pop()), scenarios)
     payload["elapsed_minutes"] = sum(u["elapsed_minutes"] for u in units)
     payload["units"] = len(units)
     return payload
-
-
-def widen(args: argparse.Namespace, split: Split, cfg: RunConfig) -> Path:
-    """``--widen FILE``: its scenarios (or ``--scenarios``) widened, written alone to ``--out``
-    for ``--merge`` after the file they came from."""
-    started = time.time()
-    previous = json.loads(args.widen.read_text())
-    names = args.scenarios.split(",") if args.scenarios else None
-    widened = [
-        widen_scenario(ScenarioRun(s, split, cfg), sc)
-        for s in SCENARIOS
-        for sc in previous["scenarios"]
-        if sc["scenario"]["name"] == s.name and (names is None or s.name in names)
-    ]
-    if not widened:
-        raise SystemExit(f"no scenario of {names} in {args.widen}")
-    payload = {
-        **previous,
-        "extend_rounds": cfg.extend_rounds,
-        "scenarios": widened,
-        "command": f"python -m bench.quality.compat --widen {args.widen.name}"
-        + (f" --scenarios {args.scenarios}" if args.scenarios else ""),
-        "elapsed_minutes": (time.time() - started) / 60,
-        "units": 1,
-    }
-    label = args.scenarios.replace(",", "+") if args.scenarios else "all"
-    out = args.out or args.widen.with_name(f"compat-widen-{label}.json")
-    out.write_text(json.dumps(json_safe(payload)))
-    print(out)
-    return out
 
 
 def main(argv: list[str] | None = None) -> Path:
@@ -329,6 +370,9 @@ def main(argv: list[str] | None = None) -> Path:
     parser.add_argument("--note", default=None, help="why scenarios were left out (shown)")
     parser.add_argument("--out", type=Path, default=None, help="JSON path")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument(
+        "--jobs", type=int, default=1, help="seeds run at once, one process each (whole runs)"
+    )
     parser.add_argument("--no-markdown", action="store_true", help="do not touch BENCHMARKS.md")
     parser.add_argument(
         "--unit",
@@ -351,11 +395,10 @@ def main(argv: list[str] | None = None) -> Path:
         "--combine", nargs="+", type=Path, default=None, help="--unit files to combine"
     )
     parser.add_argument(
-        "--widen",
-        type=Path,
-        default=None,
-        help="a results file whose scenarios (--scenarios, default all) get the current "
-        "widening rule: only new trials are trained, moved choices retrained; writes --out",
+        "--final",
+        action="store_true",
+        help="also measure every trained model on the held-back items (once per release; "
+        "reported apart from the development figures)",
     )
     parser.add_argument(
         "--merge",
@@ -387,13 +430,10 @@ def main(argv: list[str] | None = None) -> Path:
         return out
     torch.set_num_threads(args.threads)
     started = time.time()
-    split = load_split(args.quick)
     cfg = QUICK if args.quick else FULL
     default_out = RESULTS.with_name("compat-quick.json") if args.quick else RESULTS
-    if args.widen:
-        return widen(args, split, cfg)
     if args.unit:
-        unit = run_unit(args, split, cfg)
+        unit = run_unit(args, cfg)
         unit["elapsed_minutes"] = (time.time() - started) / 60
         out = args.out or RESULTS.with_name(f"compat-unit-{args.scenarios}-{args.unit}.json")
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -401,10 +441,11 @@ def main(argv: list[str] | None = None) -> Path:
         print(out)
         return out
     if args.combine:
-        payload = combine_units(args.combine, split, cfg, args.quick)
+        payload = combine_units(args.combine, cfg, args.quick)
         payload["command"] = (
-            f"python -m bench.quality.compat --unit … ({payload['units']} units: per scenario one "
-            "select, and per seed one methods and one auto), then --combine"
+            f"python -m bench.quality.compat --unit …{' --final' if args.final else ''} "
+            f"({payload['units']} units: per scenario and seed, select, methods and auto), "
+            "then --combine"
         )
     else:
         names = args.scenarios.split(",") if args.scenarios else None
@@ -417,17 +458,19 @@ def main(argv: list[str] | None = None) -> Path:
         scenarios = []
         for sc in chosen:
             _log(f"scenario {sc.name}")
-            scenarios.append(run_scenario(sc, split, seeds, cfg))
-        payload = _payload(split, cfg, args.quick, len(seeds), scenarios)
+            scenarios.append(scenario_result(sc, run_seeds(sc, seeds, cfg, args)))
+        payload = _payload(load_split(args.quick, 0), cfg, args.quick, seeds, scenarios)
         payload["elapsed_minutes"] = (time.time() - started) / 60
+        payload["jobs"] = args.jobs
         payload["command"] = "python -m bench.quality.compat" + (" --quick" if args.quick else "")
         for flag, value, default in (
             ("--scenarios", args.scenarios, None),
             ("--seeds", args.seeds, 3),
             ("--querydoc", args.querydoc, "reuse"),
+            ("--final", args.final or None, None),
         ):
             if value != default:
-                payload["command"] += f" {flag} {value}"
+                payload["command"] += f" {flag}" + ("" if value is True else f" {value}")
     if args.querydoc != "skip":
         seeds_run = list(range(payload["seeds"]))
         payload["querydoc"] = compat_report.querydoc_part(

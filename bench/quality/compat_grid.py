@@ -1,29 +1,33 @@
 """bench.quality.compat's validation grids: the same number of trials for every method, on its own knob.
 
-Every method is tuned on one axis with ``TRIALS`` values, each trained on the *fit* part of the
-training items and scored on the *validation* part (both carved from the training items; the
-evaluation part is never seen); then, while the best sits at an end of what was tried, one more
-trial a grid step past that end, at most ``EXTEND_ROUNDS`` (the same rule for every method).
-Methods with few natural knobs get a wide grid on the one they have. ``procrustes`` is closed
-form: it has nothing to tune and gets its single fit. A chosen value still at an end of what was
-tried is flagged (``edge``) — unless nothing valid lies beyond it (a weight of 0 is the paper's
-loss, a rank below 1 does not exist) — because a better value may lie beyond it.
+Every method is tuned on one axis with ``TRIALS`` values spread over its grid, each trained on the
+*fit* part of the training items and scored on the *validation* part (both carved from the
+training items; the evaluation part is never seen); then exactly ``EXTEND_ROUNDS`` more trials,
+the same for every method: while the best sits at an end of what was tried, one a grid step past
+that end (widening); otherwise one between the best and its better neighbour (refining). So
+every tuned method gets ``TRIALS + EXTEND_ROUNDS`` trials, widening included. ``procrustes`` is
+closed form: it has nothing to tune and gets its single fit. A chosen value still at an end of
+what was tried is flagged (``edge``) — unless nothing valid lies beyond it (a weight of 0 is the
+paper's loss, a rank below 1 does not exist) — because a better value may lie beyond it.
 
 Scores: ``independent`` by its own space's class metrics (mean of CMC@1 and mAP@100); every
-bridge by (P_up ≥ ``P_UP_FLOOR`` for CMC@1 and mAP@100, P_up against the stronger reference on
-validation, ``app.ml.upgrade.alternatives.assemble``; then the mean gain of new→old over old→old, see
-``bridge_score`` for why not P_com).
+bridge by feasibility first — P_up ≥ ``P_UP_FLOOR`` for CMC@1 and mAP@100 (against the stronger
+reference on validation, ``app.ml.upgrade.alternatives.assemble``) and validation own-item R@1 ≥
+``INSTANCE_FLOOR`` × procrustes's, the floor ``auto`` applies to its candidates — then the mean
+gain of new→old over old→old (see ``bridge_score`` for why not P_com). Every single method is
+thereby tuned under the same instance floor as ``auto`` (issue 26), on validation only.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from app.ml.auto.candidates import DEFAULT_TRIALS
+from app.ml.auto.candidates import DEFAULT_TRIALS, INSTANCE_FLOOR
 from app.ml.evaluation.retrieval import CLASS_METRICS
 from app.ml.methods.models import EmbeddingModel
 from app.ml.upgrade import alternatives
@@ -32,9 +36,9 @@ from app.ml.upgrade.alternatives import EvalSet
 # As many trials as ``auto`` gives each of its candidates (app.ml.auto.candidates.DEFAULT_TRIALS): three
 # values spread over each grid (its two ends and its middle).
 TRIALS = DEFAULT_TRIALS
-# Then, while the chosen value sits at an end of what was tried, one more trial a grid step beyond
-# that end, at most this many times: the same rule (and cap) for every method.
-EXTEND_ROUNDS = 4
+# Then this many more for every tuned method: a grid step past the end the best sits on, or
+# between the best and its better neighbour when it sits inside.
+EXTEND_ROUNDS = 2
 P_UP_FLOOR = -0.01
 
 
@@ -73,6 +77,17 @@ class Grid:
             return None if value == end else value
         return float(f"{value:.3g}")
 
+    def between(self, low: Any, high: Any) -> Any:
+        """A value between two tried ones: their geometric mean (the grids are ratio-spaced),
+        the arithmetic one where an end is 0; 3 significant digits, integers rounded; None
+        where nothing new lies between (neighbouring integers)."""
+        value = math.sqrt(low * high) if low > 0 and high > 0 else (low + high) / 2
+        if isinstance(self.values[0], int):
+            value = round(value)
+            return None if value in (low, high) else value
+        value = float(f"{value:.3g}")
+        return None if value in (low, high) else value
+
 
 WEIGHTS = (0.1, 0.3, 1.0, 3.0, 10.0)
 # Widened where the previous full run (commit 915873d, external) chose an end: hbct 30, bct 10,
@@ -99,9 +114,12 @@ BRIDGES = tuple(m for m in METHODS if m != "independent")
 BASE_LOSS_METHODS = ("hbct", "l2", "bct", "contrastive")
 
 
-def bridge_score(entry: dict[str, Any], stay_class: dict[str, float]) -> tuple[bool, float]:
-    """(P_up ≥ floor for CMC@1 and for mAP@100, mean gain of new→old over old→old relative to
-    old→old): feasible settings first.
+def bridge_score(
+    entry: dict[str, Any], stay_class: dict[str, float], instance_floor: float | None = None
+) -> tuple[bool, float]:
+    """(feasible, mean gain of new→old over old→old relative to old→old): feasible settings
+    first. Feasible = P_up ≥ floor for CMC@1 and for mAP@100 and, given ``instance_floor``,
+    validation own-item R@1 ≥ it (``INSTANCE_FLOOR`` × procrustes's, as ``auto`` requires).
 
     Not P_com: it divides by (reference − old→old), which on a validation split can be near 0
     or negative (extended-data / extended-class: the old and new heads share the backbone), and
@@ -110,6 +128,9 @@ def bridge_score(entry: dict[str, Any], stay_class: dict[str, float]) -> tuple[b
     denominator is positive."""
     pu = entry["p_up"]
     feasible = all(pu[k] is not None and pu[k] >= P_UP_FLOOR for k in CLASS_METRICS)
+    if instance_floor is not None:
+        own = entry.get("instance", {}).get("recall@1")
+        feasible = feasible and own is not None and own >= instance_floor
     gains = [
         (entry["class"][k] - stay_class[k]) / stay_class[k]
         for k in CLASS_METRICS
@@ -144,6 +165,32 @@ def edge_of(grid: Grid, trials: list[dict[str, Any]], chosen: int) -> str | None
 Trainer = Callable[[str, dict[str, Any]], EmbeddingModel]
 
 
+def next_value(
+    grid: Grid, trials: list[dict[str, Any]], best: int, score: Callable[[dict[str, Any]], Any]
+) -> Any:
+    """The value of the next trial after ``trials`` (best at index ``best``): a grid step past
+    the end the best sits on, else between the best and its better-scoring neighbour (then the
+    other neighbour); None when no new valid value exists."""
+    values = [t["settings"][grid.axis] for t in trials]
+    edge = edge_of(grid, [t["settings"] for t in trials], best)
+    if edge is not None:
+        return grid.beyond(values, edge)
+    value = values[best]
+    below = [i for i, v in enumerate(values) if v < value]
+    above = [i for i, v in enumerate(values) if v > value]
+    sides = []
+    if below:
+        sides.append(max(below, key=lambda i: values[i]))
+    if above:
+        sides.append(min(above, key=lambda i: values[i]))
+    for i in sorted(sides, key=lambda i: score(trials[i]), reverse=True):
+        low, high = sorted((value, values[i]))
+        middle = grid.between(low, high)
+        if middle is not None and middle not in values:
+            return middle
+    return None
+
+
 def tune(
     grid: Grid,
     base_settings: list[dict[str, Any]],
@@ -153,9 +200,10 @@ def tune(
     reuse: list[dict[str, Any]],
     extend_rounds: int,
 ) -> tuple[list[dict[str, Any]], int, str | None]:
-    """Trials of ``base_settings`` (each merged into ``shared``), then up to ``extend_rounds``
-    trials one grid step past the end the best sits on; (trials, best index, edge flag). A trial
-    whose settings appear in ``reuse`` (an earlier selection's trials) is taken from there."""
+    """Trials of ``base_settings`` (each merged into ``shared``), then ``extend_rounds`` more
+    (``next_value``: past the end the best sits on, else between it and a neighbour); (trials,
+    best index, edge flag). A trial whose settings appear in ``reuse`` (an earlier selection's
+    trials) is taken from there."""
     trials: list[dict[str, Any]] = []
 
     def trial(settings: dict[str, Any]) -> None:
@@ -163,18 +211,19 @@ def tune(
         earlier = next((t for t in reuse if t["settings"] == settings), None)
         trials.append(earlier if earlier is not None else run_trial(settings))
 
+    def best_index() -> int:
+        return max(range(len(trials)), key=lambda i: score(trials[i]))
+
     for s in base_settings:
         trial(s)
-    for round_ in range(extend_rounds + 1):
-        best = max(range(len(trials)), key=lambda i: score(trials[i]))
-        edge = edge_of(grid, [t["settings"] for t in trials], best)
-        if edge is None:
-            break
-        value = grid.beyond([t["settings"][grid.axis] for t in trials], edge)
-        if value is None or round_ == extend_rounds:
-            break
-        trial({grid.axis: value})
-    return trials, best, edge
+    if grid.axis is not None:
+        for _ in range(extend_rounds):
+            value = next_value(grid, trials, best_index(), score)
+            if value is None:
+                break
+            trial({grid.axis: value})
+    best = best_index()
+    return trials, best, edge_of(grid, [t["settings"] for t in trials], best)
 
 
 def select(
@@ -185,12 +234,12 @@ def select(
     reuse: dict[str, list[dict[str, Any]]] | None = None,
     extend_rounds: int = EXTEND_ROUNDS,
 ) -> dict[str, Any]:
-    """Every method's ``trials`` settings trained by ``train(method, settings)`` (on the fit
-    part) and scored on ``val``, widened past an end the best sits on (``extend_rounds``);
-    returns each method's chosen settings, its trials and its edge flag. The independent head
-    goes first: its chosen temperature is shared. ``reuse``: an earlier selection's trials per
-    method, taken instead of retraining the same settings (training is seeded, so a retrained
-    trial would give the same figures)."""
+    """Every method's trials (``tune``) trained by ``train(method, settings)`` (on the fit
+    part) and scored on ``val``; returns each method's chosen settings, its trials, its edge
+    flag and the instance floor applied. The independent head goes first (its chosen temperature
+    is shared), then procrustes (its own-item R@1 sets the floor every bridge is tuned under,
+    as ``auto``'s candidates are). ``reuse``: an earlier selection's trials per method, taken
+    instead of retraining the same settings (training is seeded: the same figures)."""
     reuse = reuse or {}
     stay, reindex = alternatives.measure_stay(val), alternatives.measure_reindex(val)
     out: dict[str, Any] = {"trials": {}, "chosen": {}, "edge": {}}
@@ -214,31 +263,39 @@ def select(
     out["trials"]["independent"] = ind_trials
     out["chosen"]["independent"] = shared
     out["edge"]["independent"] = edge
-    for method in methods:
-        if method == "independent":
-            continue
+
+    def bridge_trial(method: str, settings: dict[str, Any]) -> dict[str, Any]:
+        measured = alternatives.measure_bridge(val, train(method, settings))
+        entry = alternatives.assemble(stay, reindex, {method: measured}, reference)[method]
+        return {"settings": settings, "val": entry}
+
+    earlier = reuse.get("procrustes", [])
+    floor_trial = earlier[0] if earlier else bridge_trial("procrustes", {})
+    floor = INSTANCE_FLOOR * floor_trial["val"]["instance"]["recall@1"]
+    out["instance_floor"] = floor
+
+    def bridge_key(trial: dict[str, Any]) -> tuple[bool, float]:
+        # Scored afresh, so that trials reused from an earlier selection follow this rule.
+        return _as_key(bridge_score(trial["val"], stay["class"], floor))
+
+    # procrustes first: the rest are tuned under its floor.
+    order = sorted((m for m in methods if m != "independent"), key=lambda m: m != "procrustes")
+    for method in order:
         grid = GRIDS[method]
-
-        def bridge_trial(settings: dict[str, Any], method: str = method) -> dict[str, Any]:
-            measured = alternatives.measure_bridge(val, train(method, settings))
-            entry = alternatives.assemble(stay, reindex, {method: measured}, reference)[method]
-            return {"settings": settings, "val": entry}
-
-        def bridge_key(trial: dict[str, Any]) -> tuple[bool, float]:
-            # Scored afresh, so that trials reused from an earlier selection follow this rule.
-            return _as_key(bridge_score(trial["val"], stay["class"]))
-
         method_trials, best, edge = tune(
             grid,
             grid.settings(trials),
             shared if method in BASE_LOSS_METHODS else {},
-            bridge_trial,
+            lambda settings, method=method: bridge_trial(method, settings),
             bridge_key,
-            reuse.get(method, []),
+            [floor_trial] if method == "procrustes" else reuse.get(method, []),
             extend_rounds,
         )
         method_trials = [{**t, "score": list(bridge_key(t))} for t in method_trials]
         out["trials"][method] = method_trials
         out["chosen"][method] = method_trials[best]["settings"]
         out["edge"][method] = edge
+    # In the benchmark's method order, whatever order they were trained in.
+    for key in ("trials", "chosen", "edge"):
+        out[key] = {m: out[key][m] for m in METHODS if m in out[key]}
     return out

@@ -1,10 +1,18 @@
 """The scenarios of ``bench.quality.compat`` and their data: the split of the real data into
 training (fit + validation) and evaluation, each scenario's old gallery points, the upgrade
-context the service's trainers receive, and the old space's uncertainty calibration."""
+context the service's trainers receive, and the old space's uncertainty calibration.
+
+Splits (issue 26): a fixed ``HELD_BACK_FRACTION`` of the items, drawn once by the recorded
+``HELD_BACK_SEED``, is held back from every development split; it is evaluated only by a final
+run (``--final``) and reported apart. Every seed draws its own split of the remaining items from
+that seed: training / evaluation (60 / 40), the validation carve of the training part (20 %),
+and the items or classes an old head is trained on. So the spread across seeds includes split
+sampling, not only training noise."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
@@ -24,7 +32,6 @@ from bench.common.wordnet import (
     encode_labels,
     fine_labels,
     load_wordnet,
-    split_indices,
 )
 
 CURV = 1.0
@@ -34,6 +41,11 @@ FIXTURE = REPO_ROOT / "tests/fixtures/wordnet_small.npz"
 
 
 OLD_HEAD_SEED = 1000
+TRAIN_FRACTION = 0.6
+VALIDATION_FRACTION = 0.2
+# Recorded, never varied: the held-back items are the same for every run and every release.
+HELD_BACK_FRACTION = 0.15
+HELD_BACK_SEED = 26
 
 
 @dataclass(frozen=True)
@@ -61,13 +73,17 @@ class Split:
     features: dict[str, np.ndarray]
     labels: np.ndarray
     train: np.ndarray
-    evaluation: np.ndarray
+    evaluation: np.ndarray  # this seed's evaluation part
     fit: np.ndarray  # part of train used for fitting during selection
     validation: np.ndarray  # part of train used for scoring during selection
+    held_back: np.ndarray  # never in a development split; measured only by a final run
+    seed: int = 0
 
 
-def load_split(quick: bool = False) -> Split:
-    """The full data's fine classes, or (``quick``) the committed fixture's 16 classes."""
+@lru_cache(maxsize=2)
+def _data(quick: bool) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """(features per backbone, class codes): the full data's fine classes, or (``quick``) the
+    committed fixture's 16 classes."""
     if quick:
         with np.load(FIXTURE) as f:
             features = {m: f[f"gloss.{m}"].astype(np.float32) for m in (OLD_MODEL, NEW_MODEL)}
@@ -77,21 +93,45 @@ def load_split(quick: bool = False) -> Split:
         keep, names = fine_labels(data.meta)
         labels, _ = encode_labels(names)
         features = {m: data.get("gloss", m)[keep] for m in (OLD_MODEL, NEW_MODEL)}
-    train, evaluation = split_indices(len(labels))
-    perm = np.random.default_rng(1).permutation(train)
-    n_val = len(train) // 5
-    return Split(
-        features=features,
-        labels=labels,
-        train=np.sort(train),
-        evaluation=np.sort(evaluation),
-        fit=np.sort(perm[n_val:]),
-        validation=np.sort(perm[:n_val]),
-    )
+    return features, labels
+
+
+def held_back_items(n: int) -> np.ndarray:
+    """The items no development split ever holds (sorted): ``HELD_BACK_FRACTION`` of ``n``,
+    drawn by ``HELD_BACK_SEED``."""
+    perm = np.random.default_rng(HELD_BACK_SEED).permutation(n)
+    return np.sort(perm[: round(HELD_BACK_FRACTION * n)])
+
+
+def split_items(n: int, seed: int) -> dict[str, np.ndarray]:
+    """Seed ``seed``'s split of the ``n`` items (each part sorted): ``held_back`` (the same for
+    every seed), ``train`` / ``evaluation`` (``TRAIN_FRACTION`` of the rest to train) and the
+    ``fit`` / ``validation`` carve of ``train`` (``VALIDATION_FRACTION`` to validation)."""
+    held = held_back_items(n)
+    pool = np.setdiff1d(np.arange(n), held)
+    perm = np.random.default_rng([seed, 0]).permutation(pool)
+    cut = round(TRAIN_FRACTION * pool.size)
+    train = perm[:cut]
+    carve = np.random.default_rng([seed, 1]).permutation(train)
+    n_val = round(VALIDATION_FRACTION * train.size)
+    return {
+        "held_back": held,
+        "train": np.sort(train),
+        "evaluation": np.sort(perm[cut:]),
+        "fit": np.sort(carve[n_val:]),
+        "validation": np.sort(carve[:n_val]),
+    }
+
+
+def load_split(quick: bool = False, seed: int = 0) -> Split:
+    """Seed ``seed``'s split (``split_items``) of the full data or (``quick``) the fixture."""
+    features, labels = _data(quick)
+    return Split(features=features, labels=labels, seed=seed, **split_items(len(labels), seed))
 
 
 def _old_training_items(split: Split, mode: str) -> np.ndarray:
-    rng = np.random.default_rng(2)
+    # The seed's own draw of items or classes: the old side varies with the split it came from.
+    rng = np.random.default_rng([split.seed, 2])
     if mode == "all":
         return split.train
     if mode == "half-items":
