@@ -61,7 +61,7 @@ LABELLED_ONLY_METHODS = ("bct", "class-map")
 
 # Served defaults of an explicitly requested method, over CompatParams' own (issue 26: a served
 # model must not silently lose to the old model). From the validation trials of
-# ``bench.quality.compat`` (``bench/results/compat.json``, each scenario's "selection"): with the
+# ``bench.quality.compat`` on one fixed split (``bench/results/compat-fixed-split.json``, each scenario's "selection"): with the
 # paper's loss (prototype weight 0) hbct's new→old CMC@1 was 0.983 × old→old on ``external``;
 # with weight 10 and base temperature 0.1 it was above old→old on all five class scenarios
 # (1.08–1.18 ×), at the cost of own-item recall (0.26 on external: the report shows both views).
@@ -82,7 +82,7 @@ class CompatParams:
       ``old_proto_temperature`` 0.05, ``compat_weight`` 1.0: what the earlier ``bench.quality.compat``
       protocol (commit 7acf9f5, five scenarios, a 2×2 base grid) chose on its validation split
       for the ``external`` scenario; the previous 40 / 1024 / 0.1 had never been measured. The
-      current protocol (3 trials per method, ``bench/results/compat.json``, "selection") chose
+      fixed-split protocol (3 trials per method, ``bench/results/compat-fixed-split.json``, "selection") chose
       ``base_temperature`` 0.1 from (0.02, 0.1, 0.5) for the independent head; 0.05 was not among
       its trials, so the default is kept and ``auto`` re-tunes per upgrade.
     - ``old_proto_weight`` 0.0 (the paper's loss): the prototype term collapses instances within
@@ -92,7 +92,7 @@ class CompatParams:
       explicit ``hbct`` (and ``l2``) request starts from ``METHOD_DEFAULTS`` instead.
     - ``class_weight`` 0.3: the first of ``auto``'s trials (0.3 / 1.0 / 3.0), which re-tunes it per
       upgrade under the instance floor; on ``bench.quality.compat``'s external scenario auto chose 1.0 on
-      every seed (``bench/results/compat.json``, "auto").
+      every seed (``bench/results/compat-fixed-split.json``, "auto").
     - ``instance_temperature`` 0.05: best on the lemma → gloss validation split with a query log
       (R@10 0.476 / 0.523 / 0.522 at τ 0.02 / 0.05 / 0.1); auto re-tunes it per upgrade.
     - the rest are unchanged from the first implementation (RINCE λ 0.01 and row normalisation as
