@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-import time
 
 import numpy as np
 import pytest
@@ -179,11 +178,11 @@ def test_auto_skips_label_only_candidates_without_labels() -> None:
 def test_auto_on_the_fixture_with_a_query_log(wordnet_small: dict) -> None:
     data = _fixture_data(wordnet_small, labels=True, log=True)
     events: list[dict] = []
-    started = time.perf_counter()
+    # No wall-clock bound here: speed is a benchmark's (BENCHMARKS.md), and a timed assertion
+    # fails on a loaded 2-core machine without saying anything about the code.
     out = run_backbone_upgrade(
         "auto", data, EuclideanLift(), params=TEST_PARAMS, hooks=TrainingHooks(events.append)
     )
-    assert time.perf_counter() - started < 60
     report = out.report
     json.dumps(report, allow_nan=False)
     assert report["objective"] == "query" and report["requested_method"] == "auto"
@@ -192,7 +191,8 @@ def test_auto_on_the_fixture_with_a_query_log(wordnet_small: dict) -> None:
     names = [c["name"] for c in report["candidates"]]
     assert names == list(AUTO_CANDIDATES)
     by_name = {c["name"]: c for c in report["candidates"]}
-    assert {len(c["trials"]) for n, c in by_name.items() if n != "procrustes"} == {3}
+    # The grid's 3 and one extra trial each (past an edge, or between the best and a neighbour).
+    assert {len(c["trials"]) for n, c in by_name.items() if n != "procrustes"} == {4}
     chosen = by_name[out.method]
     # Never worse than procrustes on validation, and instances kept.
     assert (
@@ -376,3 +376,57 @@ def test_logged_queries_train_toward_their_old_vectors_and_their_relevant_docume
     features, targets = ctx.extra_pairs(queries, rows)
     np.testing.assert_array_equal(targets, ctx.old_points[[0, 3, 1, 2]])
     assert ctx.extra_pairs(np.array([150]), rows) is None
+
+
+def test_extra_trials_widen_past_an_edge_or_refine_inside() -> None:
+    from app.ml.auto import widening
+
+    # The best at the high end of (0.3, 1, 3): one grid step past it.
+    assert widening.next_value([0.3, 1.0, 3.0], [0, 1, 2], 2, integer=False) == 9.0
+    # At the low end of integer ranks (16, 64, 256): a quarter, rounded.
+    assert widening.next_value([64, 16, 256], [1, 2, 0], 1, integer=True) == 4
+    # Inside: between the best and its better neighbour (geometric mean).
+    assert widening.next_value([0.3, 1.0, 3.0], [0, 2, 1], 1, integer=False) == 1.73
+    assert widening.next_value([0.3, 1.0, 3.0], [1, 2, 0], 1, integer=False) == 0.548
+    # A weight of 0 is the axis's natural end: not an edge, so refine towards the next value.
+    assert widening.next_value([0.0, 1.0, 3.0], [2, 1, 0], 0, False, bound=0.0) == 0.5
+    # Nothing new between neighbouring integers, nor below rank 1.
+    assert widening.next_value([1, 2], [1, 0], 0, integer=True) is None
+    assert widening.edge([1.0, 1.0], 0) is None
+
+
+def test_extra_trials_are_validated_and_recorded() -> None:
+    params = AutoParams.from_dict({"extra_trials": 2})
+    assert params.extra_trials == 2 and params.to_dict()["extra_trials"] == 2
+    assert AutoParams.from_dict({}).extra_trials == 1
+    for bad in (-1, 4, True, 1.5):
+        with pytest.raises(ValueError, match="extra_trials"):
+            AutoParams.from_dict({"extra_trials": bad})
+    # None for an untuned candidate, nor with a single grid trial (no edge to speak of).
+    assert params.extra_for("procrustes", labelled=True) == 0
+    assert AutoParams.from_dict({"trials": 1}).extra_for("affine", labelled=True) == 0
+    assert params.extra_for("affine", labelled=True) == 2
+
+
+def test_an_extra_trial_follows_the_best_of_the_grid(wordnet_small: dict) -> None:
+    data = _fixture_data(wordnet_small, labels=True, log=False)
+    params = {**TEST_PARAMS, "candidates": ["class-map"], "trials": 2}
+    events: list[dict] = []
+    out = run_backbone_upgrade(
+        "auto", data, EuclideanLift(), params=params, hooks=TrainingHooks(events.append)
+    )
+    (classed,) = [c for c in out.report["candidates"] if c["name"] == "class-map"]
+    weights = [t["settings"]["class_weight"] for t in classed["trials"]]
+    assert weights[:2] == [0.3, 1.0] and len(weights) == 3
+    grid = classed["trials"][:2]
+    grid_best = max(
+        range(2), key=lambda i: (grid[i]["eligible"], grid[i]["validation"]["class"]["cmc1"], -i)
+    )
+    # Past whichever end the grid's best sat on (a grid of two: the best is always an end), by
+    # the grid's own ratio 1.0 / 0.3.
+    assert weights[2] == (0.09 if grid_best == 0 else 3.33)
+    # Progress counted the extra trial in its plan: trial 3 of 3.
+    assert any(e.get("candidate") == "class-map" and e.get("trial") == 3 for e in events)
+    counted = {e["trials"] for e in events if e.get("candidate") == "class-map" and "trials" in e}
+    assert counted == {3}
+    assert out.report["auto"]["extra_trials"] == 1

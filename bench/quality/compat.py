@@ -201,6 +201,7 @@ class ScenarioRun:
                 "chosen": outcome.method,
                 "chosen_settings": chosen["chosen_settings"],
                 "trials": params.trials,
+                "tried": [t["settings"] for t in chosen["trials"]],
                 "validation": {c["name"]: c["validation"] for c in outcome.report["candidates"]},
             },
         }

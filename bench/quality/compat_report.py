@@ -11,7 +11,8 @@ from typing import Any
 
 import numpy as np
 
-from app.ml.auto.candidates import CANDIDATES, INSTANCE_FLOOR
+from app.ml.auto import widening
+from app.ml.auto.candidates import INSTANCE_FLOOR, NATURAL_BOUNDS
 from app.ml.evaluation.retrieval import json_safe
 from bench.common.report import replace_section
 from bench.common.stats import t_interval
@@ -264,26 +265,18 @@ def _chosen_cell(sc: dict[str, Any], row: str) -> tuple[str, str]:
 
 def auto_edges(runs: list[dict[str, Any]]) -> list[str | None]:
     """Per seed: ``"low"`` / ``"high"`` when auto's chosen candidate's value is an end of the
-    values its grid tried (a better one may lie beyond), else None (inside, untuned, or the
-    axis's natural end: a prototype weight of 0 is the paper's loss)."""
+    values it tried, its extra trials included (a better one may lie beyond), else None (inside,
+    untuned, or the axis's natural end: a prototype weight of 0 is the paper's loss)."""
     out: list[str | None] = []
     for r in runs:
-        chosen, settings = r["auto"]["chosen"], r["auto"]["chosen_settings"]
-        candidate = next(c for c in CANDIDATES if c.name == chosen)
-        axis = next((a for a in candidate.axes() if a in settings), None)
-        grid = (
-            candidate.grid
-            if axis == candidate.axis
-            else candidate.unlabelled_grid
-            if axis is not None
-            else ()
-        )
-        tried = grid[: r["auto"]["trials"]]
-        value = settings.get(axis) if axis else None
-        if value is None or len(tried) < 2 or value == 0:
+        settings, tried = r["auto"]["chosen_settings"], r["auto"].get("tried", [])
+        axis = next((a for a in settings if all(a in t for t in tried)), None)
+        if axis is None or len(tried) < 2:
             out.append(None)
-        else:
-            out.append("low" if value == min(tried) else "high" if value == max(tried) else None)
+            continue
+        values = [t[axis] for t in tried]
+        best = values.index(settings[axis])
+        out.append(widening.edge(values, best, NATURAL_BOUNDS.get(axis)))
     return out
 
 

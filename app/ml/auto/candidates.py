@@ -13,7 +13,10 @@ silently for a class or query gain.
   every candidate (e.g. ``epochs``, ``hidden_dim``, ``lr``);
 - ``candidates``: a list of candidate names (``AUTO_CANDIDATES``); procrustes is added when left
   out; default all;
-- ``trials``: trials per candidate, 1…3 (default 3).
+- ``trials``: trials per candidate, 1…3 (default 3);
+- ``extra_trials``: further trials per tuned candidate after its grid, 0…3 (default 1; none
+  when ``trials`` is 1): past the end its best sits on, else between the best and a neighbour
+  (``app.ml.auto.widening``), so a choice is not left on an edge of a three-value grid.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from app.ml.auto import widening
 from app.ml.methods.compat import CompatParams
 
 OBJECTIVES = ("query", "class", "instance")
@@ -39,6 +43,8 @@ PRIMARY_METRIC: dict[str, tuple[str, str]] = {
 # procrustes's (the issue's instance target: ≥ 0.95 × procrustes in every scenario).
 INSTANCE_FLOOR = 0.95
 DEFAULT_TRIALS = 3
+DEFAULT_EXTRA_TRIALS = 1
+MAX_EXTRA_TRIALS = 3
 VALIDATION_FRACTION = 0.2
 MIN_VALIDATION_ITEMS = 10
 MIN_FIT_ITEMS = 10
@@ -69,6 +75,12 @@ class Candidate:
     def axes(self) -> set[str]:
         return {a for a in (self.axis, self.unlabelled_axis) if a is not None}
 
+    def tuned_axis(self, labelled: bool) -> str | None:
+        """The axis this upgrade's trials vary."""
+        if not labelled and self.unlabelled_axis is not None:
+            return self.unlabelled_axis
+        return self.axis
+
 
 # Grid order: the first value is the one a single trial gets (the measured default).
 CANDIDATES: tuple[Candidate, ...] = (
@@ -91,6 +103,8 @@ CANDIDATES: tuple[Candidate, ...] = (
     Candidate("class-map", "class-map", "class_weight", (0.3, 1.0, 3.0), labelled_only=True),
 )
 AUTO_CANDIDATES: tuple[str, ...] = tuple(c.name for c in CANDIDATES)
+# An axis's natural end: a prototype weight of 0 is the paper's loss, nothing lies below it.
+NATURAL_BOUNDS: dict[str, float] = {"old_proto_weight": 0.0, "compat_weight": 0.0}
 _BY_NAME = {c.name: c for c in CANDIDATES}
 METHOD_OF = {c.name: c.method for c in CANDIDATES}
 
@@ -100,6 +114,7 @@ class AutoParams:
     shared: dict[str, Any] = field(default_factory=dict)
     candidates: tuple[str, ...] = AUTO_CANDIDATES
     trials: int = DEFAULT_TRIALS
+    extra_trials: int = DEFAULT_EXTRA_TRIALS
 
     @classmethod
     def from_dict(cls, values: dict[str, Any] | None) -> AutoParams:
@@ -107,6 +122,7 @@ class AutoParams:
         values = dict(values or {})
         names = values.pop("candidates", None)
         trials = values.pop("trials", DEFAULT_TRIALS)
+        extra = values.pop("extra_trials", DEFAULT_EXTRA_TRIALS)
         if names is None:
             chosen = AUTO_CANDIDATES
         else:
@@ -120,6 +136,14 @@ class AutoParams:
         longest = max(len(c.grid) for c in CANDIDATES)
         if isinstance(trials, bool) or not isinstance(trials, int) or not 1 <= trials <= longest:
             raise ValueError(f"parameter 'trials' must be an integer in [1, {longest}]")
+        if (
+            isinstance(extra, bool)
+            or not isinstance(extra, int)
+            or not 0 <= extra <= MAX_EXTRA_TRIALS
+        ):
+            raise ValueError(
+                f"parameter 'extra_trials' must be an integer in [0, {MAX_EXTRA_TRIALS}]"
+            )
         CompatParams.from_dict(values)  # shared overrides: CompatParams' own checks
         for name in chosen:
             tuned = _BY_NAME[name].axes() & set(values)
@@ -128,10 +152,33 @@ class AutoParams:
                     f"parameter(s) {sorted(tuned)} are tuned by auto for candidate {name!r}: "
                     "leave them out, drop the candidate, or name the method explicitly"
                 )
-        return cls(shared=values, candidates=chosen, trials=trials)
+        return cls(shared=values, candidates=chosen, trials=trials, extra_trials=extra)
 
     def to_dict(self) -> dict[str, Any]:
-        return {**self.shared, "candidates": list(self.candidates), "trials": self.trials}
+        return {
+            **self.shared,
+            "candidates": list(self.candidates),
+            "trials": self.trials,
+            "extra_trials": self.extra_trials,
+        }
+
+    def extra_for(self, name: str, labelled: bool) -> int:
+        """How many extra trials candidate ``name`` gets: none untuned or with one grid trial."""
+        tuned = _BY_NAME[name].tuned_axis(labelled) is not None
+        return self.extra_trials if tuned and self.trials >= 2 else 0
+
+    def next_settings(
+        self, name: str, labelled: bool, tried: list[dict[str, Any]], keys: list[Any], best: int
+    ) -> dict[str, Any] | None:
+        """The full parameter dict of candidate ``name``'s next extra trial after ``tried``
+        (comparable scores ``keys``, the best at ``best``; ``widening.next_value``), or None."""
+        axis = _BY_NAME[name].tuned_axis(labelled)
+        if axis is None:
+            return None
+        values = [t[axis] for t in tried]
+        bound = NATURAL_BOUNDS.get(axis)
+        value = widening.next_value(values, keys, best, isinstance(values[0], int), bound)
+        return None if value is None else {**self.shared, axis: value}
 
     def applicable(self, labelled: bool) -> tuple[str, ...]:
         """The candidates this upgrade can train (label-only ones need labels)."""
@@ -218,6 +265,17 @@ def pick(
         ),
     )
     return chosen, best_trial
+
+
+def ranked_keys(
+    trials: list[Trial], floor: float | None, primary_of: Callable[[Trial], float]
+) -> tuple[list[tuple[bool, float]], int]:
+    """Each trial's comparable score as ``pick`` ranks it (eligible under ``floor`` first, then
+    the primary metric; ``floor`` None: every trial eligible) and the best one's index (the
+    earlier on ties)."""
+    keys = [(floor is None or not t.instance_r1 < floor, _finite(primary_of(t))) for t in trials]
+    best = max(range(len(trials)), key=lambda i: (keys[i], -i))
+    return keys, best
 
 
 def _finite(value: float) -> float:

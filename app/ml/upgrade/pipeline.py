@@ -25,6 +25,7 @@ from app.ml.auto.candidates import (
     AutoParams,
     Trial,
     pick,
+    ranked_keys,
     split_for_validation,
 )
 from app.ml.auto.verdict import recommend
@@ -101,6 +102,11 @@ class Progress:
             self.hooks.progress(
                 {"epoch": epoch, "epochs": epochs, "loss": loss, **self.extra, "eta_s": self.eta()}
             )
+
+    def skip(self, epochs: int, trainings: int) -> None:
+        """Planned trainings that will not run (and their evaluations)."""
+        self.epochs_left = max(0, self.epochs_left - max(1, epochs) * trainings)
+        self.evaluations_left = max(0, self.evaluations_left - trainings)
 
     def evaluated(self, started: float) -> None:
         self.eval_seconds.append(time.perf_counter() - started)
@@ -369,10 +375,13 @@ def run_auto(
         fit_q = val_q = train_q
     settings = {n: auto.settings(n, ctx.labelled) for n in names}
     base = CompatParams.from_dict(auto.shared)
+    # Each tuned candidate's extra trials are planned with its grid's epochs (they vary only
+    # the tuned axis); one that finds no new value gives its epochs back (``skip``).
+    extra = {n: auto.extra_for(n, ctx.labelled) if split is not None else 0 for n in names}
     plan = [
         (n, 0 if METHOD_OF[n] == "procrustes" else CompatParams.from_dict(s).epochs)
         for n in names
-        for s in settings[n]
+        for s in [*settings[n], *settings[n][:1] * extra[n]]
     ]
     if ctx.labelled:
         plan.append(("independent", base.epochs))
@@ -382,12 +391,17 @@ def run_auto(
     models: dict[str, list[EmbeddingModel]] = {}
     val_set = ctx.eval_set(np.sort(train_idx), val_idx, val_q) if split is not None else None
     sel_view = _selection_view(val_set, objective) if val_set is not None else None
+    floor: float | None = None
     for name in names:
         trials[name], models[name] = [], []
-        for t, s in enumerate(settings[name]):
+        queue = list(settings[name])
+        planned = len(queue) + extra[name]
+        while queue:
+            s = queue.pop(0)
             history: list[dict[str, float]] = []
             params = CompatParams.from_dict(s)
-            hooks = progress.stage(name, history, trial=t + 1, trials=len(settings[name]))
+            t = len(trials[name])
+            hooks = progress.stage(name, history, trial=t + 1, trials=planned)
             model = ctx.train(METHOD_OF[name], params, fit_idx, fit_q, hooks)
             validation: dict[str, Any] = {}
             if val_set is not None and sel_view is not None:
@@ -402,6 +416,16 @@ def run_auto(
             r1 = primary_value(validation, "instance", "recall@1")
             trials[name].append(Trial(s, validation, primary, r1, history=history))
             models[name].append(model)
+            if not queue and len(trials[name]) < planned:
+                keys, best_so_far = ranked_keys(trials[name], floor, lambda t: t.primary)
+                tried = [t.settings for t in trials[name]]
+                following = auto.next_settings(name, ctx.labelled, tried, keys, best_so_far)
+                if following is None:
+                    progress.skip(params.epochs, planned - len(trials[name]))
+                else:
+                    queue.append(following)
+        if name == "procrustes":
+            floor = INSTANCE_FLOOR * trials[name][0].instance_r1
     chosen, best = pick(trials, lambda t: t.primary)
     note = (
         None
