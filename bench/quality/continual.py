@@ -3,20 +3,32 @@ alternates classification-style and retrieval tasks (``bench.quality.continual_s
 ``--stream interleaved`` C1 R1 C2 R2 …, the default, or ``reordered`` R4 C1′ R3 C2′ …).
 
     python -m bench.quality.continual --quick   # one seed, small tasks, two settings per method (< 2 min)
-    python -m bench.quality.continual           # 5 seeds, full tasks, four settings per method (≈ 18 min)
+    python -m bench.quality.continual           # 5 seeds, full tasks, four settings per method (≈ 22 min)
+    python -m bench.quality.continual --final   # the same, also scored on the held-back split
     python -m bench.quality.continual --params '{"energy": 0.6}' --methods hmcl-ca finetune \
         --out bench/results/continual_energy0.6.json           # a variant: overrides for every method
     python -m bench.quality.continual --timing-only --batch-size 1024   # only the per-step times
     python -m bench.quality.continual --render bench/results/continual.json   # only the tables
     python -m bench.quality.continual --render bench/results/continual.json \
-        bench/results/continual_reordered.json --publish   # both streams into BENCHMARKS.md
+        bench/results/continual_reordered.json bench/results/continual_final.json \
+        bench/results/continual_reordered_final.json --publish   # into BENCHMARKS.md
 
 Each method gets its own settings (lr × min_steps), chosen on validation rows carved from every
 task's **training** rows (``carve_validation``) of the first seed's stream: the same grid, so the
 same number of trials, for every method; the criterion is the validation Overall (mean over t of
 the mean performance on tasks 1…t after task t), averaged over the two kinds of task. The test
 rows are never seen before the chosen settings are fixed. Then every seed's stream is trained on
-the full training rows with the chosen settings and scored on the test rows.
+the full training rows with the chosen settings and scored on the test rows. Every seed draws its
+own items and train/test split (``build_tasks``), so the spread over seeds includes split
+sampling: every figure is reported as the mean and its 95 % Student-t interval over the seeds
+(``bench.common.stats``), and a target counts as met only when that interval clears it
+(``continual_report.targets``).
+
+Held-back split: a fixed fifth of every class's members and of every retrieval group's rows
+(``continual_stream.HELD_BACK_SEED``) is in no seed's train, test or validation rows. Only
+``--final`` scores it: every seed's trained versions (the same training as the development run,
+whose figures it also writes) are scored on held-back test rows, into ``<out>_final.json``;
+it is meant to be run once per release, after the code and the settings are fixed.
 
 Per kind of task (retrieval: symmetric recall@5 text↔gloss; classification: accuracy of each
 test gloss's nearest class-name text among the task's classes): task-end (right after the task),
