@@ -123,12 +123,26 @@ def test_old_head_items_follow_the_seed() -> None:
 
 def test_t_interval_is_the_student_interval_across_runs() -> None:
     values = [0.60, 0.64, 0.65]
-    mean, low, high = t_interval(values)  # type: ignore[misc]
+    mean, low, high = t_interval(values)
     half = stats.t.ppf(0.975, 2) * np.std(values, ddof=1) / math.sqrt(3)
     assert mean == pytest.approx(np.mean(values))
     assert (low, high) == pytest.approx((mean - half, mean + half))
-    assert t_interval([None, float("nan")]) is None
-    assert t_interval([0.5]) == (0.5, 0.5, 0.5)
+    # One seed: a figure without an interval, never a met target.
+    (line,) = [
+        x
+        for x in compat_report.target_lines(
+            {
+                "scenarios": [
+                    {
+                        **_scenario((0.75, 0.0, 0.96), 0.5),
+                        "runs": _scenario((0.75, 0.0, 0.96), 0.5)["runs"][:1],
+                    }
+                ]
+            }
+        )
+        if "P_com(CMC@1) 0.750" in x
+    ]
+    assert line.endswith("not met: one seed has no interval")
 
 
 @pytest.fixture(scope="module")
@@ -441,7 +455,8 @@ def test_mean_sd_skips_missing_values() -> None:
     assert compat_report.mean_sd([None, float("nan")]) is None
     mean, sd, low, high = compat_report.mean_sd([0.5, None, 0.7])  # type: ignore[misc]
     assert mean == pytest.approx(0.6) and sd == pytest.approx(np.std([0.5, 0.7], ddof=1))
-    assert (low, high) == pytest.approx(t_interval([0.5, 0.7])[1:])  # type: ignore[index]
+    assert (low, high) == pytest.approx(t_interval([0.5, 0.7])[1:])
+    assert compat_report.mean_sd([0.4]) == [0.4, 0.0, 0.4, 0.4]
 
 
 def test_select_units_merge_and_must_agree() -> None:

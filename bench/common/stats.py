@@ -1,37 +1,47 @@
-"""Intervals over repeated runs: what a benchmark's ± must include to say a target is met."""
+"""Intervals for benchmark figures measured over several seeds (issue 26).
+
+Each seed of a benchmark draws its own random split, so the spread of a figure over the seeds
+includes split sampling; the Student-t interval over the per-seed values says how far the mean
+may sit from the figure's expectation. A target counts as met only when the interval clears it.
+"""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
 
-import numpy as np
 from scipy import stats
 
 CONFIDENCE = 0.95
 
 
+def t_central_probability(t: float, df: int) -> float:
+    """P(|T| ≤ t) for Student's T with ``df`` (integer ≥ 1) degrees of freedom."""
+    if df < 1 or int(df) != df:
+        raise ValueError(f"degrees of freedom must be a positive integer, got {df}")
+    return float(2 * stats.t.cdf(abs(t), df) - 1)
+
+
+def t_quantile(confidence: float, df: int) -> float:
+    """The t with P(|T| ≤ t) = ``confidence`` (two-sided), e.g. 2.776 for 95 % and df = 4."""
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence must lie in (0, 1), got {confidence}")
+    return float(stats.t.ppf((1 + confidence) / 2, df))
+
+
 def t_interval(
-    values: Sequence[float | None], confidence: float = CONFIDENCE
-) -> tuple[float, float, float] | None:
-    """(mean, low, high) of the finite ``values``: the Student-t interval across runs,
-    mean ± t_{(1+confidence)/2, n−1} · sd / √n (sd with ddof = 1).
+    values: Sequence[float], confidence: float = CONFIDENCE
+) -> tuple[float, float, float]:
+    """(mean, low, high): mean ± t_{(1+c)/2, n−1} · sd/√n over ``values`` (sd with n − 1).
 
-    Across runs that each draw their own split, the interval includes split sampling as well as
-    training noise. None when no value is finite; with one value the interval is that value
-    (nothing to say about its spread: callers show it as a single run)."""
-    v = np.array([x for x in values if x is not None and math.isfinite(x)], dtype=np.float64)
-    if v.size == 0:
-        return None
-    mean = float(v.mean())
-    if v.size == 1:
-        return mean, mean, mean
-    half = float(stats.t.ppf((1 + confidence) / 2, v.size - 1) * v.std(ddof=1) / math.sqrt(v.size))
+    One value has no interval: low and high are NaN, so no threshold is ever cleared by it.
+    """
+    n = len(values)
+    if n == 0:
+        raise ValueError("no values")
+    mean = math.fsum(values) / n
+    if n < 2:
+        return mean, math.nan, math.nan
+    sd = math.sqrt(math.fsum((v - mean) ** 2 for v in values) / (n - 1))
+    half = t_quantile(confidence, n - 1) * sd / math.sqrt(n)
     return mean, mean - half, mean + half
-
-
-def clears(interval: tuple[float, float, float], target: float, above: bool = True) -> float:
-    """How far the interval's near bound lies past ``target`` (≥ 0: met; < 0: missed by that
-    much): the low bound for an at-least target, the high bound for an at-most one."""
-    _, low, high = interval
-    return low - target if above else target - high

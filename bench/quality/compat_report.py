@@ -37,14 +37,15 @@ def _flatten(values: dict[str, Any], prefix: str = "") -> Iterator[tuple[str, fl
 
 def mean_sd(values: list[float | None]) -> list[float] | None:
     """[mean, sd (ddof=1), low, high] of the finite values, [low, high] their 95 % interval
-    across runs (``bench.common.stats.t_interval``); None when there are none."""
+    across runs (``bench.common.stats.t_interval``; one value: low = high = it, shown without a
+    spread); None when there are none."""
     v = [x for x in values if x is not None and math.isfinite(x)]
     if not v:
         return None
-    interval = t_interval(v)
-    assert interval is not None
-    sd = float(np.std(v, ddof=1)) if len(v) > 1 else 0.0
-    return [interval[0], sd, interval[1], interval[2]]
+    if len(v) == 1:
+        return [v[0], 0.0, v[0], v[0]]
+    mean, low, high = t_interval(v)
+    return [mean, float(np.std(v, ddof=1)), low, high]
 
 
 def summarise(runs: list[dict[str, Any]], key: str = "metrics") -> dict[str, Any]:
@@ -105,17 +106,20 @@ def _value(summary: dict[str, Any], row: str, key: str) -> float | None:
 def _interval_text(interval: tuple[float, float, float], signed: bool = False) -> str:
     mean, low, high = interval
     f = "{:+.3f}" if signed else "{:.3f}"
-    if low == high:
+    if math.isnan(low):
         return f.format(mean) + " (one seed: no interval)"
     return f"{f.format(mean)} [95 % {f.format(low)}, {f.format(high)}]"
 
 
 def _at_least(values: list[float], target: float, signed: bool = False) -> tuple[str, str] | None:
     """(the figure with its interval, the verdict): met only when the interval's low end
-    clears ``target``; else missed by how far that end falls short."""
-    interval = t_interval(values)
-    if interval is None:
+    clears ``target``; else missed by how far that end falls short (one value: no interval, so
+    never met)."""
+    if not values:
         return None
+    interval = t_interval(values)
+    if math.isnan(interval[1]):
+        return _interval_text(interval, signed), "not met: one seed has no interval"
     gap = interval[1] - target
     verdict = "met" if gap >= 0 else f"missed by {abs(gap):.3f}"
     return _interval_text(interval, signed), verdict

@@ -3,20 +3,32 @@ alternates classification-style and retrieval tasks (``bench.quality.continual_s
 ``--stream interleaved`` C1 R1 C2 R2 …, the default, or ``reordered`` R4 C1′ R3 C2′ …).
 
     python -m bench.quality.continual --quick   # one seed, small tasks, two settings per method (< 2 min)
-    python -m bench.quality.continual           # 5 seeds, full tasks, four settings per method (≈ 18 min)
+    python -m bench.quality.continual           # 5 seeds, full tasks, four settings per method (≈ 22 min)
+    python -m bench.quality.continual --final   # the same, also scored on the held-back split
     python -m bench.quality.continual --params '{"energy": 0.6}' --methods hmcl-ca finetune \
         --out bench/results/continual_energy0.6.json           # a variant: overrides for every method
     python -m bench.quality.continual --timing-only --batch-size 1024   # only the per-step times
     python -m bench.quality.continual --render bench/results/continual.json   # only the tables
     python -m bench.quality.continual --render bench/results/continual.json \
-        bench/results/continual_reordered.json --publish   # both streams into BENCHMARKS.md
+        bench/results/continual_reordered.json bench/results/continual_final.json \
+        bench/results/continual_reordered_final.json --publish   # into BENCHMARKS.md
 
 Each method gets its own settings (lr × min_steps), chosen on validation rows carved from every
 task's **training** rows (``carve_validation``) of the first seed's stream: the same grid, so the
 same number of trials, for every method; the criterion is the validation Overall (mean over t of
 the mean performance on tasks 1…t after task t), averaged over the two kinds of task. The test
 rows are never seen before the chosen settings are fixed. Then every seed's stream is trained on
-the full training rows with the chosen settings and scored on the test rows.
+the full training rows with the chosen settings and scored on the test rows. Every seed draws its
+own items and train/test split (``build_tasks``), so the spread over seeds includes split
+sampling: every figure is reported as the mean and its 95 % Student-t interval over the seeds
+(``bench.common.stats``), and a target counts as met only when that interval clears it
+(``continual_report.targets``).
+
+Held-back split: a fixed fifth of every class's members and of every retrieval group's rows
+(``continual_stream.HELD_BACK_SEED``) is in no seed's train, test or validation rows. Only
+``--final`` scores it: every seed's trained versions (the same training as the development run,
+whose figures it also writes) are scored on held-back test rows, into ``<out>_final.json``;
+it is meant to be run once per release, after the code and the settings are fixed.
 
 Per kind of task (retrieval: symmetric recall@5 text↔gloss; classification: accuracy of each
 test gloss's nearest class-name text among the task's classes): task-end (right after the task),
@@ -60,13 +72,18 @@ from bench.quality.continual_report import (
     SECTION_TITLE,
     render_markdown,
     render_streams,
+    summarise,
     targets,
     timing_lines,
 )
 from bench.quality.continual_stream import (
     CLASS_DEPTH,
     CLASSES_PER_TASK,
+    DEV,
     GLOSS,
+    HELD_BACK,
+    HELD_BACK_FRACTION,
+    HELD_BACK_SEED,
     INTERLEAVED,
     KINDS,
     MIN_CLASS_ITEMS,
@@ -102,6 +119,7 @@ class Config:
     timing_repeats: int
     timing_dims: tuple[int, ...] = field(default=(384, 768))
     stream: str = INTERLEAVED
+    final: bool = False  # also score the held-back split (once per release)
 
     def settings(self) -> list[dict[str, Any]]:
         keys = list(self.grid)
@@ -209,11 +227,43 @@ def no_backfill(task: Task, version, final, rotations: Sequence[np.ndarray]) -> 
     return out
 
 
+def old_task_figures(
+    tasks: Sequence[Task], versions: Sequence[Any], rotations: Sequence[np.ndarray]
+) -> dict[str, Any]:
+    """The drift and no-backfill figures of every task before the last, on ``tasks``' test
+    rows, ``versions[i]`` being the model at task i's end and ``versions[-1]`` the final one."""
+    final = versions[-1]
+    drift: dict[str, list[float]] = {k: [] for k in DRIFT_MEASURES}
+    kept: dict[str, dict[str, list[float]]] = {k: {} for k in KINDS}
+    for i in range(len(tasks) - 1):
+        test = {m: tasks[i].test[m][:DRIFT_ANCHORS] for m in MODALITIES}
+        before = {m: versions[i].embed(test[m], m) for m in MODALITIES}
+        after = {m: final.embed(test[m], m) for m in MODALITIES}
+        for k, v in drift_measures(before, after, final.curv).items():
+            drift[k].append(v)
+        for k, v in no_backfill(tasks[i], versions[i], final, rotations[i + 1 :]).items():
+            kept[tasks[i].kind].setdefault(k, []).append(v)
+    return {
+        "drift": {k: float(np.mean(v)) for k, v in drift.items()},
+        "no_backfill": {
+            kind: {k: float(np.mean(v)) for k, v in figures.items()}
+            for kind, figures in kept.items()
+            if figures
+        },
+    }
+
+
 def run_method(
-    method: str, tasks: Sequence[Task], params: Mapping[str, Any], seed: int, full: bool = True
+    method: str,
+    tasks: Sequence[Task],
+    params: Mapping[str, Any],
+    seed: int,
+    full: bool = True,
+    held_back: Sequence[Task] | None = None,
 ) -> dict[str, Any]:
     """Train the stream with one method and score it; ``full=False`` (settings selection) skips
-    the drift and no-backfill figures."""
+    the drift and no-backfill figures. ``held_back`` (the same tasks with held-back test rows):
+    the same trained versions also scored on those, under ``"held_back"``."""
     n = len(tasks)
     kinds = [t.kind for t in tasks]
     matrix = np.full((n, n), np.nan)
@@ -240,23 +290,19 @@ def run_method(
     }
     if not full:
         return out
-    final = versions[-1]
-    drift: dict[str, list[float]] = {k: [] for k in DRIFT_MEASURES}
-    kept: dict[str, dict[str, list[float]]] = {k: {} for k in KINDS}
-    for i in range(n - 1):
-        test = {m: tasks[i].test[m][:DRIFT_ANCHORS] for m in MODALITIES}
-        before = {m: versions[i].embed(test[m], m) for m in MODALITIES}
-        after = {m: final.embed(test[m], m) for m in MODALITIES}
-        for k, v in drift_measures(before, after, final.curv).items():
-            drift[k].append(v)
-        for k, v in no_backfill(tasks[i], versions[i], final, rotations[i + 1 :]).items():
-            kept[tasks[i].kind].setdefault(k, []).append(v)
-    out["drift"] = {k: float(np.mean(v)) for k, v in drift.items()}
-    out["no_backfill"] = {
-        kind: {k: float(np.mean(v)) for k, v in figures.items()}
-        for kind, figures in kept.items()
-        if figures
-    }
+    out.update(old_task_figures(tasks, versions, rotations))
+    if held_back is not None:
+        held = np.full((n, n), np.nan)
+        for t in range(n):
+            for i in range(t + 1):
+                held[t, i] = evaluate(versions[t], held_back[i])
+        out["held_back"] = {
+            "by_kind": kind_figures(held, kinds),
+            "matrix": held.tolist(),
+            "steps": steps,
+            "warnings": warnings,
+            **old_task_figures(held_back, versions, rotations),
+        }
     return out
 
 
@@ -295,31 +341,6 @@ def select_settings(
     return {"chosen": trials[best]["setting"], "trials": trials}
 
 
-def summarise(per_seed: Mapping[str, list[dict]]) -> dict[str, Any]:
-    """Mean and sd over seeds of every scalar figure, per method (keys joined by dots)."""
-
-    def flat(d: Mapping[str, Any], prefix: str = "") -> dict[str, float]:
-        out = {}
-        for k, v in d.items():
-            if isinstance(v, Mapping):
-                out.update(flat(v, f"{prefix}{k}."))
-            elif isinstance(v, float | int) and not isinstance(v, bool):
-                out[f"{prefix}{k}"] = float(v)
-        return out
-
-    summary = {}
-    for method, runs in per_seed.items():
-        flats = [flat(r) for r in runs]
-        summary[method] = {
-            k: {
-                "mean": float(np.mean([f[k] for f in flats])),
-                "sd": float(np.std([f[k] for f in flats], ddof=1)) if len(flats) > 1 else 0.0,
-            }
-            for k in flats[0]
-        }
-    return summary
-
-
 def stream_constants() -> dict[str, Any]:
     return {
         "class_depth": CLASS_DEPTH,
@@ -327,6 +348,8 @@ def stream_constants() -> dict[str, Any]:
         "classes_per_task": CLASSES_PER_TASK,
         "retrieval_groups": RETRIEVAL_GROUPS,
         "validation_fraction": VALIDATION_FRACTION,
+        "held_back_fraction": HELD_BACK_FRACTION,
+        "held_back_seed": HELD_BACK_SEED,
     }
 
 
@@ -348,20 +371,33 @@ def run_benchmark(
     corpus: Corpus | None = None,
     checkpoint: Callable[[dict[str, Any]], None] | None = None,
     stream: Callable[[int], list[Task]] | None = None,
+    held_back_stream: Callable[[int], list[Task]] | None = None,
 ) -> dict[str, Any]:
     """Select settings per method, time the steps, run every seed; the results record
     (``checkpoint`` gets it after every seed, over the seeds finished so far). ``stream(seed)``
     replaces the WordNet stream (tests); timing at another width than the stream's loads the
-    768-d encoder's stream."""
+    768-d encoder's stream.
+
+    ``config.final``: every seed's trained versions are also scored on the held-back rows
+    (``held_back_stream(seed)``: the seed's tasks with held-back test rows), after the settings
+    are fixed; that record, the same shape as the development one, is under ``"held_back"``."""
     tic = time.perf_counter()
     if stream is None:
         corpus = corpus or load_corpus()
 
-        def stream(seed: int) -> list[Task]:
+        def build(seed: int, split: str) -> list[Task]:
             return build_tasks(
-                corpus, config.retrieval_items, seed, config.per_class, config.stream
+                corpus, config.retrieval_items, seed, config.per_class, config.stream, split
             )
 
+        def stream(seed: int) -> list[Task]:
+            return build(seed, DEV)
+
+        def held_back_stream(seed: int) -> list[Task]:
+            return build(seed, HELD_BACK)
+
+    if config.final and held_back_stream is None:
+        raise ValueError("config.final needs the held-back stream of the caller's tasks")
     selection_seed = config.seeds[0]
     first = stream(selection_seed)
     print(f"selecting settings on validation carves of seed {selection_seed}'s stream", flush=True)
@@ -379,11 +415,44 @@ def run_benchmark(
         timing[str(dim)] = time_steps(tasks, step_params, config.timing_repeats, selection_seed)
         print(f"  timed steps at d = {dim}", flush=True)
     per_seed: dict[str, list[dict]] = {m: [] for m in config.methods}
+    per_seed_held_back: dict[str, list[dict]] = {m: [] for m in config.methods}
+    held_back_sizes: list[dict[str, Any]] = []
     result: dict[str, Any] = {}
+
+    def record(runs: dict[str, list[dict]], sizes: list[dict[str, Any]]) -> dict[str, Any]:
+        summary = summarise(runs)
+        return {
+            "date": time.strftime("%Y-%m-%d"),
+            "seconds": time.perf_counter() - tic,
+            "torch": torch.__version__,
+            "python": platform.python_version(),
+            "threads": torch.get_num_threads(),
+            "config": {
+                **config.__dict__,
+                "seeds": config.seeds[: len(runs[config.methods[0]])],
+                "seeds_planned": config.seeds,
+                "settings": config.settings(),
+                "stream": {"order": config.stream, **stream_constants()},
+            },
+            "encoder": corpus.encoder if corpus is not None else "caller's stream",
+            "tasks": sizes,
+            "selection": selection,
+            "params": params,
+            "summary": summary,
+            "targets": targets(summary, timing),
+            "per_seed": runs,
+            "timing": timing,
+        }
+
     for seed in config.seeds:
         tasks = first if seed == selection_seed else stream(seed)
+        held_back = held_back_stream(seed) if config.final else None
+        if held_back is not None and seed == selection_seed:
+            held_back_sizes = task_sizes(held_back)
         for m in config.methods:
-            run = run_method(m, tasks, params[m], seed)
+            run = run_method(m, tasks, params[m], seed, held_back=held_back)
+            if held_back is not None:
+                per_seed_held_back[m].append(run.pop("held_back"))
             per_seed[m].append(run)
             print(
                 f"seed {seed} {m:9s} "
@@ -395,29 +464,12 @@ def run_benchmark(
                 + f" | {run['train_seconds']:.0f} s",
                 flush=True,
             )
-        summary = summarise(per_seed)
-        result = {
-            "date": time.strftime("%Y-%m-%d"),
-            "seconds": time.perf_counter() - tic,
-            "torch": torch.__version__,
-            "python": platform.python_version(),
-            "threads": torch.get_num_threads(),
-            "config": {
-                **config.__dict__,
-                "seeds": config.seeds[: len(per_seed[config.methods[0]])],
-                "seeds_planned": config.seeds,
-                "settings": config.settings(),
-                "stream": {"order": config.stream, **stream_constants()},
-            },
-            "encoder": corpus.encoder if corpus is not None else "caller's stream",
-            "tasks": task_sizes(first),
-            "selection": selection,
-            "params": params,
-            "summary": summary,
-            "targets": targets(summary, timing),
-            "per_seed": per_seed,
-            "timing": timing,
-        }
+        result = record(per_seed, task_sizes(first))
+        if config.final:  # printed only as a record, so that nobody develops against it
+            result[HELD_BACK] = {
+                **record(per_seed_held_back, held_back_sizes),
+                "split": HELD_BACK,
+            }
         if checkpoint is not None:  # a long run keeps every finished seed
             checkpoint(result)
     return result
@@ -474,6 +526,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         help="task order: C1 R1 C2 R2 … (interleaved) or R4 C1′ R3 C2′ … (reordered: retrieval "
         "first, other class groups)",
     )
+    parser.add_argument(
+        "--final",
+        action="store_true",
+        help="also score every seed's trained versions on the held-back split (once per "
+        "release; its results go to their own *_final.json)",
+    )
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", type=Path, default=None, help="results JSON path")
     parser.add_argument(
@@ -481,7 +539,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         type=Path,
         nargs="+",
         default=None,
-        help="only print the tables of results JSONs (one per stream)",
+        help="only print the tables of results JSONs (one per stream and split)",
     )
     parser.add_argument(
         "--publish",
@@ -510,6 +568,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     config = (quick_config if args.quick else full_config)(args.seeds)
     config.base_params = {**config.base_params, **args.params}
     config.stream = args.stream
+    config.final = args.final
     if args.methods:
         if "finetune" not in args.methods:
             parser.error("--methods must include finetune (the reference of every ratio)")
@@ -521,13 +580,21 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     if args.stream != INTERLEAVED:
         stem += f"_{args.stream}"
     out = args.out or RESULTS / f"{stem}.json"
+    final_out = out.with_name(f"{out.stem}_final{out.suffix}")
     out.parent.mkdir(parents=True, exist_ok=True)
 
     def write(result: dict[str, Any]) -> None:
-        out.write_text(json.dumps({"command": command, **result}, indent=1, default=list))
+        development = {k: v for k, v in result.items() if k != HELD_BACK}
+        out.write_text(json.dumps({"command": command, **development}, indent=1, default=list))
+        if HELD_BACK in result:
+            record = {"command": command, **result[HELD_BACK]}
+            final_out.write_text(json.dumps(record, indent=1, default=list))
 
     result = {"command": command, **run_benchmark(config, checkpoint=write)}
+    held_back = result.pop(HELD_BACK, None)
     print(render_markdown(result))
+    if held_back is not None:
+        print(render_markdown({"command": command, **held_back}))
     return result
 
 

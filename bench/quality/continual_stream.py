@@ -9,7 +9,14 @@ first-hypernym path (``ancestors`` in the metadata; its name text comes from the
 ``ancestors.*`` files); classes with at least ``MIN_CLASS_ITEMS`` members are kept and dealt,
 in a fixed shuffled order, into disjoint sets of ``CLASSES_PER_TASK``. Retrieval tasks take
 lexicographer-file groups from the synsets that belong to no kept class, so no gloss appears in
-two tasks. The stream's composition is fixed; the seed draws the items and the splits.
+two tasks. The stream's composition is fixed; the seed draws the items and the splits, so every
+seed evaluates on a fresh random split.
+
+A held-back final split (issue 26): ``HELD_BACK_FRACTION`` of every kept class's members and of
+every retrieval group's rows, drawn once by the constant ``HELD_BACK_SEED`` (the same rows for
+every seed and both stream orders), never enters any seed's train, test or validation rows.
+``build_tasks(..., split=HELD_BACK)`` gives the same tasks with the same (seed's) training rows,
+their test rows replaced by held-back rows, as many as a development test split holds.
 """
 
 from __future__ import annotations
@@ -42,6 +49,10 @@ INTERLEAVED, REORDERED = "interleaved", "reordered"
 STREAMS = (INTERLEAVED, REORDERED)
 TRAIN_FRACTION = 0.6
 VALIDATION_FRACTION = 0.2  # of a task's training rows, for choosing settings
+HELD_BACK_FRACTION = 0.2  # of every class's members and every retrieval group's rows
+HELD_BACK_SEED = 26  # issue 26: one draw of the held-back rows, recorded with every result
+DEV, HELD_BACK = "dev", "held_back"
+SPLITS = (DEV, HELD_BACK)
 
 
 @dataclass
@@ -128,8 +139,25 @@ def _split(rows: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.n
     return chosen[:cut], chosen[cut:]
 
 
+def _held_back(rows: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """(development rows, held-back rows): ``HELD_BACK_FRACTION`` of ``rows`` by ``rng``."""
+    chosen = rng.permutation(rows)
+    cut = round(HELD_BACK_FRACTION * len(chosen))
+    return np.sort(chosen[cut:]), chosen[:cut]
+
+
+def _test_share(limit: int) -> int:
+    """How many rows a development test split takes out of ``limit`` drawn rows (0: all)."""
+    return limit - round(TRAIN_FRACTION * limit) if limit else 0
+
+
 def _classification_task(
-    corpus: Corpus, name: str, classes: list[str], per_class: int, rng: np.random.Generator
+    corpus: Corpus,
+    name: str,
+    classes: list[str],
+    per_class: int,
+    rng: np.random.Generator,
+    split: str,
 ) -> Task:
     meta, enc = corpus.data.meta, corpus.encoder
     index = {c: k for k, c in enumerate(classes)}
@@ -137,13 +165,19 @@ def _classification_task(
     for i, m in enumerate(meta):
         if len(m["ancestors"]) > CLASS_DEPTH and m["ancestors"][CLASS_DEPTH] in index:
             members[m["ancestors"][CLASS_DEPTH]].append(i)
+    # The held-back draw is per class, seeded by the class, so it does not depend on which task
+    # (stream order) the class falls in, nor on the seed.
+    parts = {
+        c: _held_back(np.array(members[c]), np.random.default_rng([HELD_BACK_SEED, *c.encode()]))
+        for c in classes
+    }
     # Up to ``per_class`` items of every class (0: all), so no class dominates the task.
-    rows = np.concatenate(
-        [rng.permutation(np.array(members[c]))[: per_class or None] for c in classes]
-    )
-    label_of = {int(i): index[meta[i]["ancestors"][CLASS_DEPTH]] for i in rows}
+    rows = np.concatenate([rng.permutation(parts[c][0])[: per_class or None] for c in classes])
+    label_of = {i: index[meta[i]["ancestors"][CLASS_DEPTH]] for c in classes for i in members[c]}
     names = np.stack([_class_text(corpus, c) for c in classes])
     train, test = _split(rows, rng)
+    if split == HELD_BACK:  # as many per class as a development test split takes
+        test = np.concatenate([parts[c][1][: _test_share(per_class) or None] for c in classes])
     gloss = corpus.data.get("gloss", enc)
 
     def paired(part: np.ndarray) -> tuple[dict[str, np.ndarray], np.ndarray]:
@@ -155,12 +189,21 @@ def _classification_task(
 
 
 def _retrieval_task(
-    corpus: Corpus, group: tuple[str, ...], pool: np.ndarray, items: int, rng: np.random.Generator
+    corpus: Corpus,
+    group: tuple[str, ...],
+    pool: np.ndarray,
+    items: int,
+    rng: np.random.Generator,
+    split: str,
 ) -> Task:
     meta, enc = corpus.data.meta, corpus.encoder
-    rows = np.array([i for i in pool if meta[i]["lexname"] in group])
-    rows = rng.permutation(rows)[: items or None]
+    in_group = np.array([i for i in pool if meta[i]["lexname"] in group])
+    key = "+".join(group).encode()
+    dev, held_back = _held_back(in_group, np.random.default_rng([HELD_BACK_SEED, *key]))
+    rows = rng.permutation(dev)[: items or None]
     train, test = _split(rows, rng)
+    if split == HELD_BACK:  # as many as a development test split holds
+        test = held_back[: len(test)]
     lemma, gloss = corpus.data.get("lemma", enc), corpus.data.get("gloss", enc)
     return Task(
         "retrieval: " + "+".join(g.removeprefix("noun.") for g in group),
@@ -176,6 +219,7 @@ def build_tasks(
     seed: int = 0,
     per_class: int = 0,
     stream: str = INTERLEAVED,
+    split: str = DEV,
 ) -> list[Task]:
     """Classification tasks of ``CLASSES_PER_TASK`` disjoint classes (up to ``per_class`` items
     each; 0: all) alternating with retrieval tasks of up to ``retrieval_items`` synsets each
@@ -184,9 +228,14 @@ def build_tasks(
     - ``interleaved``: C1 R1 C2 R2 … (classes dealt round-robin, retrieval groups in order);
     - ``reordered``: R4 C1′ R3 C2′ … — retrieval first, the retrieval groups in reverse order,
       and the same classes grouped into other tasks (dealt in consecutive runs).
+
+    ``split``: ``dev`` (the development test rows) or ``held_back`` (the same training rows,
+    tested on held-back rows that no development split of any seed holds).
     """
     if stream not in STREAMS:
         raise ValueError(f"unknown stream {stream!r}; expected one of {list(STREAMS)}")
+    if split not in SPLITS:
+        raise ValueError(f"unknown split {split!r}; expected one of {list(SPLITS)}")
     rng = np.random.default_rng(seed)
     class_sets = stream_classes(corpus.data.meta, blocked=stream == REORDERED)
     in_class = {c for cs in class_sets for c in cs}
@@ -201,8 +250,8 @@ def build_tasks(
     tasks = []
     for t, (classes, group) in enumerate(zip(class_sets, groups, strict=True)):
         pair = [
-            _classification_task(corpus, f"classes {t + 1}", classes, per_class, rng),
-            _retrieval_task(corpus, group, pool, retrieval_items, rng),
+            _classification_task(corpus, f"classes {t + 1}", classes, per_class, rng, split),
+            _retrieval_task(corpus, group, pool, retrieval_items, rng, split),
         ]
         tasks += pair if stream == INTERLEAVED else pair[::-1]
     return tasks
