@@ -430,3 +430,21 @@ def test_an_extra_trial_follows_the_best_of_the_grid(wordnet_small: dict) -> Non
     counted = {e["trials"] for e in events if e.get("candidate") == "class-map" and "trials" in e}
     assert counted == {3}
     assert out.report["auto"]["extra_trials"] == 1
+
+
+def test_a_skipped_extra_trial_leaves_the_progress_count_exact(
+    wordnet_small: dict, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # No new value to try (as between neighbouring integers): the plan shrinks, so the last
+    # training's index still equals the count reported.
+    monkeypatch.setattr(AutoParams, "next_settings", lambda *args, **kwargs: None)
+    data = _fixture_data(wordnet_small, labels=True, log=False)
+    params = {**TEST_PARAMS, "candidates": ["affine"], "trials": 2}
+    events: list[dict] = []
+    out = run_backbone_upgrade(
+        "auto", data, EuclideanLift(), params=params, hooks=TrainingHooks(events.append)
+    )
+    (affine,) = [c for c in out.report["candidates"] if c["name"] == "affine"]
+    assert len(affine["trials"]) == 2
+    training = [e for e in events if e.get("phase") == "training"]
+    assert training[-1]["candidate_index"] == training[-1]["candidates"]

@@ -54,6 +54,7 @@ class Progress:
     def __init__(self, hooks: TrainingHooks, trainings: list[tuple[str, int]], evaluations: int):
         self.hooks = hooks
         self.trainings = trainings  # (candidate, epochs) in run order
+        self.planned = len(trainings)  # less any skipped (``skip``)
         self.epochs_left = sum(max(1, e) for _, e in trainings)
         self.evaluations_left = evaluations
         self.epoch_seconds: list[float] = []
@@ -77,7 +78,7 @@ class Progress:
             "phase": "training",
             "candidate": candidate,
             "candidate_index": self.index,
-            "candidates": len(self.trainings),
+            "candidates": self.planned,
             **extra,
         }
 
@@ -105,6 +106,7 @@ class Progress:
 
     def skip(self, epochs: int, trainings: int) -> None:
         """Planned trainings that will not run (and their evaluations)."""
+        self.planned -= trainings
         self.epochs_left = max(0, self.epochs_left - max(1, epochs) * trainings)
         self.evaluations_left = max(0, self.evaluations_left - trainings)
 
