@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing
+import os
 import platform
 import time
 from pathlib import Path
@@ -72,6 +73,7 @@ from app.upgrades.schemas import UpgradeCreate
 from bench.common.partial import upgrade_on
 from bench.common.report import replace_section
 from bench.common.wordnet import REPO_ROOT, encode_labels, fine_labels, load_wordnet
+from bench.common.workers import exit_with_parent
 from bench.quality.backfill_report import plot, render_markdown, render_validation, summarise
 from bench.quality.querydoc import FIXTURE, load_arrays
 
@@ -352,7 +354,9 @@ def main(argv: list[str] | None = None) -> Path:
     )
     if args.jobs > 1:
         ctx = multiprocessing.get_context("spawn")
-        with ctx.Pool(min(args.jobs, len(seeds))) as pool:
+        with ctx.Pool(
+            min(args.jobs, len(seeds)), initializer=exit_with_parent, initargs=(os.getpid(),)
+        ) as pool:
             runs = pool.starmap(seed_job, [(seed, *settings, args.threads) for seed in seeds])
     else:
         runs = [seed_job(seed, *settings, args.threads, arrays, labels) for seed in seeds]

@@ -42,6 +42,7 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing
+import os
 import platform
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -67,6 +68,7 @@ from app.ml.upgrade.pipeline import UpgradeContext, run_auto
 from bench.common.wordnet import (
     REPO_ROOT,
 )
+from bench.common.workers import exit_with_parent
 from bench.quality import compat_grid, compat_report, compat_scenarios
 from bench.quality.compat_scenarios import (
     QUICK_SCENARIOS,
@@ -261,7 +263,12 @@ def run_seeds(
     if args.jobs <= 1:
         return [_seed_job(scenario, s, cfg, args.quick, args.final, args.threads) for s in seeds]
     context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(max_workers=args.jobs, mp_context=context) as pool:
+    with ProcessPoolExecutor(
+        max_workers=args.jobs,
+        mp_context=context,
+        initializer=exit_with_parent,
+        initargs=(os.getpid(),),
+    ) as pool:
         futures = [
             pool.submit(_seed_job, scenario, s, cfg, args.quick, args.final, args.threads)
             for s in seeds

@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing
+import os
 import platform
 import time
 from pathlib import Path
@@ -67,6 +68,7 @@ from app.ml.upgrade.fit_view import (
 from bench.common.partial import upgrade_on
 from bench.common.report import publish
 from bench.common.wordnet import REPO_ROOT
+from bench.common.workers import exit_with_parent
 from bench.quality.querydoc import load_arrays
 from bench.quality.transition import TRAIN_FRACTION, _ci, _hits, bootstrap, split
 
@@ -483,7 +485,9 @@ def main(argv: list[str] | None = None) -> Path:
     started = time.time()
     if args.jobs > 1:
         ctx = multiprocessing.get_context("spawn")
-        with ctx.Pool(min(args.jobs, len(seeds))) as pool:
+        with ctx.Pool(
+            min(args.jobs, len(seeds)), initializer=exit_with_parent, initargs=(os.getpid(),)
+        ) as pool:
             jobs = [(args.quick, seed, args.method, threads) for seed in seeds]
             runs = pool.starmap(seed_job, jobs)
     else:
