@@ -91,6 +91,10 @@ def test_bridge_score_needs_the_instance_floor_when_given() -> None:
     )
     # A higher class gain below the floor ranks under a lower one that keeps it.
     assert not below[0] and kept[0] and max(below, kept) == kept
+    # Under the instance floor, as for auto's candidates, P_up is reported, not a floor.
+    costly = {**_entry(0.62, -0.05), "instance": {"recall@1": 0.90}}
+    assert compat_grid.bridge_score(costly, STAY_CLASS, instance_floor=0.81)[0]
+    assert not compat_grid.bridge_score(costly, STAY_CLASS)[0]
 
 
 def test_every_seed_draws_its_own_split_and_never_the_held_back_items() -> None:

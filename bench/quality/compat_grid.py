@@ -11,11 +11,10 @@ what was tried is flagged (``edge``) — unless nothing valid lies beyond it (a 
 paper's loss, a rank below 1 does not exist) — because a better value may lie beyond it.
 
 Scores: ``independent`` by its own space's class metrics (mean of CMC@1 and mAP@100); every
-bridge by feasibility first — P_up ≥ ``P_UP_FLOOR`` for CMC@1 and mAP@100 (against the stronger
-reference on validation, ``app.ml.upgrade.alternatives.assemble``) and validation own-item R@1 ≥
-``INSTANCE_FLOOR`` × procrustes's, the floor ``auto`` applies to its candidates — then the mean
-gain of new→old over old→old (see ``bridge_score`` for why not P_com). Every single method is
-thereby tuned under the same instance floor as ``auto`` (issue 26), on validation only.
+bridge by feasibility first — validation own-item R@1 ≥ ``INSTANCE_FLOOR`` × procrustes's, the
+floor ``auto`` applies to its candidates (P_up is reported, a target, not a selection floor) —
+then the mean gain of new→old over old→old (see ``bridge_score`` for why not P_com). Every single
+method is thereby tuned under the same instance floor as ``auto`` (issue 26), on validation only.
 """
 
 from __future__ import annotations
@@ -118,8 +117,8 @@ def bridge_score(
     entry: dict[str, Any], stay_class: dict[str, float], instance_floor: float | None = None
 ) -> tuple[bool, float]:
     """(feasible, mean gain of new→old over old→old relative to old→old): feasible settings
-    first. Feasible = P_up ≥ floor for CMC@1 and for mAP@100 and, given ``instance_floor``,
-    validation own-item R@1 ≥ it (``INSTANCE_FLOOR`` × procrustes's, as ``auto`` requires).
+    first. Feasible = validation own-item R@1 ≥ ``instance_floor`` (``INSTANCE_FLOOR`` ×
+    procrustes's, as ``auto`` requires), or without one P_up ≥ floor for CMC@1 and mAP@100.
 
     Not P_com: it divides by (reference − old→old), which on a validation split can be near 0
     or negative (extended-data / extended-class: the old and new heads share the backbone), and
@@ -127,10 +126,14 @@ def bridge_score(
     P_com +18 there). For one metric, the gain over old→old orders as P_com does wherever P_com's
     denominator is positive."""
     pu = entry["p_up"]
-    feasible = all(pu[k] is not None and pu[k] >= P_UP_FLOOR for k in CLASS_METRICS)
-    if instance_floor is not None:
+    if instance_floor is None:
+        feasible = all(pu[k] is not None and pu[k] >= P_UP_FLOOR for k in CLASS_METRICS)
+    else:
+        # auto's own rule: eligible by the instance floor alone, P_up only reported. With the
+        # P_up floor as well, no trial of any method on external met both (two floors that
+        # conflict there), and every choice fell back to the class gain.
         own = entry.get("instance", {}).get("recall@1")
-        feasible = feasible and own is not None and own >= instance_floor
+        feasible = own is not None and own >= instance_floor
     gains = [
         (entry["class"][k] - stay_class[k]) / stay_class[k]
         for k in CLASS_METRICS

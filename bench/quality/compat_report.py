@@ -478,8 +478,9 @@ def render_markdown(payload: dict[str, Any]) -> str:
         f"{payload['trials_per_method'] + extra} trials for every tuned method, widening "
         "included (procrustes: closed form, one fit), the same grids in every scenario "
         "(`bench/quality/compat_grid.py`), each bridge tuned under auto's instance floor "
-        f"(validation own-item R@1 ≥ {INSTANCE_FLOOR} × procrustes's) and P_up ≥ "
-        f"{P_UP_FLOOR}; a chosen value at an end of what was tried is marked as an edge. "
+        f"(validation own-item R@1 ≥ {INSTANCE_FLOOR} × procrustes's; P_up is a reported "
+        "target, not a selection floor, as in auto), ranked by the gain of new→old over "
+        "old→old; a chosen value at an end of what was tried is marked as an edge. "
         "`auto` is the service's (`app/ml/auto/candidates.py`: its own candidates, grids and "
         f"trials, objective `class`, params {json.dumps(payload['auto_params'])}), trained on the "
         "training part.",
