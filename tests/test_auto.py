@@ -13,6 +13,8 @@ from app.ml.auto.candidates import AUTO_CANDIDATES, INSTANCE_FLOOR, AutoParams
 from app.ml.auto.verdict import REINDEX_BELOW_ARR, recommend
 from app.ml.geometry.space import EuclideanLift
 from app.ml.methods.compat import train_compatible_model
+from app.ml.methods.heads import AdapterHead
+from app.ml.methods.models import model_from_bytes, model_to_bytes
 from app.ml.methods.training import NO_HOOKS, TrainingHooks
 from app.ml.upgrade.pipeline import UpgradeContext
 from app.ml.upgrade.run import (
@@ -171,7 +173,42 @@ def test_auto_skips_label_only_candidates_without_labels() -> None:
     auto = AutoParams.from_dict({})
     assert "class-map" in auto.applicable(labelled=True)
     assert "class-map" not in auto.applicable(labelled=False)
-    assert auto.skipped(labelled=False) == ["class-map"]
+    assert auto.skipped(labelled=False) == ["class-map", "class-map-mlp"]
+
+
+def test_class_map_mlp_is_class_map_through_a_non_linear_map(wordnet_small: dict) -> None:
+    # The candidate's fixed setting is in every trial, the extra one included, and no shared
+    # override can change it while the candidate is in.
+    auto = AutoParams.from_dict({"epochs": 2})
+    trials = auto.settings("class-map-mlp", labelled=True)
+    assert [t["map_hidden"] for t in trials] == [256, 256, 256]
+    assert [t["class_weight"] for t in trials] == [0.3, 1.0, 3.0]
+    extra = auto.next_settings("class-map-mlp", True, trials, [0.1, 0.2, 0.3], 2)
+    assert extra is not None and extra["map_hidden"] == 256 and extra["class_weight"] > 3.0
+    assert "map_hidden" not in auto.settings("class-map", labelled=True)[0]
+    with pytest.raises(ValueError, match="class-map-mlp"):
+        AutoParams.from_dict({"map_hidden": 64})
+    assert AutoParams.from_dict({"map_hidden": 64, "candidates": ["class-map"]}).shared == {
+        "map_hidden": 64
+    }
+    # The map itself: the fixed Procrustes projection plus a residual MLP, started at Procrustes.
+    lift = EuclideanLift()
+    old = lift(torch.from_numpy(wordnet_small[f"gloss.{OLD_MODEL}"])).numpy()
+    new = wordnet_small[f"gloss.{NEW_MODEL}"]
+    labels = np.unique(wordnet_small["label"], return_inverse=True)[1]
+    params = {"epochs": 2, "class_weight": 1.0}
+    linear = train_compatible_model("class-map", new, old, labels, 1.0, params)
+    mlp = train_compatible_model("class-map", new, old, labels, 1.0, {**params, "map_hidden": 16})
+    procrustes = train_compatible_model("procrustes", new, old, None, 1.0)
+    assert isinstance(mlp, AdapterHead) and mlp.residual_hidden == 16
+    assert torch.equal(mlp.projection, procrustes.projection)
+    last = mlp.residual[-1]
+    assert last.weight.abs().sum() > 0  # trained away from the zero start
+    assert not np.allclose(mlp.embed(new[:20]), linear.embed(new[:20]), atol=1e-4)
+    restored = model_from_bytes(model_to_bytes(mlp))
+    np.testing.assert_allclose(restored.embed(new[:20]), mlp.embed(new[:20]), rtol=1e-6)
+    with pytest.raises(ValueError, match="map_hidden"):
+        train_compatible_model("class-map", new, old, labels, 1.0, {"map_hidden": -1})
 
 
 @pytest.mark.slow

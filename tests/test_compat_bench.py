@@ -524,3 +524,12 @@ def test_tune_gives_every_method_the_same_number_of_trials() -> None:
     # Integer axes stop where nothing new lies between neighbours.
     ranks = compat_grid.Grid("adapter_rank", (1, 2))
     assert ranks.between(1, 2) is None and ranks.between(4, 16) == 8
+
+
+def test_auto_edge_reads_the_tuned_axis_not_a_fixed_setting() -> None:
+    # class-map-mlp's map_hidden is the same in every trial: the edge is class_weight's.
+    tried = [{"map_hidden": 256, "class_weight": w} for w in (0.3, 1.0, 3.0, 10.0)]
+    inside = {"auto": {"chosen_settings": tried[2], "tried": tried}}
+    top = {"auto": {"chosen_settings": tried[3], "tried": tried}}
+    untuned = {"auto": {"chosen_settings": {}, "tried": [{}]}}
+    assert compat_report.auto_edges([inside, top, untuned]) == [None, "high", None]

@@ -274,7 +274,11 @@ def auto_edges(runs: list[dict[str, Any]]) -> list[str | None]:
     out: list[str | None] = []
     for r in runs:
         settings, tried = r["auto"]["chosen_settings"], r["auto"].get("tried", [])
-        axis = next((a for a in settings if all(a in t for t in tried)), None)
+        # The tuned axis is the one whose value varies (a candidate's fixed settings do not).
+        axis = next(
+            (a for a in settings if all(a in t for t in tried) and len({t[a] for t in tried}) > 1),
+            None,
+        )
         if axis is None or len(tried) < 2:
             out.append(None)
             continue

@@ -24,6 +24,7 @@ differ):
   own old vector first; the class terms move a query toward where its class's old items gather
   (new→old class retrieval) and keep its own space's classes apart (P_up). Measured on the
   ``external`` validation split: the class gain of ``hbct`` without its instance collapse.
+  ``map_hidden`` > 0 makes either map non-linear: the fixed Procrustes map plus a residual MLP.
 """
 
 from __future__ import annotations
@@ -129,6 +130,9 @@ class CompatParams:
     instance_temperature: float = 0.05
     # class-map: weight of its class terms (toward the old class means; L_base in its own space)
     class_weight: float = 0.3
+    # instance-map / class-map: 0 = a trainable linear map from the Procrustes start; > 0 = the
+    # fixed Procrustes map plus a trainable residual GELU MLP this wide (output zero at the start)
+    map_hidden: int = 0
     # Adapters
     adapter_rank: int = 64
     adapter_hidden: int = 256
@@ -181,6 +185,7 @@ class CompatParams:
             "old_proto_weight",
             "class_weight",
             "hidden_dim",
+            "map_hidden",
             "min_batches_per_epoch",
         ):
             if getattr(self, name) < 0:
@@ -193,8 +198,8 @@ class CompatParams:
             raise ValueError(f"parameter 'uncertainty' must be one of {list(UNCERTAINTY_SOURCES)}")
         if self.epochs > 10_000 or self.min_batches_per_epoch > 10_000:
             raise ValueError("epochs ≤ 10000 and min_batches_per_epoch ≤ 10000")
-        if self.batch_size > 65_536 or self.hidden_dim > 65_536:
-            raise ValueError("batch_size ≤ 65536 and hidden_dim ≤ 65536")
+        if self.batch_size > 65_536 or self.hidden_dim > 65_536 or self.map_hidden > 65_536:
+            raise ValueError("batch_size, hidden_dim and map_hidden must be ≤ 65536")
         if self.adapter_rank < 1 or self.adapter_hidden < 1:
             raise ValueError("adapter_rank and adapter_hidden must be ≥ 1")
 
@@ -362,9 +367,15 @@ def _train_pair_map(
     """Instance InfoNCE on the paired items plus ``extra_pairs``, from the Procrustes start (fitted
     on the paired items alone, so the start is the ``procrustes`` candidate itself). With labels
     ``y`` (``class-map``), ``class_weight`` × (influence loss toward the old class means + L_base's
-    prototype cross-entropy) on the paired items: logged queries carry no label."""
+    prototype cross-entropy) on the paired items: logged queries carry no label. ``map_hidden``
+    > 0: the map is the fixed Procrustes projection plus a residual MLP (``AdapterHead``), the
+    same start, non-linear."""
     n_paired = x.shape[0]
-    head = procrustes_linear_head(x, old, curv)
+    head: _TangentHead = (
+        fit_procrustes_adapter(x, old, curv, hidden=p.map_hidden)
+        if p.map_hidden > 0
+        else procrustes_linear_head(x, old, curv)
+    )
     extra_params: list[torch.nn.Parameter] = []
     classes = None
     if y is not None:
