@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 import math
+from typing import Any
 
 import numpy as np
 import pytest
 import torch
 
-from app.ml.auto.candidates import AUTO_CANDIDATES, INSTANCE_FLOOR, AutoParams
+from app.ml.auto.candidates import AUTO_CANDIDATES, INSTANCE_FLOOR, METHOD_OF, AutoParams
 from app.ml.auto.verdict import REINDEX_BELOW_ARR, recommend
 from app.ml.geometry.space import EuclideanLift
 from app.ml.methods.compat import train_compatible_model
@@ -223,14 +224,15 @@ def test_auto_on_the_fixture_with_a_query_log(wordnet_small: dict) -> None:
     report = out.report
     json.dumps(report, allow_nan=False)
     assert report["objective"] == "query" and report["requested_method"] == "auto"
-    assert out.method == report["chosen_method"] == report["method"]
+    assert report["chosen_candidate"] == report["chosen_method"]
+    assert out.method == report["method"] == METHOD_OF[report["chosen_method"]]
     assert set(report["views"]) == {"instance", "query", "class"}
     names = [c["name"] for c in report["candidates"]]
     assert names == list(AUTO_CANDIDATES)
     by_name = {c["name"]: c for c in report["candidates"]}
     # The grid's 3 and one extra trial each (past an edge, or between the best and a neighbour).
     assert {len(c["trials"]) for n, c in by_name.items() if n != "procrustes"} == {4}
-    chosen = by_name[out.method]
+    chosen = by_name[report["chosen_candidate"]]
     # Never worse than procrustes on validation, and instances kept.
     assert (
         chosen["validation"]["query"]["recall@10"]
@@ -240,12 +242,15 @@ def test_auto_on_the_fixture_with_a_query_log(wordnet_small: dict) -> None:
     assert chosen["eligible"] and chosen["validation"]["instance"]["recall@1"] >= floor
     for name in ("stay", "reindex", "procrustes", *names):
         assert "query" in report["metrics"][name] and "instance" in report["metrics"][name]
-    assert report["metrics"][out.method]["arr"]["query"]["recall@10"] is not None
-    assert report["metrics"][out.method]["p_com"]["cmc1"] is not None
+    assert report["metrics"][report["chosen_candidate"]]["arr"]["query"]["recall@10"] is not None
+    assert report["metrics"][report["chosen_candidate"]]["p_com"]["cmc1"] is not None
     assert set(report["metric_meanings"]) >= {"instance", "query", "class", "arr"}
     rec = report["recommendation"]
     # Old query vectors are logged: the options are measured, so the verdict is not "measure".
-    assert rec["action"] in ("bridge", "stay", "transition") and rec["method"] == out.method
+    assert (
+        rec["action"] in ("bridge", "stay", "transition")
+        and rec["method"] == report["chosen_candidate"]
+    )
     assert "recall@10" in rec["why"]
     assert report["auto"]["n_fit"] + report["auto"]["n_validation"] == report["n_train"]
     assert report["auto"]["n_validation_queries"] > 0
@@ -485,3 +490,34 @@ def test_a_skipped_extra_trial_leaves_the_progress_count_exact(
     assert len(affine["trials"]) == 2
     training = [e for e in events if e.get("phase") == "training"]
     assert training[-1]["candidate_index"] == training[-1]["candidates"]
+
+
+def test_a_chosen_candidate_is_served_as_a_method_that_can_be_requested(
+    wordnet_small: dict, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A candidate with fixed settings (class-map-mlp) is served as its method with those
+    settings in the model's parameters: the stored method is one an explicit request accepts,
+    and that request with the stored parameters trains the same kind of model. On the fixture's
+    few steps procrustes wins validation, so the choice is made class-map-mlp's here."""
+    import app.ml.upgrade.pipeline as pipeline
+
+    real_pick = pipeline.pick
+
+    def pick_class_map_mlp(trials: Any, primary_of: Any) -> tuple[str, dict[str, int]]:
+        _, best = real_pick(trials, primary_of)
+        return "class-map-mlp", best
+
+    monkeypatch.setattr(pipeline, "pick", pick_class_map_mlp)
+    data = _fixture_data(wordnet_small, labels=True, log=False)
+    params = {**TEST_PARAMS, "candidates": ["class-map-mlp"], "trials": 1, "extra_trials": 0}
+    out = run_backbone_upgrade("auto", data, EuclideanLift(), params=params)
+    report = out.report
+    assert [c["name"] for c in report["candidates"]] == ["procrustes", "class-map-mlp"]
+    assert report["chosen_candidate"] == report["chosen_method"] == "class-map-mlp"
+    assert out.method == report["method"] == "class-map" and out.method in BACKBONE_METHODS
+    assert out.params["map_hidden"] == 256 and out.params["class_weight"] == 0.3
+    assert report["recommendation"]["method"] == "class-map-mlp"
+    assert isinstance(out.model, AdapterHead) and out.model.residual_hidden == 256
+    explicit = run_backbone_upgrade(out.method, data, EuclideanLift(), params=out.params)
+    assert explicit.method == "class-map"
+    assert isinstance(explicit.model, AdapterHead) and explicit.model.residual_hidden == 256

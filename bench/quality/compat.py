@@ -195,12 +195,13 @@ class ScenarioRun:
             EMPTY,
             EMPTY,
         )
-        chosen = next(c for c in outcome.report["candidates"] if c["name"] == outcome.method)
-        _log(f"{self.scenario.name}: seed {self.seed}, auto chose {outcome.method}")
+        name = outcome.report["chosen_candidate"]  # the candidate; outcome.method is its method
+        chosen = next(c for c in outcome.report["candidates"] if c["name"] == name)
+        _log(f"{self.scenario.name}: seed {self.seed}, auto chose {name}")
         out: dict[str, Any] = {
             "seed": self.seed,
             "auto": {
-                "chosen": outcome.method,
+                "chosen": name,
                 "chosen_settings": chosen["chosen_settings"],
                 "trials": params.trials,
                 "tried": [t["settings"] for t in chosen["trials"]],

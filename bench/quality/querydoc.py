@@ -107,7 +107,8 @@ def run_once(arrays: dict[str, np.ndarray], with_log: bool, seed: int, params: d
             "instance": m.get("instance"),
             "arr_query": m.get("arr", {}).get("query"),
         }
-    rows["auto"] = {**rows[out.method], "chosen": out.method}
+    chosen = report["chosen_candidate"]  # the candidate; out.method is its method
+    rows["auto"] = {**rows[chosen], "chosen": chosen}
     return {
         "seed": seed,
         "variant": "with query log" if with_log else "without query log",

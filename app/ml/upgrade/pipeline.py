@@ -339,6 +339,7 @@ def run_explicit(
         method=method,
         requested_method=method,
         chosen_method=method,
+        chosen_candidate=method,
         views=list(ev.views),
         metrics=metrics,
         history=history,
@@ -480,10 +481,14 @@ def run_auto(
                 ],
             }
         )
+    # The served model is its candidate's method with the candidate's settings in its
+    # parameters (class-map-mlp: class-map with map_hidden), so the stored method is one an
+    # explicit request accepts; the report names the candidate too.
     report.update(
-        method=chosen,
+        method=METHOD_OF[chosen],
         requested_method="auto",
         chosen_method=chosen,
+        chosen_candidate=chosen,
         views=list(ev.views),
         metrics=metrics,
         history=served_trial.history,
@@ -505,7 +510,9 @@ def run_auto(
         calibration=_calibration(ev, bridges[chosen]),
     )
     params = CompatParams.from_dict(served_trial.settings).to_dict()
-    return UpgradeOutcome(model=served, report=json_safe(report), params=params, method=chosen)
+    return UpgradeOutcome(
+        model=served, report=json_safe(report), params=params, method=METHOD_OF[chosen]
+    )
 
 
 def _subset_queries(ctx: UpgradeContext, rows: np.ndarray):
