@@ -108,7 +108,8 @@ CANDIDATES: tuple[Candidate, ...] = (
     # Class terms on top of the instance term, weighted on validation under the instance floor.
     Candidate("class-map", "class-map", "class_weight", (0.3, 1.0, 3.0), labelled_only=True),
     # The same terms through a non-linear map: the fixed Procrustes map plus a residual MLP
-    # (issue 26 item 5: a non-linear map with an instance term, +0.045 validation P_com in a probe).
+    # (issue 26 item 5: a non-linear map with an instance term; +0.045 validation P_com in a
+    # one-split probe, not reproduced on per-seed splits: BENCHMARKS.md, compatibility section).
     Candidate(
         "class-map-mlp",
         "class-map",
