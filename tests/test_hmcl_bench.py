@@ -438,3 +438,35 @@ def test_the_quick_run_on_real_data(tmp_path: Path) -> None:
     assert "Issue 13's targets" in done.stdout
     # The suite points the data lookup nowhere: the quick run says it used the mini fixture.
     assert "running on the mini fixture" in done.stderr
+
+
+def test_worker_processes_give_the_figures_of_a_run_in_this_process() -> None:
+    """``--jobs``: selection trials and seed runs in spawned workers choose the same settings and
+    train the same versions as the sequential run (every training is seeded on its own)."""
+    config = Config(
+        quick=True,
+        seeds=(0, 1),
+        retrieval_items=40,
+        per_class=3,
+        methods=("hmcl-ca", "finetune"),
+        base_params={"epochs": 1, "dim": 32},
+        grid={"min_steps": (4, 8)},
+        timing_repeats=2,
+        timing_dims=(384,),
+        final=True,
+    )
+    corpus = _fixture_corpus()
+    sequential = run_benchmark(config, corpus=corpus)
+    config.jobs = 2
+    checkpoints: list[dict] = []
+    pooled = run_benchmark(config, corpus=corpus, checkpoint=checkpoints.append)
+    assert [c["config"]["seeds"] for c in checkpoints] == [(0,), (0, 1)]
+    assert pooled["config"]["jobs"] == 2
+    for m in config.methods:
+        assert pooled["selection"][m]["chosen"] == sequential["selection"][m]["chosen"]
+        scores = [t["score"] for t in pooled["selection"][m]["trials"]]
+        assert scores == [t["score"] for t in sequential["selection"][m]["trials"]]
+        for split in (pooled, pooled[HELD_BACK]):
+            other = sequential if split is pooled else sequential[HELD_BACK]
+            for a, b in zip(split["per_seed"][m], other["per_seed"][m], strict=True):
+                np.testing.assert_array_equal(np.array(a["matrix"]), np.array(b["matrix"]))

@@ -221,9 +221,13 @@ def render_markdown(result: Mapping[str, Any]) -> str:
         if len(seeds) > 1
         else "one seed: no interval"
     )
+    jobs = cfg.get("jobs", 1)
+    workers = f" in each of {jobs} worker processes" if jobs > 1 else ""
+    machine = f", {result['machine']}" if result.get("machine") else ""
     lines = [
         f"Command: `{result['command']}` ({result['date']}, {result['seconds'] / 60:.1f} min, "
-        f"torch {result['torch']}, {result['threads']} thread(s)); seeds {seeds}, {interval}. "
+        f"torch {result['torch']}, {result['threads']} thread(s){workers}{machine}); "
+        f"seeds {seeds}, {interval}. "
         f"Encoder {result['encoder']} for both modalities (`text`, `gloss`).",
         "",
         split,
@@ -286,6 +290,13 @@ def render_markdown(result: Mapping[str, Any]) -> str:
             + " |"
         )
     if not held_back:  # the same timing record as the development run's
+        earlier = result.get("timing_from")
+        if earlier:  # the training code unchanged since; another machine's times would not compare
+            lines += [
+                "",
+                f"The per-step times below are those of the run of {earlier['date']} "
+                f"(`{earlier['path']}`), taken with `--timing-from`; this run did not time steps.",
+            ]
         lines += timing_lines(result["timing"])
     judged = targets(s, result["timing"])
     if judged:
