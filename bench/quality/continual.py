@@ -3,7 +3,7 @@ alternates classification-style and retrieval tasks (``bench.quality.continual_s
 ``--stream interleaved`` C1 R1 C2 R2 …, the default, or ``reordered`` R4 C1′ R3 C2′ …).
 
     python -m bench.quality.continual --quick   # one seed, small tasks, two settings per method (< 2 min)
-    python -m bench.quality.continual --jobs 2  # 5 seeds, full tasks, twelve settings per method (≈ 40 min)
+    python -m bench.quality.continual --jobs 7  # 5 seeds, full tasks, twelve settings per method (1.6 min on 16 CPUs)
     python -m bench.quality.continual --final   # the same, also scored on the held-back split
     python -m bench.quality.continual --params '{"energy": 0.6}' --methods hmcl-ca finetune \
         --out bench/results/continual_energy0.6.json           # a variant: overrides for every method
