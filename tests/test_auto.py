@@ -174,7 +174,7 @@ def test_auto_skips_label_only_candidates_without_labels() -> None:
     auto = AutoParams.from_dict({})
     assert "class-map" in auto.applicable(labelled=True)
     assert "class-map" not in auto.applicable(labelled=False)
-    assert auto.skipped(labelled=False) == ["class-map", "class-map-mlp"]
+    assert auto.skipped(labelled=False) == ["class-map", "class-map-mlp", "class-conditional-map"]
 
 
 def test_class_map_mlp_is_class_map_through_a_non_linear_map(wordnet_small: dict) -> None:

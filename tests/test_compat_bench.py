@@ -125,6 +125,19 @@ def test_old_head_items_follow_the_seed() -> None:
     assert np.intersect1d(halves[0], splits[0].held_back).size == 0
 
 
+def test_no_old_head_sees_the_validation_items() -> None:
+    """The evaluation items were never in an old head's training; validation must be alike, or
+    it flatters every method that maps onto the old head (issue 26's head-scenario bias)."""
+    for seed in (0, 1):
+        split = compat_scenarios.load_split(quick=True, seed=seed)
+        for mode in ("all", "half-items", "half-classes"):
+            items = compat_scenarios._old_training_items(split, mode)
+            assert items.size > 0
+            assert np.intersect1d(items, split.validation).size == 0, mode
+            assert np.intersect1d(items, split.evaluation).size == 0, mode
+            assert np.setdiff1d(items, split.fit).size == 0, mode
+
+
 def test_t_interval_is_the_student_interval_across_runs() -> None:
     values = [0.60, 0.64, 0.65]
     mean, low, high = t_interval(values)

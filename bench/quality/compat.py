@@ -21,10 +21,14 @@ validation trials, widening included, under the same instance floor as ``auto``
 (``bench.quality.compat_grid``). Scenarios, at head level (every "model" is a head on frozen
 backbone features):
 
-- ``extended-data``: old head on MiniLM trained on 50 % of the training items; new on MiniLM.
-- ``extended-class``: old head on MiniLM trained on the items of 50 % of the classes; new on MiniLM.
-- ``new-architecture``: old head on MiniLM (all training items); new on MPNet.
-- ``both``: old head on MiniLM with 50 % of the classes; new on MPNet.
+- ``extended-data``: old head on MiniLM trained on 50 % of the fit items; new on MiniLM.
+- ``extended-class``: old head on MiniLM trained on the fit items of 50 % of the classes; new on
+  MiniLM.
+- ``new-architecture``: old head on MiniLM (all fit items); new on MPNet.
+- ``both``: old head on MiniLM with the fit items of 50 % of the classes; new on MPNet.
+
+Old heads are trained on the *fit* part of the training items only: like the evaluation items,
+the validation items were never in an old head's training.
 - ``external``: old = the raw MiniLM vectors (a gallery nobody trained here, lifted as the
   service lifts it); new on MPNet — the production case.
 - query → document (lemma → gloss, with and without a query log): ``bench.quality.querydoc``'s scenario,
@@ -280,8 +284,11 @@ def run_seeds(
 def scenario_result(scenario: Scenario, runs: list[dict[str, Any]]) -> dict[str, Any]:
     """A scenario's per-seed runs and their summaries over seeds (held-back apart)."""
     runs = sorted(runs, key=lambda r: r["seed"])
+    recorded = dict(scenario.__dict__)
+    if scenario.old_training is not None:
+        recorded["old_head_items"] = compat_scenarios.OLD_HEAD_ITEMS
     out = {
-        "scenario": scenario.__dict__,
+        "scenario": recorded,
         "runs": runs,
         "summary": compat_report.summarise(runs),
     }

@@ -244,6 +244,12 @@ OLD_SIDES = {
     "half-classes": "an old head trained on the items of half the classes",
     None: "the raw old vectors, lifted as the service lifts them",
 }
+# Runs that record ``old_head_items`` "fit": old heads drawn from the fit part only.
+OLD_SIDES_FIT = {
+    "all": "an old head trained on every fit item (the training items less the validation carve)",
+    "half-items": "an old head trained on half the fit items",
+    "half-classes": "an old head trained on the fit items of half the classes",
+}
 ROW_LABELS = {
     "stay": "stay (old→old)",
     "reindex": "reindex (raw new backbone, cosine)",
@@ -309,6 +315,8 @@ def scenario_markdown(sc: dict[str, Any], key: str = "summary") -> list[str]:
         for r, c, st, e in zip(sc["runs"], s["auto_chosen"], s["auto_settings"], edges, strict=True)
     )
     old = OLD_SIDES[sc["scenario"]["old_training"]]
+    if sc["scenario"].get("old_head_items") == "fit":
+        old = OLD_SIDES_FIT[sc["scenario"]["old_training"]]
     lines = [
         f"### {name}" + (" — held-back items" if key == "final_summary" else ""),
         f"Old side: {old}. Reference for P_com / P_up (per metric, over seeds) — "

@@ -118,6 +118,16 @@ CANDIDATES: tuple[Candidate, ...] = (
         labelled_only=True,
         fixed=(("map_hidden", 256),),
     ),
+    # The same terms through a class-conditional map (issue 26 item 5): the fixed Procrustes map
+    # plus 16 rank-32 experts, each gated by the cosine to a group of classes' mean features.
+    Candidate(
+        "class-conditional-map",
+        "class-map",
+        "class_weight",
+        (0.3, 1.0, 3.0),
+        labelled_only=True,
+        fixed=(("map_experts", 16),),
+    ),
 )
 AUTO_CANDIDATES: tuple[str, ...] = tuple(c.name for c in CANDIDATES)
 # An axis's natural end: a prototype weight of 0 is the paper's loss, nothing lies below it.

@@ -24,7 +24,9 @@ differ):
   own old vector first; the class terms move a query toward where its class's old items gather
   (new→old class retrieval) and keep its own space's classes apart (P_up). Measured on the
   ``external`` validation split: the class gain of ``hbct`` without its instance collapse.
-  ``map_hidden`` > 0 makes either map non-linear: the fixed Procrustes map plus a residual MLP.
+  ``map_hidden`` > 0 makes either map non-linear: the fixed Procrustes map plus a residual MLP;
+  ``map_experts`` > 0 makes it class-conditional: the fixed Procrustes map plus low-rank experts
+  gated by the item's class group (``class_conditional``).
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from torch import Tensor
 
 from app.ml.geometry.lorentz import exp_map0, log_map0
 from app.ml.methods import losses
+from app.ml.methods.class_conditional import fit_class_conditional_map
 from app.ml.methods.heads import AdapterHead, LorentzHead, _TangentHead, orthogonal_procrustes
 from app.ml.methods.models import EmbeddingModel
 from app.ml.methods.training import NO_HOOKS, TrainingHooks
@@ -133,6 +136,10 @@ class CompatParams:
     # instance-map / class-map: 0 = a trainable linear map from the Procrustes start; > 0 = the
     # fixed Procrustes map plus a trainable residual GELU MLP this wide (output zero at the start)
     map_hidden: int = 0
+    # instance-map / class-map: > 0 = a class-conditional map instead (``class_conditional``): the
+    # fixed Procrustes map plus this many rank-``map_expert_rank`` experts gated by class group
+    map_experts: int = 0
+    map_expert_rank: int = 32
     # Adapters
     adapter_rank: int = 64
     adapter_hidden: int = 256
@@ -186,6 +193,7 @@ class CompatParams:
             "class_weight",
             "hidden_dim",
             "map_hidden",
+            "map_experts",
             "min_batches_per_epoch",
         ):
             if getattr(self, name) < 0:
@@ -202,6 +210,12 @@ class CompatParams:
             raise ValueError("batch_size, hidden_dim and map_hidden must be ≤ 65536")
         if self.adapter_rank < 1 or self.adapter_hidden < 1:
             raise ValueError("adapter_rank and adapter_hidden must be ≥ 1")
+        if self.map_experts > 1024 or not 1 <= self.map_expert_rank <= 4096:
+            raise ValueError("map_experts must be ≤ 1024 and map_expert_rank in [1, 4096]")
+        if self.map_experts > 0 and self.map_hidden > 0:
+            raise ValueError(
+                "parameters 'map_hidden' and 'map_experts' choose two different maps: set one"
+            )
 
     def to_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
@@ -369,13 +383,16 @@ def _train_pair_map(
     ``y`` (``class-map``), ``class_weight`` × (influence loss toward the old class means + L_base's
     prototype cross-entropy) on the paired items: logged queries carry no label. ``map_hidden``
     > 0: the map is the fixed Procrustes projection plus a residual MLP (``AdapterHead``), the
-    same start, non-linear."""
+    same start, non-linear; ``map_experts`` > 0: plus experts gated by class group
+    (``class_conditional``), the same start too."""
     n_paired = x.shape[0]
-    head: _TangentHead = (
-        fit_procrustes_adapter(x, old, curv, hidden=p.map_hidden)
-        if p.map_hidden > 0
-        else procrustes_linear_head(x, old, curv)
-    )
+    head: _TangentHead
+    if p.map_experts > 0:
+        head = fit_class_conditional_map(x, old, y, curv, p.map_experts, p.map_expert_rank, seed)
+    elif p.map_hidden > 0:
+        head = fit_procrustes_adapter(x, old, curv, hidden=p.map_hidden)
+    else:
+        head = procrustes_linear_head(x, old, curv)
     extra_params: list[torch.nn.Parameter] = []
     classes = None
     if y is not None:

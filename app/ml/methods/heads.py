@@ -164,6 +164,68 @@ class AdapterHead(_TangentHead):
         return out
 
 
+class ClassConditionalHead(_TangentHead):
+    """Class-conditional map: exp₀(α·(x P + b + Σ_k g_k(x)·x A_k B_k)).
+
+    P is the fixed Procrustes projection (as in ``AdapterHead``). K experts each add a trainable
+    rank-r correction x A_k B_k; the gate g(x) = softmax_k(cos(x, c_k) / ``gate_temperature``)
+    weighs them by how close x lies to centroid c_k (trainable; the trainer starts them at
+    clusters of the class means, so each expert serves a group of classes). B = 0 at the start:
+    the head begins as the Procrustes map. Computed as two matrix products over the stacked
+    experts, x A (N×K·r), gated, then · B (K·r×out), so memory is N·K·r, not N·K·out.
+    """
+
+    kind = "class-conditional-head"
+
+    def __init__(
+        self,
+        input_dim: int,
+        output_dim: int,
+        experts: int,
+        rank: int,
+        curv: float = 1.0,
+        init_scale: float = 1.0,
+        gate_temperature: float = 0.1,
+    ) -> None:
+        super().__init__(input_dim, output_dim, curv, init_scale)
+        if experts < 1 or rank < 1:
+            raise ValueError("experts and rank must be ≥ 1")
+        if not gate_temperature > 0:
+            raise ValueError("gate_temperature must be > 0")
+        self.experts, self.rank = int(experts), int(rank)
+        self.gate_temperature = float(gate_temperature)
+        self.register_buffer("projection", torch.zeros(input_dim, output_dim))
+        self.bias = nn.Parameter(torch.zeros(output_dim))
+        self.centroids = nn.Parameter(torch.randn(experts, input_dim))
+        self.experts_in = nn.Parameter(torch.randn(input_dim, experts * rank) * input_dim**-0.5)
+        self.experts_out = nn.Parameter(torch.zeros(experts * rank, output_dim))
+
+    def get_config(self) -> dict[str, Any]:
+        return {
+            "input_dim": self._input_dim,
+            "output_dim": self._output_dim,
+            "experts": self.experts,
+            "rank": self.rank,
+            "curv": self.curv,
+            "init_scale": self.init_scale,
+            "gate_temperature": self.gate_temperature,
+        }
+
+    def gate(self, features: Tensor) -> Tensor:
+        """g(x): N×K, each row a softmax over the experts."""
+        cosine = (
+            nn.functional.normalize(features, dim=-1)
+            @ nn.functional.normalize(self.centroids, dim=-1).T
+        )
+        return torch.softmax(cosine / self.gate_temperature, dim=-1)
+
+    def tangent_unscaled(self, features: Tensor) -> Tensor:
+        n = features.shape[0]
+        low = (features @ self.experts_in).view(n, self.experts, self.rank)
+        gated = (low * self.gate(features).unsqueeze(-1)).reshape(n, self.experts * self.rank)
+        return features @ self.projection + self.bias + gated @ self.experts_out
+
+
 def orthogonal_procrustes(source: Tensor, target: Tensor) -> tuple[Tensor, float]:
     """argmin_{W: WᵀW = I} ‖source·W − target‖_F and the best scalar s for s·source·W ≈ target.
 
