@@ -117,4 +117,6 @@ def test_the_exported_graph_agrees_with_the_head(tmp_path: Path) -> None:
     unpack(export_onnx(model, target), tmp_path)
     features = np.random.default_rng(0).normal(size=(5, 12)).astype(np.float32)
     outputs = run_onnx(tmp_path / "model.onnx", features)
-    np.testing.assert_allclose(outputs["point"], model.embed(features), atol=1e-5)
+    # Relative as well: the head's points reach a few hundred, where two float32 engines summing
+    # in different orders differ by ~1e-6 of the value (seen: 1e-3 at 401, 8 elements of 30).
+    np.testing.assert_allclose(outputs["point"], model.embed(features), rtol=1e-5, atol=1e-5)
