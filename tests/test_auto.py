@@ -230,8 +230,8 @@ def test_auto_on_the_fixture_with_a_query_log(wordnet_small: dict) -> None:
     names = [c["name"] for c in report["candidates"]]
     assert names == list(AUTO_CANDIDATES)
     by_name = {c["name"]: c for c in report["candidates"]}
-    # The grid's 3 and one extra trial each (past an edge, or between the best and a neighbour).
-    assert {len(c["trials"]) for n, c in by_name.items() if n != "procrustes"} == {4}
+    # The grid's 3 and two extra trials each (past an edge, or between the best and a neighbour).
+    assert {len(c["trials"]) for n, c in by_name.items() if n != "procrustes"} == {5}
     chosen = by_name[report["chosen_candidate"]]
     # Never worse than procrustes on validation, and instances kept.
     assert (
@@ -440,7 +440,7 @@ def test_extra_trials_widen_past_an_edge_or_refine_inside() -> None:
 def test_extra_trials_are_validated_and_recorded() -> None:
     params = AutoParams.from_dict({"extra_trials": 2})
     assert params.extra_trials == 2 and params.to_dict()["extra_trials"] == 2
-    assert AutoParams.from_dict({}).extra_trials == 1
+    assert AutoParams.from_dict({}).extra_trials == 2
     for bad in (-1, 4, True, 1.5):
         with pytest.raises(ValueError, match="extra_trials"):
             AutoParams.from_dict({"extra_trials": bad})
@@ -452,7 +452,7 @@ def test_extra_trials_are_validated_and_recorded() -> None:
 
 def test_an_extra_trial_follows_the_best_of_the_grid(wordnet_small: dict) -> None:
     data = _fixture_data(wordnet_small, labels=True, log=False)
-    params = {**TEST_PARAMS, "candidates": ["class-map"], "trials": 2}
+    params = {**TEST_PARAMS, "candidates": ["class-map"], "trials": 2, "extra_trials": 1}
     events: list[dict] = []
     out = run_backbone_upgrade(
         "auto", data, EuclideanLift(), params=params, hooks=TrainingHooks(events.append)

@@ -546,3 +546,12 @@ def test_auto_edge_reads_the_tuned_axis_not_a_fixed_setting() -> None:
     top = {"auto": {"chosen_settings": tried[3], "tried": tried}}
     untuned = {"auto": {"chosen_settings": {}, "tried": [{}]}}
     assert compat_report.auto_edges([inside, top, untuned]) == [None, "high", None]
+
+
+def test_auto_row_states_its_trials_per_candidate() -> None:
+    tried = [{"class_weight": w} for w in (0.3, 1.0, 3.0, 9.0, 27.0)]
+    recorded = {"auto": {"trials": 3, "extra_trials": 2, "tried": tried[:4]}}
+    assert compat_report.auto_trials_cell([recorded, recorded]) == "3 + 2 per candidate"
+    # Runs from before the record: the most any seed's chosen candidate tried.
+    older = [{"auto": {"trials": 3, "tried": tried[:4]}}, {"auto": {"trials": 3, "tried": [{}]}}]
+    assert compat_report.auto_trials_cell(older) == "4 per candidate"

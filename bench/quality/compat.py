@@ -208,6 +208,7 @@ class ScenarioRun:
                 "chosen": name,
                 "chosen_settings": chosen["chosen_settings"],
                 "trials": params.trials,
+                "extra_trials": params.extra_trials,
                 "tried": [t["settings"] for t in chosen["trials"]],
                 "validation": {c["name"]: c["validation"] for c in outcome.report["candidates"]},
             },

@@ -273,6 +273,20 @@ def _chosen_cell(sc: dict[str, Any], row: str) -> tuple[str, str]:
     return "/".join(map(str, counts)), f"{grid.axis} " + " / ".join(picks)
 
 
+def auto_trials_cell(runs: list[dict[str, Any]]) -> str:
+    """Trials per tuned candidate of auto: its grid trials plus extra trials where the run
+    recorded them, else the most any seed's chosen candidate tried (runs before the record)."""
+    recorded = {
+        (r["auto"]["trials"], r["auto"]["extra_trials"])
+        for r in runs
+        if "extra_trials" in r["auto"]
+    }
+    if recorded:
+        return " / ".join(f"{t} + {e}" for t, e in sorted(recorded)) + " per candidate"
+    tried = max(len(r["auto"].get("tried", [])) for r in runs)
+    return f"{tried} per candidate" if tried else "auto's own"
+
+
 def auto_edges(runs: list[dict[str, Any]]) -> list[str | None]:
     """Per seed: ``"low"`` / ``"high"`` when auto's chosen candidate's value is an end of the
     values it tried, its extra trials included (a better one may lie beyond), else None (inside,
@@ -334,7 +348,7 @@ def scenario_markdown(sc: dict[str, Any], key: str = "summary") -> list[str]:
     for row in order:
         trials, chosen = _chosen_cell(sc, row)
         if row == "auto":
-            trials, chosen = "auto's own", "see above"
+            trials, chosen = auto_trials_cell(sc["runs"]), "see above"
         label = ROW_LABELS.get(row, f"**{row}**" if row == "auto" else row)
         cells = [_fmt(s["rows"][row].get(k), signed) for _, k, signed in COLUMNS]
         rows.append([label, trials, chosen, *cells])
