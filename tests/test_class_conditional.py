@@ -19,9 +19,9 @@ from app.ml.methods.class_conditional import (
 from app.ml.methods.compat import CompatParams, train_compatible_model
 from app.ml.methods.heads import ClassConditionalHead
 from app.ml.methods.models import model_from_bytes, model_to_bytes
-from app.models.export import ExportTarget, export_onnx
+from app.models.export import export_onnx
 from bench.common.wordnet import NEW_MODEL, OLD_MODEL
-from tests.service.test_export import run_onnx, unpack
+from tests.service.test_export import cosine_target, run_onnx, unpack
 
 
 def _real(wordnet_small: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -102,18 +102,7 @@ def test_the_exported_graph_agrees_with_the_head(tmp_path: Path) -> None:
     with torch.no_grad():  # a head away from its zero start, so that the experts count
         model.experts_out.normal_()
         model.projection.normal_()
-    target = ExportTarget(
-        model_id="mdl_x",
-        kind="backbone",
-        method="class-map",
-        modality="default",
-        input_dim=12,
-        output_dim=6,
-        curv=1.0,
-        space_model_name="old",
-        space_dim=6,
-        lift={"curv": 1.0, "scale": 1.0, "metric": "cosine"},
-    )
+    target = cosine_target("class-map")
     unpack(export_onnx(model, target), tmp_path)
     features = np.random.default_rng(0).normal(size=(5, 12)).astype(np.float32)
     outputs = run_onnx(tmp_path / "model.onnx", features)

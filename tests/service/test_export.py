@@ -255,14 +255,12 @@ def test_bad_export_requests_change_nothing(client: TestClient) -> None:
     assert snapshot(client) == before
 
 
-def small_cosine_model() -> tuple[LorentzHead, ExportTarget]:
-    """A small untrained head (12 → 6) of a cosine space, and what the service knows of it."""
-    torch.manual_seed(0)
-    model = LorentzHead(12, 6, hidden_dim=8).eval()
-    target = ExportTarget(
+def cosine_target(method: str) -> ExportTarget:
+    """What the service knows of a small (12 → 6) backbone model of a cosine space."""
+    return ExportTarget(
         model_id="mdl_x",
         kind="backbone",
-        method="l2",
+        method=method,
         modality="default",
         input_dim=12,
         output_dim=6,
@@ -271,7 +269,13 @@ def small_cosine_model() -> tuple[LorentzHead, ExportTarget]:
         space_dim=6,
         lift={"curv": 1.0, "scale": 1.0, "metric": "cosine"},
     )
-    return model, target
+
+
+def small_cosine_model() -> tuple[LorentzHead, ExportTarget]:
+    """A small untrained head (12 → 6) of a cosine space, and what the service knows of it."""
+    torch.manual_seed(0)
+    model = LorentzHead(12, 6, hidden_dim=8).eval()
+    return model, cosine_target("l2")
 
 
 def test_large_weights_go_to_an_external_data_file(tmp_path: Path) -> None:
