@@ -1,5 +1,5 @@
 """Slow and stalled clients cannot hold the server: request bodies have read deadlines, and the
-requests receiving a body at once are capped per API key and in total.
+requests with a body in progress at once are capped per API key and in total.
 
 A request body arrives at the client's pace. While it trickles in, the request holds a socket and
 a task — and, before this guard and the handlers' order, it held a pooled database connection
@@ -9,10 +9,13 @@ every tenant for 30 s (issue 24). Now:
 - **deadlines**: each chunk of a body must arrive within ``body_idle_timeout_s`` of the previous
   one and the whole body within ``body_timeout_s``; past either, 408 problem+json and the
   connection is closed (what was sent is discarded: nothing is written from a partial body);
-- **caps**: at most ``max_concurrent_uploads`` requests receive a body at once, and at most
-  ``max_concurrent_uploads_per_key`` per API key (the ``Authorization`` header as sent, or the
-  client's address without one: the key is checked later, by the route); past either, 429 with
-  ``Retry-After`` before any of the body is read.
+- **caps**: at most ``max_concurrent_uploads`` requests with a body are in progress at once, and
+  at most ``max_concurrent_uploads_per_key`` per API key (the ``Authorization`` header as sent,
+  or the client's address without one: the key is checked later, by the route); past either,
+  429 with ``Retry-After`` before any of the body is read. A request counts from its first byte
+  until its answer is sent (so the parsed bodies held in memory are bounded too), not until its
+  handler returns: teardown after the response would otherwise count against a client that
+  already has its answer.
 
 Once a body is complete, later ``receive`` calls (a streaming response waiting for the client to
 go) pass through untouched.
@@ -102,6 +105,18 @@ class BodyGuardMiddleware:
         self.per_key[key] += 1
         started = time.monotonic()
         complete = False
+        holding = True
+
+        def release() -> None:
+            # Once per request: when its answer is complete, or when it ends without one.
+            nonlocal holding
+            if not holding:
+                return
+            holding = False
+            self.active -= 1
+            self.per_key[key] -= 1
+            if self.per_key[key] <= 0:
+                del self.per_key[key]
 
         async def guarded_receive() -> Message:
             nonlocal complete
@@ -124,13 +139,18 @@ class BodyGuardMiddleware:
                 complete = True
             return message
 
+        async def releasing_send(message: Message) -> None:
+            if message["type"] == "http.response.body" and not message.get("more_body", False):
+                # Freed before the client can see the answer: a client that waits for each
+                # answer never finds its own finished request still counted (the handler's
+                # teardown may run for a while after the response went out).
+                release()
+            await send(message)
+
         try:
-            await self.app(scope, guarded_receive, send)
+            await self.app(scope, guarded_receive, releasing_send)
         finally:
-            self.active -= 1
-            self.per_key[key] -= 1
-            if self.per_key[key] <= 0:
-                del self.per_key[key]
+            release()
 
 
 async def _refuse(send: Send, detail: str) -> None:

@@ -166,10 +166,15 @@ class Settings(BaseSettings):
         default=60.0, gt=0, description="the window of AUTH_FAILURE_LIMIT; past it, 429"
     )
     max_concurrent_uploads: int = Field(
-        default=64, ge=1, description="requests receiving a body at once, in total (429 above)"
+        default=64,
+        ge=1,
+        description="requests with a body in progress at once (first byte to answer), in total; "
+        "429 above",
     )
     max_concurrent_uploads_per_key: int = Field(
-        default=8, ge=1, description="requests receiving a body at once per API key (429 above)"
+        default=8,
+        ge=1,
+        description="requests with a body in progress at once per API key; 429 above",
     )
     max_vectors_per_request: int = Field(default=10_000, ge=1)
     max_dim: int = Field(default=4096, ge=1)

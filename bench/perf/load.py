@@ -28,6 +28,7 @@ from typing import Any
 import httpx
 import numpy as np
 
+from app.core.settings import Settings
 from bench.common.machine import facts_markdown, load_average, machine_facts
 from bench.common.report import command_line, publish
 from bench.common.service import BENCH_KEY, create_gallery, start_service
@@ -38,6 +39,9 @@ RESULTS = REPO_ROOT / "bench/results"
 SECTION = "bench.perf.load"
 TITLE = "Load (bench.perf.load)"
 FIXTURE = REPO_ROOT / "tests/fixtures/wordnet_small.npz"
+# Characters of the server's log a run with errors keeps in its result.
+SERVER_LOG_TAIL = 4000
+DEFAULT_PER_KEY_CAP = Settings.model_fields["max_concurrent_uploads_per_key"].default
 
 
 class Recorder:
@@ -171,7 +175,12 @@ def render_markdown(result: dict[str, Any]) -> str:
         f"(embedded mode) holding a cosine gallery of {result['rows']:,} {result['dim']}-d rows at the "
         f"start and {result['final_count']:,} at the end; rows and queries are {result['source']} "
         "drawn at random, each plus noise of norm 0.1 (real-data-derived). Client and server "
-        "shared the machine's cores.",
+        "shared the machine's cores. All clients send one API key"
+        + (
+            f", its cap on requests with a body in progress raised to {result['per_key_cap']}."
+            if result.get("per_key_cap", DEFAULT_PER_KEY_CAP) != DEFAULT_PER_KEY_CAP
+            else "."
+        ),
         "",
         "| requests | count | requests/s | rows/s | p50 ms | p99 ms | errors |",
         "|---|---|---|---|---|---|---|",
@@ -210,7 +219,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     base, source = real_rows()
     args.dim = base.shape[1]
     workdir = Path(tempfile.mkdtemp(prefix="nobackfill-bench-load-"))
-    service = start_service(workdir / "data", startup_timeout=120)
+    # One API key drives every client: its cap on bodies in progress fits them all (the cap is
+    # measured by tests/service/test_stalled_clients.py, not here).
+    args.per_key_cap = max(DEFAULT_PER_KEY_CAP, args.clients + 1)
+    env = {"NOBACKFILL_MAX_CONCURRENT_UPLOADS_PER_KEY": str(args.per_key_cap)}
+    service = start_service(workdir / "data", env, startup_timeout=120)
     try:
         gallery_id = create_gallery(
             service,
@@ -224,6 +237,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             final_count = client.get(f"/v1/galleries/{gallery_id}").json()["count"]
     finally:
         service.stop()
+        # An error's cause is in the server's log, which goes with the data directory.
+        server_log = service.log_path.read_text(errors="replace")
         shutil.rmtree(workdir, ignore_errors=True)
     result = {
         "command": command_line("bench.perf.load", argv),
@@ -232,6 +247,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "load_end": load_end,
         "seconds": seconds,
         "clients": args.clients,
+        "per_key_cap": args.per_key_cap,
         "queries": args.queries,
         "k": args.k,
         "batch": args.batch,
@@ -241,6 +257,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "final_count": final_count,
         "results": {name: r.summary(seconds) for name, r in records.items()},
     }
+    if any(r.errors for r in records.values()):
+        result["server_log_tail"] = server_log[-SERVER_LOG_TAIL:]
     for name, s in result["results"].items():
         print(
             f"{name}: {s['requests']} requests, {s['requests_per_s']:.1f}/s, "
