@@ -478,7 +478,14 @@ def index_for(
         from app.vectors.milvus_storage import MilvusSearcher, milvus_storage
 
         return MilvusSearcher(milvus_storage(session_settings(session)), gallery)
-    return store.get(index_spec(gallery), point_loader(session, gallery))
+    index = store.get(index_spec(gallery), point_loader(session, gallery))
+    in_memory = store.current_version(gallery.id)
+    if in_memory is not None and in_memory > gallery.index_version:
+        # A write committed after this request read the gallery, and the index holds it: read
+        # the row again, so that what is looked up beside the index (the items' names through
+        # the manifest) is at least as new as the index.
+        session.refresh(gallery)
+    return index
 
 
 def gallery_points(

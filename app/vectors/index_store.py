@@ -172,14 +172,25 @@ class IndexStore:
             return None
         return index
 
+    def current_version(self, gallery_id: str) -> int | None:
+        """The version of the gallery's index in memory (None: none loaded)."""
+        cached = self._indexes.get(gallery_id)
+        return None if cached is None else cached[0]
+
     def get(self, spec: IndexSpec, load_points: PointLoader) -> LorentzIndex:
-        """The index at ``spec.version``: from memory, else its file, else rebuilt and saved."""
+        """The index at ``spec.version`` or newer: from memory, else its file, else rebuilt and
+        saved. Versions only grow, so a newer index in memory is a later view of the same
+        gallery: a reader that read the gallery just before a write committed gets it (see
+        ``current_version``), where rebuilding at its older version would cost a scan of the
+        whole gallery and set the store back, making the writer's next patch a rebuild too."""
         cached = self._indexes.get(spec.gallery_id)
-        if cached is not None and cached[0] == spec.version:
+        if cached is not None and cached[0] >= spec.version:
             return cached[1]
         with self.lock(spec.gallery_id):
+            # A writer of this process holds the lock from its commit to its patch: waiting for
+            # it here finds its version in memory.
             cached = self._indexes.get(spec.gallery_id)
-            if cached is not None and cached[0] == spec.version:
+            if cached is not None and cached[0] >= spec.version:
                 return cached[1]
             index = self._load_file(spec)
             if index is None:

@@ -341,3 +341,41 @@ def test_a_reader_holding_an_older_manifest_survives_another_process_compacting(
         path.unlink()
     with db.session() as session, pytest.raises(segments.SegmentCorrupted, match="missing"):
         segments.SegmentVectorStorage(root).fetch(session, stale, ids)
+
+
+def test_a_search_that_read_the_gallery_before_a_write_finds_the_written_item(
+    make_client, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A search holds the gallery row it read before a concurrent write committed: it searches
+    the newer index in memory (no rebuild from the stored vectors) and names the written item,
+    whose name it looks up through the newer manifest."""
+    from app.search import service as search_service
+    from app.search.schemas import SearchRequest
+
+    client = make_client()
+    gallery_id = make_gallery(client)
+    seed_vectors(client, gallery_id)
+    state = client.app.state.service
+    probe = [[0.5, -4.0, 2.5, 1.0]]
+    assert client.post(f"/v1/galleries/{gallery_id}/search", json={"vectors": probe}).is_success
+    with state.db.session() as reader:
+        behind = reader.get(Gallery, gallery_id)
+        version = behind.index_version
+        written = client.post(
+            f"/v1/galleries/{gallery_id}/vectors", json={"ids": ["written"], "vectors": probe}
+        )
+        assert written.status_code == 200, written.text
+        assert state.indexes.current_version(gallery_id) == version + 1
+        with caplog.at_level(logging.INFO, logger="app.vectors.index_store"):
+            hits = search_service.search_gallery(
+                reader,
+                state.settings,
+                state.indexes,
+                state.models,
+                behind.tenant_id,
+                behind,
+                SearchRequest(vectors=probe, k=3),
+            )
+        assert hits[0][0]["id"] == "written", hits
+        assert not [r for r in caplog.records if "rebuilt" in r.getMessage()]
+    assert state.indexes.current_version(gallery_id) == version + 1
