@@ -13,6 +13,7 @@ from __future__ import annotations
 import io
 import json
 import threading
+from contextlib import nullcontext
 from pathlib import Path
 from typing import IO, Any, Literal, NamedTuple
 
@@ -26,6 +27,8 @@ from app.vectors.lorentz_rows import (
     lifted_queries,
     nearest_first,
 )
+from app.vectors.scans import flat_scan, top_inner_products
+from app.vectors.shared_lock import SharedLock
 
 IndexKind = Literal["flat", "ivf", "hnsw"]
 INDEX_KINDS: tuple[str, ...] = ("flat", "ivf", "hnsw")
@@ -41,8 +44,6 @@ IVF_RETRAIN_GROWTH = 4
 FORMAT = 2
 # Float64 values the exact re-rank may hold at once (queries × candidates × dim): 256 MiB.
 RERANK_BUDGET = 2**25
-# Float32 scores the exact scan holds at once (queries × gallery rows): 64 MiB.
-SCAN_BUDGET = 2**24
 # Which engine scores a flat gallery exactly: "auto", "torch" (matrix product) or "faiss" (flat
 # scan). IVF and HNSW always search through FAISS. "auto" on a CPU lets FAISS scan batches of fewer
 # than FAISS_BELOW_BATCH queries and torch the rest: on the quiet 2-core benchmark machine, at 100k
@@ -82,40 +83,6 @@ def faiss_gpu_count() -> int:
     return int(faiss.get_num_gpus())
 
 
-def top_inner_products(
-    gallery: torch.Tensor, queries: torch.Tensor, m: int, bias: torch.Tensor | None = None
-) -> torch.Tensor:
-    """Row positions of the ``m`` largest inner products per query, best first (nq × m, int64).
-    ``bias`` (N float32, 0 or −inf): added to every query's scores inside the product (addmm:
-    no extra pass over the score matrix, which a mask would cost), so rows at −inf are never
-    among the best (``m`` must not exceed the rows at 0).
-
-    ``gallery`` (N × D) and ``queries`` (nq × D) are float32 on one device. The gallery is
-    scanned in blocks so that the score matrix stays within ``SCAN_BUDGET`` values: one query
-    is a single matrix-vector pass (bound by memory bandwidth), a batch a blocked matrix product
-    (bound by the FLOP rate) whose per-block best are merged at the end.
-    """
-    n = gallery.shape[0]
-    nq = queries.shape[0]
-    block = max(m, SCAN_BUDGET // max(nq, 1))
-    if n <= block:
-        scores = queries @ gallery.T if bias is None else torch.addmm(bias, queries, gallery.T)
-        return torch.topk(scores, m, dim=1, sorted=True).indices
-    best_scores, best_positions = [], []
-    for start in range(0, n, block):
-        part = gallery[start : start + block]
-        scores = (
-            queries @ part.T
-            if bias is None
-            else torch.addmm(bias[start : start + block], queries, part.T)
-        )
-        top = torch.topk(scores, min(m, scores.shape[1]), dim=1, sorted=False)
-        best_scores.append(top.values)
-        best_positions.append(top.indices + start)
-    merged = torch.topk(torch.cat(best_scores, dim=1), m, dim=1, sorted=True).indices
-    return torch.gather(torch.cat(best_positions, dim=1), 1, merged)
-
-
 class _Rows(NamedTuple):
     """One consistent state of the stored rows: a search reads it once, writers replace it."""
 
@@ -134,8 +101,10 @@ class LorentzIndex:
     The lifted rows are kept in one growing float32 buffer: a flat gallery is scanned exactly by
     torch's matrix product (``engine``; FAISS's flat scan on request), IVF and HNSW through FAISS,
     which stays the index of record for ids and structure. Writes must be serialised by the
-    caller; searches may run concurrently with each other on CPU (a GPU copy, when used, is
-    guarded by a lock here), and each search reads one consistent state of the rows.
+    caller; searches may run concurrently with each other and with a write: each reads one
+    consistent state of the rows (published rows are never changed in place), a flat scan reads
+    only those, and a search of a FAISS structure (HNSW, IVF, a GPU copy) shares a lock that a
+    write holds alone (FAISS changes its structures in place, outside the GIL).
     """
 
     def __init__(
@@ -181,6 +150,8 @@ class LorentzIndex:
         # The last exclusion's compact rows: (allowed array, their positions, rows on a device).
         self._compact_cache: tuple[np.ndarray, np.ndarray, torch.Tensor] | None = None
         self._device_rows: tuple[_Rows, torch.Tensor] | None = None
+        # Shared by searches of the FAISS structure, held alone by writes (see shared_lock).
+        self._structure = SharedLock()
 
     # -- structure ------------------------------------------------------------------------------
     def _empty_faiss(self) -> faiss.Index:
@@ -245,9 +216,13 @@ class LorentzIndex:
         """Insert or replace points by id (a replaced id moves to the new point)."""
         ids = np.asarray(ids, dtype=np.int64)
         points = np.asarray(points, dtype=np.float32).reshape(len(ids), self.dim)
+        with self._structure.exclusive():
+            self._upsert(ids, points)
+
+    def _upsert(self, ids: np.ndarray, points: np.ndarray) -> None:
         existing = np.array([i for i in ids.tolist() if i in self._position], dtype=np.int64)
         if len(existing):
-            self.remove(existing)
+            self._remove(existing)
         if not len(ids):
             return
         start, end = self.ntotal, self.ntotal + len(ids)
@@ -277,6 +252,10 @@ class LorentzIndex:
 
     def remove(self, ids: np.ndarray) -> int:
         """Remove the ids present; returns how many were removed."""
+        with self._structure.exclusive():
+            return self._remove(ids)
+
+    def _remove(self, ids: np.ndarray) -> int:
         present = [int(i) for i in np.asarray(ids, dtype=np.int64) if int(i) in self._position]
         if not present:
             return 0
@@ -378,15 +357,14 @@ class LorentzIndex:
         thread wake-up (milliseconds on a busy machine) even for one query. IVF stores the
         ids themselves, mapped back through the id → row table."""
         n = len(rows.ids)
+        if self.kind == "flat" and not self.use_gpu:
+            # FAISS's flat scan over the published rows themselves (what IndexFlatIP.search
+            # runs), not over its own copy, which a concurrent write reallocates.
+            labels = flat_scan(rows.lifted, lifted_q, m, bitmap)
+            valid = (labels >= 0) & (labels < n)
+            return np.where(valid, labels, 0), valid
         if isinstance(self._faiss, faiss.IndexIDMap2) and not self.use_gpu:
-            inner = faiss.downcast_index(self._faiss.index)
-            if bitmap is None:
-                _, labels = inner.search(lifted_q, m)
-            else:
-                # Positions outside the bitmap are skipped by the scan itself (flat only).
-                selector = faiss.IDSelectorBitmap(n, faiss.swig_ptr(bitmap))
-                params = faiss.SearchParameters(sel=selector)
-                _, labels = inner.search(lifted_q, m, params=params)
+            _, labels = faiss.downcast_index(self._faiss.index).search(lifted_q, m)
             valid = (labels >= 0) & (labels < n)
             return np.where(valid, labels, 0), valid
         if bitmap is not None:
@@ -443,7 +421,39 @@ class LorentzIndex:
         out_ids = np.full((nq, k), -1, dtype=np.int64)
         out_dist = np.full((nq, k), np.inf, dtype=np.float64)
         out_points = np.full((nq, k, self.dim), np.nan, dtype=np.float32)
-        rows = self._rows
+        reads_structure = not self._scans_with_torch(nq) and (self.kind != "flat" or self.use_gpu)
+        with self._structure.shared() if reads_structure else nullcontext():
+            # The rows and what FAISS proposes from them, read at one state.
+            rows = self._rows
+            found = self._candidates(rows, queries, k, overfetch, min_candidates, exclude)
+        if found is None:
+            return out_ids, out_dist, out_points
+        positions, valid, m = found
+        found_k = min(k, m)
+        # The re-rank gathers queries × candidates × dim float64 values: bound that working set.
+        chunk = max(1, RERANK_BUDGET // (m * self.dim))
+        for start in range(0, nq, chunk):
+            part = slice(start, start + chunk)
+            ids, dist, points = self._rerank(
+                rows, queries[part], positions[part], valid[part], found_k
+            )
+            out_ids[part, :found_k], out_dist[part, :found_k] = ids, dist
+            out_points[part, :found_k] = points
+        out_points[out_ids < 0] = np.nan
+        return out_ids, out_dist, out_points
+
+    def _candidates(
+        self,
+        rows: _Rows,
+        queries: np.ndarray,
+        k: int,
+        overfetch: int,
+        min_candidates: int,
+        exclude: np.ndarray | None,
+    ) -> tuple[np.ndarray, np.ndarray, int] | None:
+        """(row positions, which are real, how many per query) the scan proposes for the
+        re-rank; None when there is nothing to search."""
+        nq = len(queries)
         n = len(rows.ids)
         allowed = bitmap = None
         searchable = n
@@ -452,25 +462,14 @@ class LorentzIndex:
                 raise ValueError(f"a {self.kind} index cannot exclude ids from its search")
             allowed, bitmap, searchable = self._allowed(rows, np.asarray(exclude, dtype=np.int64))
         if searchable == 0 or nq == 0:
-            return out_ids, out_dist, out_points
+            return None
         m = min(searchable, max(overfetch * k, k + min_candidates))
         lifted_q = lifted_queries(queries, self.curv)
         if self._scans_with_torch(nq):
             positions, valid = self._torch_candidates(rows, lifted_q, m, allowed)
         else:
             positions, valid = self._faiss_candidates(rows, lifted_q, m, bitmap)
-        found = min(k, m)
-        # The re-rank gathers queries × candidates × dim float64 values: bound that working set.
-        chunk = max(1, RERANK_BUDGET // (m * self.dim))
-        for start in range(0, nq, chunk):
-            part = slice(start, start + chunk)
-            ids, dist, points = self._rerank(
-                rows, queries[part], positions[part], valid[part], found
-            )
-            out_ids[part, :found], out_dist[part, :found] = ids, dist
-            out_points[part, :found] = points
-        out_points[out_ids < 0] = np.nan
-        return out_ids, out_dist, out_points
+        return positions, valid, m
 
     def _rerank(
         self,
@@ -505,14 +504,16 @@ class LorentzIndex:
 
         A flat index's FAISS structure is its rows again, rebuilt on load by a copy; IVF and
         HNSW structures are stored (training and graph building cost far more)."""
-        rows = self._rows
-        arrays: dict[str, np.ndarray] = {
-            "meta": np.array(json.dumps(self._meta())),
-            "ids": rows.ids,
-            "lifted": rows.lifted,
-        }
-        if self.kind != "flat":
-            arrays["faiss"] = faiss.serialize_index(self._faiss)
+        with self._structure.shared():
+            # The rows and the FAISS structure of one state (a write may run meanwhile).
+            rows = self._rows
+            arrays: dict[str, np.ndarray] = {
+                "meta": np.array(json.dumps(self._meta())),
+                "ids": rows.ids,
+                "lifted": rows.lifted,
+            }
+            if self.kind != "flat":
+                arrays["faiss"] = faiss.serialize_index(self._faiss)
         np.savez(fh, **arrays)
 
     def to_bytes(self) -> bytes:

@@ -204,7 +204,7 @@ def test_auto_engine_lets_faiss_scan_small_batches_on_cpu(monkeypatch, n_queries
 def test_blocked_scan_merges_like_one_pass(monkeypatch) -> None:
     """A gallery larger than the score budget is scanned in blocks; the merged best are the
     best of a single pass."""
-    import app.vectors.faiss_index as index_module
+    import app.vectors.scans as index_module
 
     gallery = torch.as_tensor(np.random.default_rng(15).normal(size=(1000, 9)), dtype=torch.float32)
     queries = torch.as_tensor(np.random.default_rng(16).normal(size=(5, 9)), dtype=torch.float32)
