@@ -484,7 +484,14 @@ def index_for(
         # A write committed after this request read the gallery, and the index holds it: read
         # the row again, so that what is looked up beside the index (the items' names through
         # the manifest) is at least as new as the index.
-        session.refresh(gallery)
+        fresh = session.scalar(
+            select(Gallery)
+            .where(Gallery.id == gallery.id)
+            .execution_options(populate_existing=True)
+        )
+        if fresh is None:
+            # Deleted meanwhile (by another process): answered as if the request came later.
+            raise not_found("gallery", gallery.id)
     return index
 
 

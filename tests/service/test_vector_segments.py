@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from fastapi.testclient import TestClient
+from sqlalchemy import delete as sql_delete
 from sqlalchemy import func, select
 
 from app.galleries import service as gallery_service
@@ -379,3 +380,39 @@ def test_a_search_that_read_the_gallery_before_a_write_finds_the_written_item(
         assert hits[0][0]["id"] == "written", hits
         assert not [r for r in caplog.records if "rebuilt" in r.getMessage()]
     assert state.indexes.current_version(gallery_id) == version + 1
+
+
+def test_a_search_behind_a_write_of_a_gallery_deleted_elsewhere_is_404(make_client) -> None:
+    """Another process deleted the gallery after this search read it, and this process's index
+    is newer than the row the search holds: the search answers 404 as a later request would."""
+    from app.core.errors import Problem
+    from app.search import service as search_service
+    from app.search.schemas import SearchRequest
+
+    client = make_client()
+    gallery_id = make_gallery(client)
+    seed_vectors(client, gallery_id)
+    state = client.app.state.service
+    probe = [[0.5, -4.0, 2.5, 1.0]]
+    assert client.post(f"/v1/galleries/{gallery_id}/search", json={"vectors": probe}).is_success
+    with state.db.session() as reader:
+        behind = reader.get(Gallery, gallery_id)
+        tenant_id = behind.tenant_id
+        written = client.post(
+            f"/v1/galleries/{gallery_id}/vectors", json={"ids": ["written"], "vectors": probe}
+        )
+        assert written.status_code == 200, written.text
+        with state.db.session() as other_process:
+            other_process.execute(sql_delete(Gallery).where(Gallery.id == gallery_id))
+            other_process.commit()
+        with pytest.raises(Problem) as caught:
+            search_service.search_gallery(
+                reader,
+                state.settings,
+                state.indexes,
+                state.models,
+                tenant_id,
+                behind,
+                SearchRequest(vectors=probe, k=3),
+            )
+        assert caught.value.status == 404
