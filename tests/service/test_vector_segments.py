@@ -6,7 +6,9 @@ and galleries stored as SQL rows keep working beside segment ones."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +16,7 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import delete as sql_delete
 from sqlalchemy import func, select
+from sqlalchemy.orm import Session
 
 from app.galleries import service as gallery_service
 from app.galleries.models import Gallery
@@ -344,75 +347,64 @@ def test_a_reader_holding_an_older_manifest_survives_another_process_compacting(
         segments.SegmentVectorStorage(root).fetch(session, stale, ids)
 
 
+PROBE = [[0.5, -4.0, 2.5, 1.0]]
+
+
+@contextmanager
+def search_behind_a_write(client: TestClient) -> Iterator[tuple[Session, Gallery, Callable]]:
+    """(a session, the gallery row it read, a search through it): the row was read before an
+    upload of item ``written`` at ``PROBE`` committed, so the index in memory is newer."""
+    from app.search import service as search_service
+    from app.search.schemas import SearchRequest
+
+    gallery_id = make_gallery(client)
+    seed_vectors(client, gallery_id)
+    state = client.app.state.service
+    assert client.post(f"/v1/galleries/{gallery_id}/search", json={"vectors": PROBE}).is_success
+    with state.db.session() as reader:
+        behind = reader.get(Gallery, gallery_id)
+        tenant_id, version = behind.tenant_id, behind.index_version
+        written = client.post(
+            f"/v1/galleries/{gallery_id}/vectors", json={"ids": ["written"], "vectors": PROBE}
+        )
+        assert written.status_code == 200, written.text
+        assert state.indexes.current_version(gallery_id) == version + 1
+
+        def search() -> list:
+            query = SearchRequest(vectors=PROBE, k=3)
+            return search_service.search_gallery(
+                reader, state.settings, state.indexes, state.models, tenant_id, behind, query
+            )
+
+        yield reader, behind, search
+
+
 def test_a_search_that_read_the_gallery_before_a_write_finds_the_written_item(
     make_client, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A search holds the gallery row it read before a concurrent write committed: it searches
     the newer index in memory (no rebuild from the stored vectors) and names the written item,
     whose name it looks up through the newer manifest."""
-    from app.search import service as search_service
-    from app.search.schemas import SearchRequest
-
     client = make_client()
-    gallery_id = make_gallery(client)
-    seed_vectors(client, gallery_id)
-    state = client.app.state.service
-    probe = [[0.5, -4.0, 2.5, 1.0]]
-    assert client.post(f"/v1/galleries/{gallery_id}/search", json={"vectors": probe}).is_success
-    with state.db.session() as reader:
-        behind = reader.get(Gallery, gallery_id)
+    with search_behind_a_write(client) as (_, behind, search):
         version = behind.index_version
-        written = client.post(
-            f"/v1/galleries/{gallery_id}/vectors", json={"ids": ["written"], "vectors": probe}
-        )
-        assert written.status_code == 200, written.text
-        assert state.indexes.current_version(gallery_id) == version + 1
         with caplog.at_level(logging.INFO, logger="app.vectors.index_store"):
-            hits = search_service.search_gallery(
-                reader,
-                state.settings,
-                state.indexes,
-                state.models,
-                behind.tenant_id,
-                behind,
-                SearchRequest(vectors=probe, k=3),
-            )
+            hits = search()
         assert hits[0][0]["id"] == "written", hits
         assert not [r for r in caplog.records if "rebuilt" in r.getMessage()]
-    assert state.indexes.current_version(gallery_id) == version + 1
+        assert client.app.state.service.indexes.current_version(behind.id) == version + 1
 
 
 def test_a_search_behind_a_write_of_a_gallery_deleted_elsewhere_is_404(make_client) -> None:
     """Another process deleted the gallery after this search read it, and this process's index
     is newer than the row the search holds: the search answers 404 as a later request would."""
     from app.core.errors import Problem
-    from app.search import service as search_service
-    from app.search.schemas import SearchRequest
 
     client = make_client()
-    gallery_id = make_gallery(client)
-    seed_vectors(client, gallery_id)
-    state = client.app.state.service
-    probe = [[0.5, -4.0, 2.5, 1.0]]
-    assert client.post(f"/v1/galleries/{gallery_id}/search", json={"vectors": probe}).is_success
-    with state.db.session() as reader:
-        behind = reader.get(Gallery, gallery_id)
-        tenant_id = behind.tenant_id
-        written = client.post(
-            f"/v1/galleries/{gallery_id}/vectors", json={"ids": ["written"], "vectors": probe}
-        )
-        assert written.status_code == 200, written.text
-        with state.db.session() as other_process:
-            other_process.execute(sql_delete(Gallery).where(Gallery.id == gallery_id))
+    with search_behind_a_write(client) as (_, behind, search):
+        with client.app.state.service.db.session() as other_process:
+            other_process.execute(sql_delete(Gallery).where(Gallery.id == behind.id))
             other_process.commit()
         with pytest.raises(Problem) as caught:
-            search_service.search_gallery(
-                reader,
-                state.settings,
-                state.indexes,
-                state.models,
-                tenant_id,
-                behind,
-                SearchRequest(vectors=probe, k=3),
-            )
+            search()
         assert caught.value.status == 404
