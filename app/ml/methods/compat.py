@@ -26,7 +26,9 @@ differ):
   ``external`` validation split: the class gain of ``hbct`` without its instance collapse.
   ``map_hidden`` > 0 makes either map non-linear: the fixed Procrustes map plus a residual MLP;
   ``map_experts`` > 0 makes it class-conditional: the fixed Procrustes map plus low-rank experts
-  gated by the item's class group (``class_conditional``).
+  gated by the item's class group (``class_conditional``). ``extra_dims`` > 0 (BT²-style,
+  Zhou et al. 2023) gives L_base's prototype term that many extra dimensions, kept out of the
+  old space: the compatible part is served, the extra part only relieves it during training.
 """
 
 from __future__ import annotations
@@ -140,6 +142,9 @@ class CompatParams:
     # fixed Procrustes map plus this many rank-``map_expert_rank`` experts gated by class group
     map_experts: int = 0
     map_expert_rank: int = 32
+    # class-map: > 0 = BT²-style extra dimensions for L_base's prototype term only (a trained
+    # linear branch from the new features); the served model is the compatible part alone
+    extra_dims: int = 0
     # Adapters
     adapter_rank: int = 64
     adapter_hidden: int = 256
@@ -171,8 +176,11 @@ class CompatParams:
     @classmethod
     def for_method(cls, method: str, values: dict[str, Any] | None) -> CompatParams:
         """``from_dict`` over the method's served defaults (``METHOD_DEFAULTS``): what the
-        request names wins."""
-        return cls.from_dict({**METHOD_DEFAULTS.get(method, {}), **(values or {})})
+        request names wins. A setting only another method reads is refused, not ignored."""
+        params = cls.from_dict({**METHOD_DEFAULTS.get(method, {}), **(values or {})})
+        if params.extra_dims > 0 and method != "class-map":
+            raise ValueError("parameter 'extra_dims' applies to method 'class-map' only")
+        return params
 
     def validate(self) -> None:
         for f in dataclasses.fields(self):
@@ -194,6 +202,7 @@ class CompatParams:
             "hidden_dim",
             "map_hidden",
             "map_experts",
+            "extra_dims",
             "min_batches_per_epoch",
         ):
             if getattr(self, name) < 0:
@@ -210,6 +219,8 @@ class CompatParams:
             raise ValueError("batch_size, hidden_dim and map_hidden must be ≤ 65536")
         if self.adapter_rank < 1 or self.adapter_hidden < 1:
             raise ValueError("adapter_rank and adapter_hidden must be ≥ 1")
+        if self.extra_dims > 4096:
+            raise ValueError("parameter 'extra_dims' must be ≤ 4096")
         if self.map_experts > 1024 or not 1 <= self.map_expert_rank <= 4096:
             raise ValueError("map_experts must be ≤ 1024 and map_expert_rank in [1, 4096]")
         if self.map_experts > 0 and self.map_hidden > 0:
@@ -292,6 +303,8 @@ def train_compatible_model(
     old = torch.as_tensor(np.asarray(old_points, dtype=np.float32))
     y = None if labels is None else torch.as_tensor(np.asarray(labels, dtype=np.int64))
     _check_inputs(method, x, old, y)
+    if p.extra_dims > 0 and method != "class-map":
+        raise ValueError("parameter 'extra_dims' applies to method 'class-map' only")
     torch.manual_seed(seed)
 
     if method in PAIR_METHODS:
@@ -384,7 +397,11 @@ def _train_pair_map(
     prototype cross-entropy) on the paired items: logged queries carry no label. ``map_hidden``
     > 0: the map is the fixed Procrustes projection plus a residual MLP (``AdapterHead``), the
     same start, non-linear; ``map_experts`` > 0: plus experts gated by class group
-    (``class_conditional``), the same start too."""
+    (``class_conditional``), the same start too. ``extra_dims`` > 0 (with labels): the prototype
+    term scores [the map's tangent, a linear branch's ``extra_dims`` outputs]; the branch is
+    dropped after training, so the served model is the map alone (BT²'s extra dimensions kept out
+    of the old space; its learned basis change adds nothing here, since the map is already a
+    trained full-rank map of the new features)."""
     n_paired = x.shape[0]
     head: _TangentHead
     if p.map_experts > 0:
@@ -395,13 +412,20 @@ def _train_pair_map(
         head = procrustes_linear_head(x, old, curv)
     extra_params: list[torch.nn.Parameter] = []
     classes = None
+    extra_branch: torch.nn.Linear | None = None
     if y is not None:
         n_classes = int(y.max().item()) + 1
         means = class_means(log_map0(old, curv), y, n_classes).to(dev)
-        init = torch.randn(n_classes, old.shape[1]) * old.shape[1] ** -0.5
+        own_dim = old.shape[1] + p.extra_dims
+        init = torch.randn(n_classes, own_dim) * own_dim**-0.5
         prototypes = torch.nn.Parameter(init.to(dev))
         extra_params.append(prototypes)
         classes = (y.to(dev), means, prototypes)
+        if p.extra_dims > 0:
+            # BT²: the prototype term also sees these dimensions, the old-space terms never do,
+            # so class separation the old space cannot hold need not bend the served map.
+            extra_branch = torch.nn.Linear(x.shape[1], p.extra_dims, bias=False).to(dev)
+            extra_params.extend(extra_branch.parameters())
     if extra_pairs is not None and len(extra_pairs[0]):
         ex = torch.as_tensor(np.asarray(extra_pairs[0], dtype=np.float32))
         eo = torch.as_tensor(np.asarray(extra_pairs[1], dtype=np.float32))
@@ -424,8 +448,11 @@ def _train_pair_map(
             return out
         y_batch = labels[idx[paired]]
         influence = losses.influence_loss(tangent[paired], means, y_batch, p.instance_temperature)
+        own = tangent[paired]
+        if extra_branch is not None:
+            own = torch.cat([own, extra_branch(x[idx[paired]])], dim=1)
         base = losses.prototype_cross_entropy(
-            exp_map0(tangent[paired], curv), prototypes, y_batch, curv, p.base_temperature
+            exp_map0(own, curv), prototypes, y_batch, curv, p.base_temperature
         )
         return out + p.class_weight * (influence + base)
 
