@@ -140,7 +140,7 @@ class LorentzIndex:
         self._rows = _rows_of(self._lifted_buffer[:0], self._id_buffer[:0])
         self._position: dict[int, int] = {}
         self._trained_size = 0
-        self._faiss = self._empty_faiss()
+        self._faiss: faiss.Index | None = self._empty_faiss()
         self._gpu_index: Any = None
         self._gpu_lock = threading.Lock()
         # The last exclusion's rows (see ``_allowed``): (rows, excluded ids, allowed, bitmap, n).
@@ -154,11 +154,17 @@ class LorentzIndex:
         self._structure = SharedLock()
 
     # -- structure ------------------------------------------------------------------------------
-    def _empty_faiss(self) -> faiss.Index:
+    def _empty_faiss(self) -> faiss.Index | None:
         """``IndexIDMap2`` over a flat or HNSW inner-product index; IVF keeps ids itself (its
         inverted lists store them), which is also the only way its removals stay correct: an
-        ``IndexIDMap`` compacts its id table on removal while IVF keeps its internal ids."""
+        ``IndexIDMap`` compacts its id table on removal while IVF keeps its internal ids.
+
+        None for a flat index on the CPU: its scans read the published rows themselves
+        (``flat_scan``), so a FAISS copy would only double the gallery's memory and each
+        write's copying. A GPU flat index keeps one, the source of its GPU copy."""
         d = self.dim + 1
+        if self.kind == "flat" and not self.use_gpu:
+            return None
         if self.kind == "ivf":
             n = self.ntotal
             # FAISS wants ≥ 39 training points per list; fewer lists beat a degenerate training.
@@ -178,7 +184,7 @@ class LorentzIndex:
         self._faiss = self._empty_faiss()
         self._gpu_index = None
         rows = self._rows
-        if not len(rows.ids):
+        if self._faiss is None or not len(rows.ids):
             self._trained_size = 0
             return
         if self.kind == "ivf":
@@ -192,6 +198,12 @@ class LorentzIndex:
         self._id_buffer = np.ascontiguousarray(ids, dtype=np.int64)
         self._rows = _rows_of(self._lifted_buffer, self._id_buffer)
         self._position = {item: pos for pos, item in enumerate(self._id_buffer.tolist())}
+
+    @property
+    def faiss_structure(self) -> faiss.Index | None:
+        """The FAISS index searches consult (HNSW's graph, IVF's lists, a GPU flat index's
+        source); None for a flat index on the CPU, which scans its rows themselves."""
+        return self._faiss
 
     @property
     def ntotal(self) -> int:
@@ -246,7 +258,7 @@ class LorentzIndex:
         )
         if grown:
             self._rebuild_faiss()
-        else:
+        elif self._faiss is not None:
             self._faiss.add_with_ids(new_rows, ids)
             self._gpu_index = None
 
@@ -266,13 +278,14 @@ class LorentzIndex:
         if self.kind == "hnsw":
             # HNSW graphs cannot drop nodes; rebuild from the stored points.
             self._rebuild_faiss()
-        else:
+        elif self._faiss is not None:
             self._faiss.remove_ids(np.asarray(present, dtype=np.int64))
             self._gpu_index = None
         return len(present)
 
     # -- search ---------------------------------------------------------------------------------
     def _faiss_search(self, lifted: np.ndarray, m: int) -> tuple[np.ndarray, np.ndarray]:
+        assert self._faiss is not None  # only a flat CPU index has none, and it scans its rows
         if not self.use_gpu:
             return self._faiss.search(lifted, m)
         with self._gpu_lock:
@@ -547,7 +560,7 @@ class LorentzIndex:
                 index._rebuild_faiss()
             else:
                 index._faiss = faiss.deserialize_index(data["faiss"])
-        if index._faiss.ntotal != index.ntotal:
+        if index._faiss is not None and index._faiss.ntotal != index.ntotal:
             raise ValueError("index file is inconsistent (FAISS and stored points disagree)")
         return index
 

@@ -94,13 +94,19 @@ def bench_case(rows, size: int, radius: float, quick: bool, seed: int) -> dict[s
             built[key] = (index, time.perf_counter() - tic)
         index, build_s = built[key]
         index.params = {**index.params, **params}
+        structure = index.faiss_structure
         if kind == "ivf":
-            index._faiss.nprobe = min(index.params["nprobe"], index._faiss.nlist)
+            structure.nprobe = min(index.params["nprobe"], structure.nlist)
         elif kind == "hnsw":
-            faiss.downcast_index(index._faiss.index).hnsw.efSearch = index.params["ef_search"]
+            faiss.downcast_index(structure.index).hnsw.efSearch = index.params["ef_search"]
         found, _ = index.search(queries, K)
-        # Raw FAISS alone (no over-fetch, no re-rank) shows what the re-rank repairs.
-        _, raw = index._faiss.search(lifted_queries(queries, 1.0), K)
+        # Raw FAISS alone (no over-fetch, no re-rank) shows what the re-rank repairs; a flat
+        # index holds no FAISS structure on the CPU, so its raw scan is FAISS's flat kernel.
+        lifted_q = lifted_queries(queries, 1.0)
+        if structure is None:
+            _, raw = faiss.knn(lifted_q, index.lifted, K, faiss.METRIC_INNER_PRODUCT)
+        else:
+            _, raw = structure.search(lifted_q, K)
         out["configs"][label] = {
             "kind": kind,
             "params": index.params,

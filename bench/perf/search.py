@@ -199,7 +199,10 @@ def bench_size(
     gallery = index._rows.tensor
     if device.type == "cuda":
         gallery = gallery.to(device)
-    raw_faiss = faiss.downcast_index(index._faiss.index)  # the IndexFlatIP under the id map
+    # Raw FAISS: an IndexFlatIP of the same rows, built here (the index itself keeps no FAISS
+    # copy of a flat gallery on the CPU: its scan reads the rows with the same kernel).
+    raw_faiss = faiss.IndexFlatIP(index.dim + 1)
+    raw_faiss.add(index.lifted)
     result: dict[str, Any] = {
         "size": size,
         "dim": index.dim,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import faiss
 import numpy as np
 import pytest
 import torch
@@ -79,7 +80,8 @@ def test_rerank_repairs_float32_cancellation_far_from_the_origin(radius: float) 
     index = LorentzIndex.build(16, curv, "flat", {}, np.arange(1000), gallery)
     order, expected = brute_force(queries, gallery.astype(np.float64), k, curv)
     ids, dist = index.search(queries, k)
-    _, raw = index._faiss.search(lifted_queries(queries, curv), k)
+    # FAISS's float32 flat scan alone, the kernel the index's scan proposes candidates with.
+    _, raw = faiss.knn(lifted_queries(queries, curv), index.lifted, k, faiss.METRIC_INNER_PRODUCT)
 
     def recall(found: np.ndarray) -> float:
         return float(np.mean([len(set(a) & set(b)) / k for a, b in zip(found, order, strict=True)]))
@@ -266,19 +268,43 @@ def test_unknown_engine_is_refused() -> None:
         LorentzIndex(3, 1.0, engine="gpu-magic")
 
 
+def test_a_flat_cpu_index_holds_its_rows_once() -> None:
+    """A flat index on the CPU scans its published rows with FAISS's own kernel: a FAISS copy of
+    them would double the gallery's memory and every write's copying, for nothing."""
+    points = points_at_radius(400, 6, 1.5, seed=31).astype(np.float32)
+    index = LorentzIndex.build(6, 1.0, "flat", {}, np.arange(300), points[:300], engine="faiss")
+    assert index.faiss_structure is None
+    index.upsert(np.arange(300, 400), points[300:])
+    index.remove(np.array([5, 305]))
+    index.upsert(np.array([7]), points[[0]])
+    assert index.faiss_structure is None
+    restored = LorentzIndex.from_bytes(index.to_bytes(), engine="faiss")
+    assert restored.faiss_structure is None
+    queries = points_at_radius(12, 6, 1.5, seed=32)
+    order, expected = brute_force(queries, index.lifted[:, 1:].astype(np.float64), 5, 1.0)
+    for searched in (index, restored):
+        found, dist = searched.search(queries, 5)
+        np.testing.assert_array_equal(found, index.ids[order])
+        np.testing.assert_allclose(dist, expected, rtol=1e-7)
+    # Structures that are more than the rows keep them: HNSW's graph, IVF's lists.
+    hnsw = LorentzIndex.build(6, 1.0, "hnsw", {}, np.arange(300), points[:300])
+    assert hnsw.faiss_structure is not None and hnsw.faiss_structure.ntotal == 300
+
+
 @pytest.mark.parametrize("kind", ["flat", "hnsw"])
 def test_faiss_rows_stay_in_the_order_of_the_stored_rows(kind: str) -> None:
-    """Flat and HNSW searches read FAISS's inner labels as row positions: after any sequence
-    of writes, FAISS's id table must list the stored ids in row order."""
-    import faiss
-
+    """HNSW searches read FAISS's inner labels as row positions: after any sequence of writes,
+    FAISS's id table must list the stored ids in row order (a flat CPU index has no table: its
+    scan's labels are row positions by construction)."""
     points = points_at_radius(300, 4, 1.5, seed=21).astype(np.float32)
     index = LorentzIndex(4, 1.0, kind, engine="faiss")
     index.upsert(np.arange(200), points[:200])
     index.remove(np.array([3, 50, 199]))
     index.upsert(np.array([10, 250, 251]), points[[100, 250, 251]])
     index.upsert(np.arange(260, 300), points[260:])
-    np.testing.assert_array_equal(faiss.vector_to_array(index._faiss.id_map), index.ids)
+    if kind == "hnsw":
+        id_map = index.faiss_structure.id_map
+        np.testing.assert_array_equal(faiss.vector_to_array(id_map), index.ids)
     queries = points_at_radius(15, 4, 1.5, seed=22)
     order, _ = brute_force(queries, index.lifted[:, 1:].astype(np.float64), 5, 1.0)
     found, _ = index.search(queries, 5)
