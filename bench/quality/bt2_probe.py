@@ -41,7 +41,7 @@ from bench.quality.compat_report import _flatten
 from bench.quality.compat_scenarios import SCENARIOS, load_split
 
 RESULTS = REPO_ROOT / "bench/results/bt2_probe.json"
-SECTION = "compat.bt2"
+SECTION = "bench.quality.bt2_probe"
 ARMS = ("class-map", "class-map-bt2")
 SCENARIO = "external"
 PARTS = {"evaluation": False, "held_back": True}
