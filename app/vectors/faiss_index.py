@@ -220,9 +220,6 @@ class LorentzIndex:
         view.flags.writeable = False
         return view
 
-    def points_for(self, ids: np.ndarray) -> np.ndarray:
-        return self._rows.lifted[[self._position[int(i)] for i in ids], 1:]
-
     # -- writes ---------------------------------------------------------------------------------
     def upsert(self, ids: np.ndarray, points: np.ndarray) -> None:
         """Insert or replace points by id (a replaced id moves to the new point)."""
