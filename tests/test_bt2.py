@@ -71,6 +71,9 @@ def test_extra_dims_is_refused_where_nothing_reads_it(wordnet_small: dict) -> No
     assert "extra_dims" in problems["params"]
     problems = check_backbone_request("auto", {"extra_dims": 8}, 100, 0.2, 0, True)
     assert "class-map-bt2" in problems["params"]
+    # With the candidate named, the setting is the candidate's own: refused as such.
+    with pytest.raises(ValueError, match="fixed by auto for candidate 'class-map-bt2'"):
+        AutoParams.from_dict({"extra_dims": 8, "candidates": ["class-map-bt2"]})
     assert check_backbone_request("class-map", {"extra_dims": 8}, 100, 0.2, 0, True) == {}
 
 

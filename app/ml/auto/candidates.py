@@ -194,12 +194,6 @@ class AutoParams:
                 f"parameter 'extra_trials' must be an integer in [0, {MAX_EXTRA_TRIALS}]"
             )
         CompatParams.from_dict(values)  # shared overrides: CompatParams' own checks
-        if values.get("extra_dims"):
-            # A shared override reaches every candidate; only class-map reads this one.
-            raise ValueError(
-                "parameter 'extra_dims' applies to class-map only: name candidate "
-                "'class-map-bt2', or the method 'class-map' explicitly"
-            )
         for name in chosen:
             tuned = _BY_NAME[name].owned() & set(values)
             if tuned:
@@ -208,6 +202,12 @@ class AutoParams:
                     f"parameter(s) {sorted(tuned)} are {how} by auto for candidate {name!r}: "
                     "leave them out, drop the candidate, or name the method explicitly"
                 )
+        if values.get("extra_dims"):
+            # A shared override reaches every candidate; only class-map reads this one.
+            raise ValueError(
+                "parameter 'extra_dims' applies to class-map only: name candidate "
+                "'class-map-bt2', or the method 'class-map' explicitly"
+            )
         return cls(shared=values, candidates=chosen, trials=trials, extra_trials=extra)
 
     def to_dict(self) -> dict[str, Any]:
