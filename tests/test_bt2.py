@@ -13,6 +13,7 @@ from app.ml.methods.compat import CompatParams, train_compatible_model
 from app.ml.methods.heads import LorentzHead
 from app.ml.methods.models import model_from_bytes, model_to_bytes
 from app.ml.upgrade.run import check_backbone_request
+from app.upgrades.catalogue import catalogue
 from bench.common.wordnet import NEW_MODEL, OLD_MODEL
 
 
@@ -89,3 +90,10 @@ def test_auto_trains_class_map_bt2_only_when_named() -> None:
     assert extra is not None and extra["extra_dims"] == 128 and extra["class_weight"] > 3.0
     assert "extra_dims" not in auto.settings("class-map", labelled=True)[0]
     assert "class-map-bt2" not in auto.applicable(labelled=False)
+
+
+def test_the_catalogue_lists_extra_dims_for_class_map_only() -> None:
+    listed = {m["name"]: {p["name"]: p for p in m["params"]} for m in catalogue()["methods"]}
+    spec = listed["class-map"]["extra_dims"]
+    assert spec["default"] == 0 and spec["minimum"] == 0 and spec["maximum"] == 4096
+    assert [name for name, params in listed.items() if "extra_dims" in params] == ["class-map"]

@@ -22,7 +22,12 @@ from typing import Any
 
 from app.ml.hmcl import METHODS as CONTINUAL_METHODS
 from app.ml.hmcl import ROTATION_FITS, ContinualParams
-from app.ml.methods.compat import LABELLED_ONLY_METHODS, METHOD_DEFAULTS, CompatParams
+from app.ml.methods.compat import (
+    LABELLED_ONLY_METHODS,
+    METHOD_DEFAULTS,
+    METHOD_ONLY_PARAMS,
+    CompatParams,
+)
 from app.ml.methods.uncertainty import UNCERTAINTY_SOURCES
 from app.ml.upgrade.run import BACKBONE_METHODS
 
@@ -234,8 +239,10 @@ def _entries(methods: Iterable[str], kind: str, params_cls: type) -> list[dict[s
 
 
 def _with_method_defaults(method: str, specs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The method's own served defaults (``METHOD_DEFAULTS``) in place of the dataclass's."""
+    """The method's own served defaults (``METHOD_DEFAULTS``) in place of the dataclass's,
+    without the settings only other methods accept (``METHOD_ONLY_PARAMS``)."""
     own = METHOD_DEFAULTS.get(method, {})
+    specs = [s for s in specs if method in METHOD_ONLY_PARAMS.get(s["name"], (method,))]
     return [
         {**spec, "default": own[spec["name"]]} if spec["name"] in own else spec for spec in specs
     ]

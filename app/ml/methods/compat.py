@@ -78,6 +78,8 @@ METHOD_DEFAULTS: dict[str, dict[str, Any]] = {
     "hbct": {"base_temperature": 0.1, "old_proto_weight": 10.0},
     "l2": {"base_temperature": 0.1, "compat_weight": 10.0},
 }
+# Settings only these methods read: any other method refuses them rather than ignore them.
+METHOD_ONLY_PARAMS: dict[str, tuple[str, ...]] = {"extra_dims": ("class-map",)}
 
 
 @dataclass
@@ -178,8 +180,7 @@ class CompatParams:
         """``from_dict`` over the method's served defaults (``METHOD_DEFAULTS``): what the
         request names wins. A setting only another method reads is refused, not ignored."""
         params = cls.from_dict({**METHOD_DEFAULTS.get(method, {}), **(values or {})})
-        if params.extra_dims > 0 and method != "class-map":
-            raise ValueError("parameter 'extra_dims' applies to method 'class-map' only")
+        _check_method_only(method, params)
         return params
 
     def validate(self) -> None:
@@ -240,6 +241,12 @@ def class_means(vectors: Tensor, labels: Tensor, n_classes: int) -> Tensor:
     sums.index_add_(0, labels, vectors)
     counts = torch.bincount(labels, minlength=n_classes).clamp(min=1).to(vectors.dtype)
     return sums / counts[:, None]
+
+
+def _check_method_only(method: str, params: CompatParams) -> None:
+    for name, methods in METHOD_ONLY_PARAMS.items():
+        if getattr(params, name) and method not in methods:
+            raise ValueError(f"parameter {name!r} applies to method(s) {list(methods)} only")
 
 
 def _check_inputs(
@@ -303,8 +310,7 @@ def train_compatible_model(
     old = torch.as_tensor(np.asarray(old_points, dtype=np.float32))
     y = None if labels is None else torch.as_tensor(np.asarray(labels, dtype=np.int64))
     _check_inputs(method, x, old, y)
-    if p.extra_dims > 0 and method != "class-map":
-        raise ValueError("parameter 'extra_dims' applies to method 'class-map' only")
+    _check_method_only(method, p)
     torch.manual_seed(seed)
 
     if method in PAIR_METHODS:
