@@ -73,7 +73,7 @@ from bench.common.wordnet import (
     REPO_ROOT,
 )
 from bench.common.workers import exit_with_parent
-from bench.quality import compat_grid, compat_report, compat_scenarios
+from bench.quality import compat_grid, compat_replace, compat_report, compat_scenarios
 from bench.quality.compat_scenarios import (
     QUICK_SCENARIOS,
     SCENARIOS,
@@ -371,6 +371,28 @@ def combine_units(paths: list[Path], cfg: RunConfig, quick: bool) -> dict[str, A
     return payload
 
 
+def replace_auto_rows(base: Path, paths: list[Path]) -> dict[str, Any]:
+    """``base``'s payload with its auto rows replaced by ``--unit auto`` files (``--combine …
+    --replace-auto base``); the command and the elapsed time name both runs."""
+    payload = json.loads(base.read_text())
+    units = [json.loads(p.read_text()) for p in paths]
+    by_name = {s.name: s for s in SCENARIOS}
+    replaced = compat_replace.replace_auto(
+        payload, units, lambda name, runs: scenario_result(by_name[name], runs)
+    )
+    final = " --final" if all("held_back" in u["part"] for u in units) else ""
+    replaced["command"] = (
+        f"{payload['command']}; auto's rows then replaced: python -m bench.quality.compat "
+        f"--unit auto{final} ({len(units)} units: per scenario and seed), then --combine … "
+        f"--replace-auto {base}"
+    )
+    replaced["elapsed_minutes"] = payload["elapsed_minutes"] + sum(
+        u["elapsed_minutes"] for u in units
+    )
+    replaced["units"] = (payload.get("units") or 1) + len(units)
+    return replaced
+
+
 def main(argv: list[str] | None = None) -> Path:
     parser = argparse.ArgumentParser(description="every method and auto on WordNet nouns")
     parser.add_argument("--quick", action="store_true", help="the committed fixture, seconds")
@@ -412,6 +434,13 @@ def main(argv: list[str] | None = None) -> Path:
         "--combine", nargs="+", type=Path, default=None, help="--unit files to combine"
     )
     parser.add_argument(
+        "--replace-auto",
+        type=Path,
+        default=None,
+        help="with --combine of --unit auto files: an earlier run's JSON whose auto rows they "
+        "replace (every other row kept; see bench.quality.compat_replace)",
+    )
+    parser.add_argument(
         "--final",
         action="store_true",
         help="also measure every trained model on the held-back items (once per release; "
@@ -426,6 +455,8 @@ def main(argv: list[str] | None = None) -> Path:
         "runs) into one JSON file and table, training nothing",
     )
     args = parser.parse_args(argv)
+    if args.replace_auto and not args.combine:
+        parser.error("--replace-auto needs --combine with the --unit auto files")
     if args.merge:
         if args.querydoc == "run":
             parser.error("--merge trains nothing: --querydoc reuse or skip")
@@ -457,7 +488,9 @@ def main(argv: list[str] | None = None) -> Path:
         out.write_text(json.dumps(json_safe(unit)))
         print(out)
         return out
-    if args.combine:
+    if args.combine and args.replace_auto:
+        payload = replace_auto_rows(args.replace_auto, args.combine)
+    elif args.combine:
         payload = combine_units(args.combine, cfg, args.quick)
         payload["command"] = (
             f"python -m bench.quality.compat --unit …{' --final' if args.final else ''} "
