@@ -12,7 +12,7 @@ from app.ml.geometry.space import EuclideanLift
 from app.ml.methods.compat import CompatParams, train_compatible_model
 from app.ml.methods.heads import LorentzHead
 from app.ml.methods.models import model_from_bytes, model_to_bytes
-from app.ml.upgrade.run import check_backbone_request
+from app.ml.upgrade.run import UpgradeData, check_backbone_request, run_backbone_upgrade
 from app.upgrades.catalogue import catalogue
 from bench.common.wordnet import NEW_MODEL, OLD_MODEL
 
@@ -97,3 +97,17 @@ def test_the_catalogue_lists_extra_dims_for_class_map_only() -> None:
     spec = listed["class-map"]["extra_dims"]
     assert spec["default"] == 0 and spec["minimum"] == 0 and spec["maximum"] == 4096
     assert [name for name, params in listed.items() if "extra_dims" in params] == ["class-map"]
+
+
+def test_an_explicit_class_map_job_with_extra_dims_trains_its_references(
+    wordnet_small: dict,
+) -> None:
+    # procrustes and the independent head are trained beside the requested method with its
+    # request; a setting only class-map reads must not reach them (it made them refuse).
+    new, old, labels = _real(wordnet_small)
+    data = UpgradeData(new, old, labels)
+    out = run_backbone_upgrade(
+        "class-map", data, EuclideanLift(), params={"epochs": 2, "extra_dims": 8}
+    )
+    assert {"class-map", "procrustes", "independent"} <= set(out.report["metrics"])
+    assert out.params["extra_dims"] == 8

@@ -10,7 +10,8 @@ silently for a class or query gain.
 
 ``params`` for auto (validated by ``AutoParams.from_dict``):
 - any ``CompatParams`` field except a tuned axis of an included candidate: shared overrides for
-  every candidate (e.g. ``epochs``, ``hidden_dim``, ``lr``);
+  every candidate (e.g. ``epochs``, ``hidden_dim``, ``lr``); a setting only some methods read
+  (``METHOD_ONLY_PARAMS``) reaches only those candidates, and needs one among them;
 - ``candidates``: a list of candidate names (``KNOWN_CANDIDATES``); procrustes is added when left
   out; default ``AUTO_CANDIDATES`` (every candidate but the opt-in ones);
 - ``trials``: trials per candidate, 1…3 (default 3);
@@ -30,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from app.ml.auto import widening
-from app.ml.methods.compat import CompatParams
+from app.ml.methods.compat import METHOD_ONLY_PARAMS, CompatParams
 
 OBJECTIVES = ("query", "class", "instance")
 # The view and metric each objective selects and recommends by.
@@ -208,6 +209,17 @@ class AutoParams:
                 "parameter 'extra_dims' applies to class-map only: name candidate "
                 "'class-map-bt2', or the method 'class-map' explicitly"
             )
+        defaults = CompatParams()
+        for name, methods in METHOD_ONLY_PARAMS.items():
+            # A shared override reaches the candidates that read it; one none reads would be
+            # accepted and ignored.
+            requested = name in values and values[name] != getattr(defaults, name)
+            if requested and not any(METHOD_OF[c] in methods for c in chosen):
+                raise ValueError(
+                    f"parameter {name!r} applies to method(s) {list(methods)} only, and no "
+                    "candidate of this request is one: name such a candidate, or the method "
+                    "explicitly"
+                )
         return cls(shared=values, candidates=chosen, trials=trials, extra_trials=extra)
 
     def to_dict(self) -> dict[str, Any]:

@@ -78,8 +78,17 @@ METHOD_DEFAULTS: dict[str, dict[str, Any]] = {
     "hbct": {"base_temperature": 0.1, "old_proto_weight": 10.0},
     "l2": {"base_temperature": 0.1, "compat_weight": 10.0},
 }
-# Settings only these methods read: any other method refuses them rather than ignore them.
-METHOD_ONLY_PARAMS: dict[str, tuple[str, ...]] = {"extra_dims": ("class-map",)}
+# Settings only these methods read: a request for any other method that sets one (away from its
+# default) is refused rather than silently ignored. The map's and the adapters' own structure;
+# generic settings (epochs, lr, hidden_dim, …) stay shared, as auto's overrides are.
+METHOD_ONLY_PARAMS: dict[str, tuple[str, ...]] = {
+    "map_hidden": PAIR_METHODS,
+    "map_experts": PAIR_METHODS,
+    "map_expert_rank": PAIR_METHODS,
+    "extra_dims": ("class-map",),
+    "adapter_rank": ("affine",),
+    "adapter_hidden": ("mlp-adapter",),
+}
 
 
 @dataclass
@@ -244,9 +253,23 @@ def class_means(vectors: Tensor, labels: Tensor, n_classes: int) -> Tensor:
 
 
 def _check_method_only(method: str, params: CompatParams) -> None:
+    defaults = CompatParams()
     for name, methods in METHOD_ONLY_PARAMS.items():
-        if getattr(params, name) and method not in methods:
+        if getattr(params, name) != getattr(defaults, name) and method not in methods:
             raise ValueError(f"parameter {name!r} applies to method(s) {list(methods)} only")
+
+
+def settings_read_by(method: str, params: CompatParams) -> CompatParams:
+    """``params`` with every setting only other methods read (``METHOD_ONLY_PARAMS``) back at its
+    default: what an alternative trained beside the requested method (procrustes, the
+    independent head, auto's other candidates) is given of that request."""
+    defaults = CompatParams()
+    reset = {
+        name: getattr(defaults, name)
+        for name, methods in METHOD_ONLY_PARAMS.items()
+        if method not in methods
+    }
+    return dataclasses.replace(params, **reset)
 
 
 def _check_inputs(

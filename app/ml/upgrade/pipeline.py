@@ -32,7 +32,12 @@ from app.ml.auto.verdict import recommend
 from app.ml.evaluation.calibration import labelled_calibration, unlabelled_calibration
 from app.ml.evaluation.retrieval import METRIC_MEANINGS, json_safe
 from app.ml.geometry.space import EuclideanLift
-from app.ml.methods.compat import PAIR_METHODS, CompatParams, train_compatible_model
+from app.ml.methods.compat import (
+    PAIR_METHODS,
+    CompatParams,
+    settings_read_by,
+    train_compatible_model,
+)
 from app.ml.methods.models import EmbeddingModel
 from app.ml.methods.training import TrainingHooks
 from app.ml.upgrade.alternatives import (
@@ -177,6 +182,9 @@ class UpgradeContext:
         query_rows: np.ndarray,
         hooks: TrainingHooks,
     ) -> EmbeddingModel:
+        # The references (procrustes, the independent head) and auto's candidates train beside
+        # the requested method on its request: each gets the settings it reads.
+        params = settings_read_by(method, params)
         labels = self.data.labels
         train_labels = None
         if labels is not None and method != "procrustes":
