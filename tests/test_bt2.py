@@ -104,8 +104,8 @@ def test_an_explicit_class_map_job_with_extra_dims_trains_its_references(
 ) -> None:
     # procrustes and the independent head are trained beside the requested method with its
     # request; a setting only class-map reads must not reach them (it made them refuse).
-    new, old, labels = _real(wordnet_small)
-    data = UpgradeData(new, old, labels)
+    new, _, labels = _real(wordnet_small)
+    data = UpgradeData(new, wordnet_small[f"gloss.{OLD_MODEL}"], labels)
     out = run_backbone_upgrade(
         "class-map", data, EuclideanLift(), params={"epochs": 2, "extra_dims": 8}
     )

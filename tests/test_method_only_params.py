@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 
 from app.ml.auto.candidates import AutoParams
 from app.ml.geometry.space import EuclideanLift
@@ -61,8 +60,8 @@ def test_auto_needs_a_candidate_that_reads_a_shared_method_only_setting() -> Non
 
 
 def _data(wordnet_small: dict) -> UpgradeData:
-    old = EuclideanLift()(torch.from_numpy(wordnet_small[f"gloss.{OLD_MODEL}"])).numpy()
     labels = np.unique(wordnet_small["label"], return_inverse=True)[1]
+    old = wordnet_small[f"gloss.{OLD_MODEL}"]
     return UpgradeData(wordnet_small[f"gloss.{NEW_MODEL}"], old, labels)
 
 
@@ -81,3 +80,16 @@ def test_auto_routes_a_shared_map_setting_to_the_candidates_that_read_it(
     out = run_backbone_upgrade("auto", _data(wordnet_small), EuclideanLift(), params=params)
     names = {c["name"] for c in out.report["candidates"]}
     assert names == {"procrustes", "instance-map"}
+    # The served parameters are the served method's own: an explicit request accepts them.
+    assert out.params["map_hidden"] == (16 if out.method == "instance-map" else 0)
+    CompatParams.for_method(out.method, {k: out.params[k] for k in METHOD_ONLY_PARAMS})
+
+
+def test_a_procrustes_served_by_auto_keeps_no_other_methods_setting(wordnet_small: dict) -> None:
+    params = {"epochs": 1, "trials": 1, "map_hidden": 16, "candidates": ["class-map"]}
+    data = _data(wordnet_small)
+    # Without labels class-map cannot train: procrustes is the only candidate, and served.
+    unlabelled = UpgradeData(data.new_features, data.old_vectors, None)
+    out = run_backbone_upgrade("auto", unlabelled, EuclideanLift(), params=params)
+    assert out.method == "procrustes"
+    assert out.params["map_hidden"] == 0

@@ -517,7 +517,10 @@ def run_auto(
         recommendation=_verdict(ctx, ev, metrics, chosen, objective, view, old_model_available),
         calibration=_calibration(ev, bridges[chosen]),
     )
-    params = CompatParams.from_dict(served_trial.settings).to_dict()
+    # The served method's own settings: a shared override only other candidates read is not
+    # one of its parameters (an explicit request for it would be refused).
+    params = settings_read_by(METHOD_OF[chosen], CompatParams.from_dict(served_trial.settings))
+    params = params.to_dict()
     return UpgradeOutcome(
         model=served, report=json_safe(report), params=params, method=METHOD_OF[chosen]
     )
