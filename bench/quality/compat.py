@@ -9,6 +9,8 @@ seed ``--unit select --seed K --methods A`` and ``--methods B`` (two groups of m
 auto --seed K`` and ``--unit methods --seed K --methods A|B --selection <that seed's select
 files>``, then ``--combine <unit files>``; each unit writes its own JSON file. ``--final`` (on the
 methods and auto units, or a whole run) also measures every trained model on the held-back items.
+``--combine <--unit auto files> --replace-auto <run.json>`` puts new auto runs in place of an
+earlier run's auto rows, keeping every other row (``bench.quality.compat_replace``).
 
 Data: WordNet noun glosses embedded by all-MiniLM-L6-v2 (old backbone, 384-d) and
 all-mpnet-base-v2 (new backbone, 768-d); 147 fine classes (lexname + depth-4 ancestor, classes
