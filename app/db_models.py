@@ -10,7 +10,7 @@ from app.auth.models import ApiKey, Tenant
 from app.core.db import Base
 from app.core.idempotency import IdempotencyRecord
 from app.datasets.models import Dataset, DatasetItem, DatasetQuery
-from app.galleries.models import AccessCount, Gallery, ReturnedWeight
+from app.galleries.models import AccessCount, AttachedOwner, Gallery, ReturnedWeight
 from app.jobs.models import UpgradeJob
 from app.migration.models import BackfillFit
 from app.models.models import TrainedModel
@@ -19,6 +19,7 @@ from app.vectors.tables import AttachedPointId, GalleryVector, ReembeddedVector
 __all__ = [
     "AccessCount",
     "ApiKey",
+    "AttachedOwner",
     "AttachedPointId",
     "BackfillFit",
     "Base",

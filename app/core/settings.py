@@ -106,6 +106,15 @@ class Settings(BaseSettings):
         "matched as qdrant_allowed_urls. Empty (the default): no server at all, only milvus-lite "
         "files under milvus_attach_root",
     )
+    attach_shared_urls: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Qdrant / Milvus servers (URL prefixes, matched as qdrant_allowed_urls) whose "
+        "collections several tenants may attach. Elsewhere a collection on a server belongs to "
+        "the first tenant that attached it, while it keeps a gallery on it: another tenant's "
+        "attach of it answers 403. Embedded folders and files are always per tenant: "
+        "<root>/<tenant folder>/, the tenant's name where it is a plain lower-case folder name, "
+        "else its id",
+    )
     milvus_attach_timeout_s: float = Field(
         default=10.0, gt=0, description="timeout of one request to an attached Milvus server"
     )
@@ -225,7 +234,9 @@ class Settings(BaseSettings):
         "database is the truth and the startup check rebuilds a file a crash left stale",
     )
 
-    @field_validator("qdrant_allowed_urls", "milvus_allowed_urls", mode="before")
+    @field_validator(
+        "qdrant_allowed_urls", "milvus_allowed_urls", "attach_shared_urls", mode="before"
+    )
     @classmethod
     def _url_list(cls, value: object) -> object:
         """An environment variable holds `a,b` or a JSON list; both read as a list of URLs."""

@@ -9,12 +9,14 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
+from app.auth.models import Tenant
 from app.core.db import new_id
 from app.core.errors import Problem, invalid
 from app.core.settings import Settings
-from app.galleries.models import Gallery
+from app.galleries.models import AttachedOwner, Gallery
 from app.galleries.schemas import GalleryCreate, MilvusSourceIn
 from app.ml.geometry.space import DEFAULT_CURVATURE, DEFAULT_LIFT_SCALE
 from app.vectors import qdrant_ids
@@ -22,6 +24,13 @@ from app.vectors.engine import ATTACHED_MILVUS, QDRANT
 from app.vectors.faiss_index import validate_index_params
 from app.vectors.qdrant_source import QdrantSource, describe
 from app.vectors.qdrant_storage import qdrant_storage, read_only
+from app.vectors.source_rules import (
+    normalized_url,
+    owner_key,
+    server_collection,
+    tenant_folder,
+    url_allowed,
+)
 
 # The id map's column (``attached_point_ids.point_id``) holds item ids of this length at most.
 MAX_MAPPED_ID = 40
@@ -56,14 +65,18 @@ def attach_gallery(
         )
     source = QdrantSource(
         collection=given.collection,
-        url=given.url,
+        url=None if given.url is None else _normalized(given.url, "source.url"),
         path=given.path,
         vector=given.vector,
         api_key_env=given.api_key_env,
+        folder=None if given.path is None else _folder(session, tenant_id),
     )
+    claim = _claim(session, settings, tenant_id, source.as_dict())
     shape = describe(settings, source)
     gallery = _gallery(session, settings, tenant_id, request, shape.dim, shape.count)
     gallery.vector_storage, gallery.source = QDRANT, source.as_dict()
+    if claim is not None:
+        session.add(claim)
     session.flush()
     pages = qdrant_storage(settings).scroll_ids(gallery)
     _record_ids(session, gallery, ([item.id for item in page] for page in pages))
@@ -78,32 +91,114 @@ def _attach_milvus(
     given: MilvusSourceIn,
 ) -> Gallery:
     from app.vectors.milvus_attached import milvus_attached_storage
+    from app.vectors.milvus_engine import is_remote
     from app.vectors.milvus_source import MilvusSource
     from app.vectors.milvus_source import describe as describe_milvus
 
-    source = MilvusSource(
-        uri=given.uri,
-        collection=given.collection,
-        id_field=given.id_field,
-        vector_field=given.vector_field,
-        metric=given.metric,
-        token_env=given.token_env,
-    )
-    if not source.remote and settings.job_runner == "celery":
+    remote = is_remote(given.uri)
+    if not remote and settings.job_runner == "celery":
         # milvus-lite locks its file to one process: the worker could never open it.
         raise invalid(
             "source.uri",
             "a milvus-lite file opens in one process only, and this service trains in Celery "
             "workers: attach a Milvus server (http(s)://…) instead",
         )
+    source = MilvusSource(
+        uri=_normalized(given.uri, "source.uri") if remote else given.uri,
+        collection=given.collection,
+        id_field=given.id_field,
+        vector_field=given.vector_field,
+        metric=given.metric,
+        token_env=given.token_env,
+        folder=None if remote else _folder(session, tenant_id),
+    )
+    claim = _claim(session, settings, tenant_id, source.as_dict())
     shape = describe_milvus(settings, source)
     source = MilvusSource.of({**source.as_dict(), "id_type": shape.id_type})
     gallery = _gallery(session, settings, tenant_id, request, shape.dim, shape.count)
     gallery.vector_storage, gallery.source = ATTACHED_MILVUS, source.as_dict()
+    if claim is not None:
+        session.add(claim)
     session.flush()
     keys = milvus_attached_storage(settings).mapped_keys(gallery)
     _record_ids(session, gallery, keys, count=None if source.string_ids else shape.count)
     return gallery
+
+
+def _folder(session: Session, tenant_id: str) -> str:
+    """The tenant's own folder under the attach roots (``source_rules.tenant_folder``)."""
+    tenant = session.get(Tenant, tenant_id)
+    assert tenant is not None
+    return tenant_folder(tenant.id, tenant.name)
+
+
+def _normalized(url: str, field: str) -> str:
+    """The URL the service checks and connects to (``source_rules.normalized_url``); 422 on a
+    spelling no allowlist entry vouches for."""
+    normal = normalized_url(url)
+    if normal is None and url.lower().startswith(("http://", "https://")):
+        raise invalid(
+            field,
+            "not a plain server URL: no credentials, query, fragment, backslash, whitespace or "
+            "doubly encoded path",
+        )
+    return normal or url
+
+
+def _claim(
+    session: Session, settings: Settings, tenant_id: str, source: dict[str, Any]
+) -> AttachedOwner | None:
+    """Before the service opens a collection on a server for ``tenant_id``: 403 when another
+    tenant attached it (unless its server is listed in ``attach_shared_urls``). Checked before
+    the server is contacted: a refused tenant learns nothing of the collection. Returns the
+    owner row to stage once the attach succeeds (None: already the tenant's, shared, or not on
+    a server); two tenants staging one at once meet the primary key, and the later commit
+    answers 409 (retry: then this 403)."""
+    found = server_collection(source)
+    if found is None:
+        return None
+    url = source.get("url") or source.get("uri") or ""
+    if url_allowed(settings.attach_shared_urls, url):
+        return None
+    key = owner_key(*found)
+    owner = session.get(AttachedOwner, key)
+    if owner is None:
+        engine, place, collection = found
+        return AttachedOwner(
+            key=key, engine=engine, place=place, collection=collection, tenant_id=tenant_id
+        )
+    if owner.tenant_id != tenant_id:
+        raise Problem(
+            403,
+            "Attached by another tenant",
+            f"collection {found[2]!r} on this server is attached by another tenant of this "
+            "service; a collection on a server belongs to one tenant unless the operator lists "
+            "the server in NOBACKFILL_ATTACH_SHARED_URLS",
+            slug="attached-by-another-tenant",
+        )
+    return None
+
+
+def release(session: Session, tenant_id: str, source: dict[str, Any] | None) -> None:
+    """After a tenant's attached gallery was deleted (committed): its claim on the collection
+    goes when no other gallery of the tenant reads it (staged; the caller commits)."""
+    found = server_collection(source or {})
+    if found is None:
+        return
+    key = owner_key(*found)
+    others = session.scalars(
+        select(Gallery.source).where(
+            Gallery.tenant_id == tenant_id, Gallery.vector_storage.in_((QDRANT, ATTACHED_MILVUS))
+        )
+    )
+    if any(
+        (other_found := server_collection(other or {})) and owner_key(*other_found) == key
+        for other in others
+    ):
+        return
+    session.execute(
+        delete(AttachedOwner).where(AttachedOwner.key == key, AttachedOwner.tenant_id == tenant_id)
+    )
 
 
 def _gallery(

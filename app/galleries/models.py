@@ -85,3 +85,21 @@ class ReturnedWeight(Base):
     )
     vector_id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
     weight: Mapped[float] = mapped_column(Float)
+
+
+class AttachedOwner(Base):
+    """Which tenant a collection on a shared server belongs to (``app.galleries.attach``): the
+    first tenant to attach it, while it keeps a gallery on it; another tenant's attach of the
+    same collection is refused unless the server is listed in ``attach_shared_urls``. Embedded
+    stores need no row: each tenant has its own folder (``source_rules.tenant_folder``)."""
+
+    __tablename__ = "attached_owners"
+
+    # sha256 of "<engine>\n<place>\n<collection>" (``attach.owner_key``): the place is a URL of
+    # up to 2 KiB, too long for a portable key of its own.
+    key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    engine: Mapped[str] = mapped_column(String(16))
+    place: Mapped[str] = mapped_column(String(2100))
+    collection: Mapped[str] = mapped_column(String(255))
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"), index=True)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)

@@ -21,7 +21,7 @@ from app.core.db import new_id, utcnow
 from app.core.errors import FieldError, conflict, invalid, invalid_fields, not_found
 from app.core.settings import Settings
 from app.core.tenancy import check_name_free, check_tenant_limit, get_owned
-from app.galleries.attach import attach_gallery, refuse_writes
+from app.galleries.attach import attach_gallery, refuse_writes, release
 from app.galleries.models import AccessCount, Gallery, ReturnedWeight
 from app.galleries.schemas import GalleryCreate
 from app.ml.geometry.space import DEFAULT_CURVATURE, DEFAULT_LIFT_SCALE
@@ -430,13 +430,20 @@ def delete_gallery(
             f"({listed}); deleting it would delete them: repeat with ?cascade=true to delete "
             "them with it"
         )
-    kind, attached = gallery.vector_storage, dict(gallery.source or {})
+    kind, attached, tenant_id = (
+        gallery.vector_storage,
+        dict(gallery.source or {}),
+        gallery.tenant_id,
+    )
     with store.lock(gallery.id):
         storage = storage_for(session, gallery)
         session.delete(gallery)
         session.commit()
         storage.drop(gallery.id)
         store.drop(gallery.id)
+    if kind in (QDRANT, ATTACHED_MILVUS):
+        release(session, tenant_id, attached)
+        session.commit()
     if reembedded:
         # The service's writes to the owner's collection (an in-place migration) go too.
         _forget_in_collection(session, gallery.id, kind, attached, reembedded)

@@ -9,8 +9,9 @@ and its FLOAT_VECTOR field, indexed for COSINE. The service only reads it
 
 Multi-tenant rules (``app.vectors.source_rules``), checked on attach and again on every open:
 
-* a file ``uri`` must lie under ``settings.resolved_milvus_attach_root`` (symlinks resolved) and
-  exist (milvus-lite would create a missing one);
+* a file ``uri`` must lie under the tenant's own folder of
+  ``settings.resolved_milvus_attach_root`` (``source_rules.tenant_folder``, recorded as
+  ``folder``; symlinks resolved) and exist (milvus-lite would create a missing one);
 * a server ``uri`` must match an entry of ``settings.milvus_allowed_urls`` (none by default);
 * ``token_env`` must be ``settings.milvus_token_env_prefix`` or start with it;
 * the service's own Milvus store (``milvus_uri``) is never a source, nor a collection the service
@@ -41,7 +42,13 @@ from app.core.settings import Settings
 from app.vectors import source_rules
 from app.vectors.milvus_attach import AttachedCollection, AttachError
 from app.vectors.milvus_engine import PROPERTY, is_remote
-from app.vectors.source_rules import env_secret, under_root, url_allowed
+from app.vectors.source_rules import (
+    env_secret,
+    normalized_url,
+    tenant_root,
+    under_root,
+    url_allowed,
+)
 
 # In-place migrations write a model's vectors into ``<collection><MIGRATION_INFIX><model id>``
 # (``app.vectors.milvus_sibling``): never a gallery's own collection.
@@ -63,6 +70,8 @@ class MilvusSource:
     metric: str = METRIC
     token_env: str | None = None
     id_type: str | None = None  # "INT64" or "VARCHAR", learnt on attach
+    # With a file ``uri``: the owning tenant's folder under the root (``source_rules.tenant_folder``).
+    folder: str | None = None
 
     @classmethod
     def of(cls, source: dict[str, Any]) -> MilvusSource:
@@ -74,6 +83,7 @@ class MilvusSource:
             metric=source.get("metric", METRIC),
             token_env=source.get("token_env"),
             id_type=source.get("id_type"),
+            folder=source.get("folder"),
         )
 
     def as_dict(self) -> dict[str, Any]:
@@ -89,6 +99,8 @@ class MilvusSource:
             out["token_env"] = self.token_env
         if self.id_type is not None:
             out["id_type"] = self.id_type
+        if not self.remote:
+            out["folder"] = self.folder
         return out
 
     @property
@@ -111,16 +123,23 @@ Connection = source_rules.Connection[MilvusClient]
 _connections: source_rules.Connections[MilvusClient] = source_rules.Connections()
 
 
-def lite_file(settings: Settings, uri: str) -> Path:
-    """The milvus-lite file ``uri`` names (relative: under the root), refused outside the root,
-    when missing, or when it is the service's own store."""
-    root = settings.resolved_milvus_attach_root
-    path = under_root(root, uri)
-    if path is None:
+def lite_file(settings: Settings, tenant: str | None, uri: str) -> Path:
+    """The milvus-lite file ``uri`` names (relative: under the tenant's folder ``tenant`` of the
+    root), refused outside that folder, when missing, or when it is the service's own store."""
+    root = tenant_root(settings.resolved_milvus_attach_root, tenant)
+    if root is None:
         raise invalid(
             "source.uri",
-            f"a milvus-lite file must lie under the server's folder {root} "
-            "(NOBACKFILL_MILVUS_ATTACH_ROOT); a relative path is taken from there",
+            "this source was attached before each tenant had its own folder and may name "
+            "another tenant's store: move the file under your tenant's folder of "
+            "NOBACKFILL_MILVUS_ATTACH_ROOT and attach it again",
+        )
+    path = under_root(root, uri)
+    if path is None or path == root:
+        raise invalid(
+            "source.uri",
+            f"a milvus-lite file must lie under this tenant's folder {root} "
+            f"(NOBACKFILL_MILVUS_ATTACH_ROOT/{tenant}); a relative path is taken from there",
         )
     # milvus-lite 3 keeps a store as a folder named ….db holding its catalogue (2.x: one file
     # of that name); any other folder would be made a store by opening it.
@@ -156,9 +175,11 @@ def connection(settings: Settings, source: MilvusSource) -> Connection:
     """The process's client for the source's place, opened on first use."""
     if source.remote:
         allowed_server(settings, source.uri)
-        key: tuple[str, ...] = ("url", source.uri, source.token_env or "")
+        # The spelling that was checked is the one the client connects to.
+        uri = normalized_url(source.uri) or source.uri
+        key: tuple[str, ...] = ("url", uri, source.token_env or "")
     else:
-        key = ("file", str(lite_file(settings, source.uri)))
+        key = ("file", str(lite_file(settings, source.folder, source.uri)))
     return _connections.get(key, lambda: _open(settings, key, source))
 
 

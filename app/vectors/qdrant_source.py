@@ -8,9 +8,10 @@ collection and the named vector (None: the unnamed one). The service only reads 
 Multi-tenant rules, checked on attach and again on every open (a row written before a rule
 tightened must not bypass it):
 
-* ``path`` must lie under ``settings.resolved_qdrant_root`` (symlinks resolved): a tenant cannot
-  make the server open an arbitrary folder of its disk, and an existing local-mode folder is
-  required (opening a missing one would create it).
+* ``path`` must lie under the tenant's own folder of ``settings.resolved_qdrant_root``
+  (``source_rules.tenant_folder``, recorded as ``folder``; symlinks resolved): a tenant cannot
+  make the server open an arbitrary folder of its disk, nor another tenant's store, and an
+  existing local-mode folder is required (opening a missing one would create it).
 * ``url`` must match an entry of ``settings.qdrant_allowed_urls`` (``allowed_url``; none by
   default): otherwise a tenant could make the server connect to any host it can reach (an
   internal service, a cloud metadata address) and read what answers.
@@ -33,7 +34,13 @@ from qdrant_client import QdrantClient, models
 from app.core.errors import Problem, invalid
 from app.core.settings import Settings
 from app.vectors import source_rules
-from app.vectors.source_rules import env_secret, under_root, url_allowed
+from app.vectors.source_rules import (
+    env_secret,
+    normalized_url,
+    tenant_root,
+    under_root,
+    url_allowed,
+)
 
 # The local-mode folder's catalogue: a folder without it is not a Qdrant folder (and the client
 # would create one there).
@@ -52,6 +59,8 @@ class QdrantSource:
     path: str | None = None
     vector: str | None = None  # None: the collection's unnamed vector
     api_key_env: str | None = None
+    # With ``path``: the owning tenant's folder under the root (``source_rules.tenant_folder``).
+    folder: str | None = None
 
     @classmethod
     def of(cls, source: dict[str, Any]) -> QdrantSource:
@@ -61,11 +70,16 @@ class QdrantSource:
             path=source.get("path"),
             vector=source.get("vector"),
             api_key_env=source.get("api_key_env"),
+            folder=source.get("folder"),
         )
 
     def as_dict(self) -> dict[str, Any]:
         out = {"engine": "qdrant", "collection": self.collection, "vector": self.vector}
-        out.update({"url": self.url} if self.url is not None else {"path": self.path})
+        out.update(
+            {"url": self.url}
+            if self.url is not None
+            else {"path": self.path, "folder": self.folder}
+        )
         if self.api_key_env is not None:
             out["api_key_env"] = self.api_key_env
         return out
@@ -81,16 +95,23 @@ Connection = source_rules.Connection[QdrantClient]
 _connections: source_rules.Connections[QdrantClient] = source_rules.Connections()
 
 
-def local_folder(settings: Settings, path: str) -> Path:
-    """The local-mode folder ``path`` names (relative: under the root), refused outside the
-    root or when it holds no Qdrant catalogue."""
-    root = settings.resolved_qdrant_root
-    folder = under_root(root, path)
-    if folder is None:
+def local_folder(settings: Settings, tenant: str | None, path: str) -> Path:
+    """The local-mode folder ``path`` names (relative: under the tenant's folder ``tenant`` of
+    the root), refused outside that folder or when it holds no Qdrant catalogue."""
+    root = tenant_root(settings.resolved_qdrant_root, tenant)
+    if root is None:
         raise invalid(
             "source.path",
-            f"must lie under the server's Qdrant folder {root} (NOBACKFILL_QDRANT_ROOT); "
-            "a relative path is taken from there",
+            "this source was attached before each tenant had its own folder and may name "
+            "another tenant's store: move the folder under your tenant's folder of "
+            "NOBACKFILL_QDRANT_ROOT and attach it again",
+        )
+    folder = under_root(root, path)
+    if folder is None or folder == root:
+        raise invalid(
+            "source.path",
+            f"must lie under this tenant's Qdrant folder {root} (NOBACKFILL_QDRANT_ROOT/"
+            f"{tenant}); a relative path is taken from there",
         )
     try:
         catalogue = (folder / LOCAL_META).is_file()
@@ -119,11 +140,12 @@ def api_key(settings: Settings, name: str | None) -> str | None:
 def connection(settings: Settings, source: QdrantSource) -> Connection:
     """The process's client for the source's place, opened on first use."""
     if source.path is not None:
-        key: tuple[str, ...] = ("path", str(local_folder(settings, source.path)))
+        key: tuple[str, ...] = ("path", str(local_folder(settings, source.folder, source.path)))
     else:
         assert source.url is not None
         allowed_url(settings, source.url)
-        key = ("url", source.url, source.api_key_env or "")
+        # The spelling that was checked is the one the client connects to.
+        key = ("url", normalized_url(source.url) or source.url, source.api_key_env or "")
     return _connections.get(key, lambda: _open(settings, key, source))
 
 

@@ -17,12 +17,14 @@ calls to a local one.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
+import re
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Generic, Protocol, TypeVar
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 from app.core.errors import Problem, invalid, unavailable
 
@@ -36,24 +38,100 @@ class CountsPoints(Protocol):
 Storage = TypeVar("Storage", bound=CountsPoints)
 
 
-def url_parts(url: str) -> tuple[str, str, int | None, str] | None:
-    """(scheme, host, port, path) of an http(s) URL, the port made explicit; None for others
-    (or a URL with credentials in it, which no entry should vouch for)."""
+def _without_dot_segments(path: str) -> str:
+    """RFC 3986 §5.2.4 on a decoded path: ``.`` and ``..`` segments applied (never above the
+    root), empty segments dropped, the trailing slash kept."""
+    kept: list[str] = []
+    segments = path.split("/")
+    for segment in segments:
+        if segment == "..":
+            if kept:
+                kept.pop()
+        elif segment not in ("", "."):
+            kept.append(segment)
+    trailing = bool(kept) and segments[-1] in ("", ".", "..")
+    return ("/" + "/".join(kept) + ("/" if trailing else "")) if kept else "/"
+
+
+def normalized_url(url: str) -> str | None:
+    """``url`` in the one spelling the service checks and connects to: an http(s) URL with its
+    host in lower case, its path percent-decoded once and its dot segments applied (so
+    ``http://h/qd/../mv`` is ``http://h/mv``, and so is ``http://h/qd/%2e%2e/mv``). None for
+    anything no allowlist entry should vouch for: another scheme, credentials, a query or a
+    fragment, a backslash, whitespace or control characters, or a path still encoded after one
+    decoding (``%252e``: the next hop would decode it again)."""
+    if any(c == "\\" or c.isspace() or ord(c) < 32 or ord(c) == 127 for c in url):
+        return None
     try:
         parsed = urlsplit(url)
         port = parsed.port
     except ValueError:
         return None
-    if parsed.scheme not in ("http", "https") or not parsed.hostname or parsed.username:
+    if (
+        parsed.scheme.lower() not in ("http", "https")
+        or not parsed.hostname
+        or parsed.username is not None
+        or parsed.password is not None
+        or parsed.query
+        or parsed.fragment
+        or url.endswith(("?", "#"))
+    ):
         return None
+    path = unquote(parsed.path)
+    if "%" in path or any(c == "\\" or c.isspace() or ord(c) < 32 for c in path):
+        return None
+    host = parsed.hostname.lower()
+    if ":" in host:  # an IPv6 address
+        host = f"[{host}]"
+    netloc = host if port is None else f"{host}:{port}"
+    path = _without_dot_segments(path) if parsed.path else ""
+    return f"{parsed.scheme.lower()}://{netloc}{path}"
+
+
+def url_parts(url: str) -> tuple[str, str, int, str] | None:
+    """(scheme, host, port, path) of an http(s) URL after ``normalized_url``, the port made
+    explicit; None for what ``normalized_url`` refuses."""
+    normal = normalized_url(url)
+    if normal is None:
+        return None
+    parsed = urlsplit(normal)
     default = 443 if parsed.scheme == "https" else 80
-    return parsed.scheme, parsed.hostname.lower(), port or default, parsed.path or "/"
+    assert parsed.hostname is not None
+    return parsed.scheme, parsed.hostname, parsed.port or default, parsed.path or "/"
+
+
+def place_of(url: str) -> str | None:
+    """The server a URL reaches, as one string (``url_parts`` joined, no trailing slash):
+    two spellings of one place give the same string. None where ``url_parts`` is None."""
+    parts = url_parts(url)
+    if parts is None:
+        return None
+    scheme, host, port, path = parts
+    host = f"[{host}]" if ":" in host else host
+    return f"{scheme}://{host}:{port}{path.rstrip('/')}"
+
+
+def owner_key(engine: str, place: str, collection: str) -> str:
+    """The key of one collection on one server (``place_of``) in the owners' table: a digest,
+    since the place alone may be 2 KiB long."""
+    return hashlib.sha256(f"{engine}\n{place}\n{collection}".encode()).hexdigest()
+
+
+def server_collection(source: dict[str, Any]) -> tuple[str, str, str] | None:
+    """(engine, place, collection) of an attached source on a server; None for an embedded
+    store (a folder or file of its tenant's own) or a URL ``place_of`` refuses."""
+    engine = source.get("engine")
+    url = source.get("url") if engine == "qdrant" else source.get("uri")
+    if engine not in ("qdrant", "milvus") or not isinstance(url, str):
+        return None
+    place = place_of(url)
+    return None if place is None else (engine, place, str(source.get("collection")))
 
 
 def url_allowed(entries: list[str], url: str) -> bool:
     """Whether ``url`` falls under an entry: the same scheme, host and port (compared parsed, so
     ``http://db:6333.evil`` is not under ``http://db:6333``), and a path starting with the
-    entry's."""
+    entry's, both normalised first (``normalized_url``: ``/qd/../mv`` is not under ``/qd``)."""
     given = url_parts(url)
     for entry in entries:
         allowed = url_parts(entry)
@@ -73,6 +151,32 @@ def under_root(root: Path, path: str) -> Path | None:
     except (ValueError, OSError):  # a NUL byte, a name too long: no path of the disk
         return None
     return resolved if resolved == root or root in resolved.parents else None
+
+
+# A tenant name that can stand as its own folder under an attach root: lower case (two names
+# that differ in case must not share a folder on a case-insensitive disk), no dot first, and
+# never the shape of a tenant id (``ten_…``), the folder of every other tenant.
+_FOLDER_NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
+_TENANT_ID = re.compile(r"ten_[0-9a-f]{1,60}")
+
+
+def tenant_folder(tenant_id: str, tenant_name: str) -> str:
+    """The folder, under each attach root, that holds a tenant's embedded stores (Qdrant
+    local-mode folders, milvus-lite files): its name where that is a plain folder name
+    (``local`` for ``make serve``'s tenant), else its id. Two tenants never share one: names are
+    unique, and no name folder has an id's shape."""
+    if _FOLDER_NAME.fullmatch(tenant_name) and not tenant_name.startswith("ten_"):
+        return tenant_name
+    return tenant_id
+
+
+def tenant_root(root: Path, folder: str | None) -> Path | None:
+    """The tenant's own folder under ``root`` (``tenant_folder``); None for a source recorded
+    without one (attached before tenants had folders: it may name another tenant's store)."""
+    if folder is None or not (_FOLDER_NAME.fullmatch(folder) or _TENANT_ID.fullmatch(folder)):
+        return None
+    resolved = under_root(root, folder)
+    return None if resolved is None or resolved == root else resolved
 
 
 def env_secret(prefix: str, name: str | None, field: str) -> str | None:

@@ -103,7 +103,7 @@ def fill_store(file: Path, vectors: np.ndarray) -> float:
 
 def run(arrays: dict[str, np.ndarray], points: int, seed: int, workdir: Path) -> dict[str, Any]:
     settings = service_settings(workdir)
-    root = settings.resolved_milvus_attach_root
+    root = settings.resolved_milvus_attach_root / settings.local_tenant  # the tenant's folder
 
     def fill(vectors: np.ndarray) -> float:
         return fill_store(root / STORE, vectors)

@@ -126,7 +126,7 @@ def service_settings(workdir: Path) -> Settings:
         local_key=False,
         log_level="warning",
     )
-    settings.resolved_qdrant_root.mkdir(parents=True, exist_ok=True)
+    (settings.resolved_qdrant_root / settings.local_tenant).mkdir(parents=True, exist_ok=True)
     return settings
 
 
@@ -252,7 +252,7 @@ def speed(
 
         return call
 
-    conn = connection(settings, QdrantSource.of(SOURCE))
+    conn = connection(settings, QdrantSource.of({**SOURCE, "folder": settings.local_tenant}))
 
     def direct(r: int) -> Any:
         at = rows(r)
@@ -300,7 +300,8 @@ def run(arrays: dict[str, np.ndarray], args: argparse.Namespace, workdir: Path) 
     paired, logged = min(PAIRED, synsets // 2), min(LOGGED, synsets // 4)
     ids = np.array([str(i) for i in range(synsets)])
     settings = service_settings(workdir)
-    data_dir, root = settings.data_dir, settings.resolved_qdrant_root
+    # The local tenant's own folder under the root (``source_rules.tenant_folder``).
+    data_dir, root = settings.data_dir, settings.resolved_qdrant_root / settings.local_tenant
     out["fill_s"] = fill_collection(root / COLLECTION, old)
     print(f"collection of {synsets:,} points filled in {out['fill_s']:.0f} s", flush=True)
     counter = ReadCounter()
@@ -410,7 +411,7 @@ def run_scale(
     """A collection of ``points`` MiniLM glosses tiled with noise, attached and upgraded (the
     same upgrade as the equality run's): store bytes, RSS and rows read per step."""
     settings = service_settings(workdir)
-    root = settings.resolved_qdrant_root
+    root = settings.resolved_qdrant_root / settings.local_tenant  # the tenant's folder
     return scale_run(
         arrays,
         points,

@@ -50,9 +50,10 @@ SOURCE = {
 }
 
 
-def milvus_root(tmp_path: Path) -> Path:
-    """The service's default Milvus attach root under the tests' data dir (``make_settings``)."""
-    return tmp_path / "data" / "milvus-attach"
+def milvus_root(tmp_path: Path, tenant: str = "local") -> Path:
+    """The tenant's folder (the local tenant's: ``local``) under the service's default Milvus
+    attach root in the tests' data dir (``make_settings``)."""
+    return tmp_path / "data" / "milvus-attach" / tenant
 
 
 def build_collection(
@@ -92,7 +93,7 @@ def owner(client: TestClient, source: dict = SOURCE) -> Iterator[MilvusClient]:
     """The service's own client of the file (milvus-lite: one process), standing in for the
     collection's owner."""
     settings = client.app.state.service.settings
-    with connection(settings, MilvusSource.of(source)).use() as milvus:
+    with connection(settings, MilvusSource.of({**source, "folder": "local"})).use() as milvus:
         yield milvus
 
 
@@ -114,7 +115,12 @@ def test_attach_takes_dimension_metric_and_count_from_the_collection(
 ) -> None:
     gallery = attach(client, SOURCE)
     assert (gallery["dim"], gallery["metric"], gallery["count"]) == (384, "cosine", N)
-    assert gallery["source"] == {**SOURCE, "metric": "COSINE", "id_type": "INT64"}
+    assert gallery["source"] == {
+        **SOURCE,
+        "metric": "COSINE",
+        "id_type": "INT64",
+        "folder": "local",
+    }
     assert client.get(f"/v1/galleries/{gallery['id']}").json()["count"] == N
     found = client.get(f"/v1/galleries/{gallery['id']}/vectors", params={"ids": ["7", "3"]})
     assert found.status_code == 200, found.text

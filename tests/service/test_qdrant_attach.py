@@ -31,9 +31,10 @@ OLD, NEW = "gloss.all-MiniLM-L6-v2", "gloss.all-mpnet-base-v2"
 N = 300  # points in the collection
 
 
-def qdrant_root(tmp_path: Path) -> Path:
-    """The service's default Qdrant root under the tests' data dir (``make_settings``)."""
-    return tmp_path / "data" / "qdrant"
+def qdrant_root(tmp_path: Path, tenant: str = "local") -> Path:
+    """The tenant's folder (the local tenant's: ``local``) under the service's default Qdrant
+    root in the tests' data dir (``make_settings``)."""
+    return tmp_path / "data" / "qdrant" / tenant
 
 
 def build_collection(
@@ -115,7 +116,8 @@ def test_attach_takes_dimension_metric_and_count_from_the_collection(
 ) -> None:
     gallery = attach(client, nouns["source"])
     assert (gallery["dim"], gallery["metric"], gallery["count"]) == (384, "cosine", N)
-    assert gallery["source"] == {**nouns["source"], "vector": None}
+    # The path is read under the tenant's own folder of the root, and the source says which.
+    assert gallery["source"] == {**nouns["source"], "vector": None, "folder": "local"}
     assert client.get(f"/v1/galleries/{gallery['id']}").json()["count"] == N
     found = client.get(f"/v1/galleries/{gallery['id']}/vectors", params={"ids": ["7", "3"]})
     assert found.status_code == 200, found.text
@@ -384,7 +386,9 @@ def test_each_upgrade_rechecks_the_collection_and_reports_a_changed_count(
     assert job["status"] == "succeeded", job["error"]
     assert job["report"]["collection"] == {"points_recorded": N, "points_now": N, "changed": False}
     settings = client.app.state.service.settings
-    with connection(settings, QdrantSource.of(nouns["source"])).use() as qdrant:
+    with connection(
+        settings, QdrantSource.of({**nouns["source"], "folder": "local"})
+    ).use() as qdrant:
         qdrant.delete("nouns", points_selector=models.PointIdsList(points=[0, 1, 2, 250, 251]))
     job = upgrade_on(client, dataset_id)
     assert job["status"] == "succeeded", job["error"]
@@ -402,7 +406,9 @@ def test_an_upgrade_on_a_collection_whose_dimension_changed_fails_saying_so(
     attached = attach(client, nouns["source"])
     dataset_id = paired_dataset(client, attached["id"], nouns, range(150))
     settings = client.app.state.service.settings
-    with connection(settings, QdrantSource.of(nouns["source"])).use() as qdrant:
+    with connection(
+        settings, QdrantSource.of({**nouns["source"], "folder": "local"})
+    ).use() as qdrant:
         qdrant.delete_collection("nouns")
         qdrant.create_collection(
             "nouns", vectors_config=models.VectorParams(size=8, distance=models.Distance.COSINE)

@@ -91,7 +91,7 @@ def attached_and_upgraded(
 def collection(client: TestClient) -> Iterator[QdrantClient]:
     """The service's own client of the folder (local mode locks it to one client)."""
     settings = client.app.state.service.settings
-    with connection(settings, QdrantSource.of(SOURCE)).use() as qdrant:
+    with connection(settings, QdrantSource.of({**SOURCE, "folder": "local"})).use() as qdrant:
         yield qdrant
 
 
