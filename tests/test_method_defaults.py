@@ -1,12 +1,15 @@
-"""Served defaults of explicitly requested methods (issue 26, item 1): hbct's beat old→old on the
-validation split of every class scenario of ``bench.quality.compat``, l2's wherever any l2 trial
-does; both checked against the committed results of the five-scenario run made on one fixed split
-(``compat-fixed-split.json``, commit fffddce's protocol: its validation trials span every
-scenario; the per-seed-split rerun of issue 26 covers ``external`` so far), and an explicit
-request gets them."""
+"""Served defaults of explicitly requested methods (issue 26, item 1; issue 42, item 1): each is
+the setting that beats old→old *itself* and keeps the instance floor on the most validation
+carves of the recorded per-seed compat runs (``bench.quality.served_defaults``,
+``bench/results/served_defaults.json``), and an explicit request gets them.
+
+The earlier version of this test read each trial's ``arr`` as "÷ old→old"; it is ÷ reindex, which
+is how hbct came to serve prototype weight 10. ``test_the_rule_reads_old_to_old_not_reindex``
+keeps that from coming back."""
 
 from __future__ import annotations
 
+import copy
 import json
 
 import pytest
@@ -14,42 +17,74 @@ import pytest
 from app.ml.methods.compat import METHOD_DEFAULTS, CompatParams
 from app.upgrades.catalogue import catalogue
 from bench.common.wordnet import REPO_ROOT
+from bench.quality.served_defaults import METHODS, choose, recorded_selections, table
 
-RESULTS = REPO_ROOT / "bench/results/compat-fixed-split.json"
-
-
-def _trials(method: str) -> dict[str, list[dict]]:
-    scenarios = json.loads(RESULTS.read_text())["scenarios"]
-    return {s["scenario"]["name"]: s["selection"]["trials"][method] for s in scenarios}
+RESULTS = REPO_ROOT / "bench/results/served_defaults.json"
 
 
-def _served(trials: list[dict], method: str) -> dict:
-    """The validation trial run with exactly the method's served defaults."""
-    own = METHOD_DEFAULTS[method]
-    matching = [t for t in trials if all(t["settings"].get(k) == v for k, v in own.items())]
-    assert matching, f"no validation trial of {method} with {own}"
-    return matching[0]
+@pytest.fixture(scope="module")
+def payload() -> dict:
+    return json.loads(RESULTS.read_text())
 
 
-def _versus_old(trial: dict) -> float:
-    """new→old CMC@1 over old→old on the validation split (the results' "arr")."""
-    return float(trial["val"]["arr"]["class"]["cmc1"])
+@pytest.mark.parametrize("method", METHODS)
+def test_served_defaults_are_the_rules_choice(payload: dict, method: str) -> None:
+    chosen = choose(payload, method)
+    served = {k: v for k, v in METHOD_DEFAULTS[method].items() if k in chosen}
+    assert served == chosen, (method, served, chosen)
 
 
-def test_hbct_defaults_beat_the_old_model_on_every_class_scenario() -> None:
-    trials = _trials("hbct")
-    assert len(trials) == 5
-    for scenario, runs in trials.items():
-        assert _versus_old(_served(runs, "hbct")) > 1.0, scenario
+def test_hbct_serves_the_papers_loss_and_beats_old_to_old_on_most_carves(payload: dict) -> None:
+    (row,) = [
+        r
+        for r in table("hbct", payload["selections"]["hbct"], payload["stay_cmc1"])
+        if r["settings"]["old_proto_weight"] == METHOD_DEFAULTS["hbct"]["old_proto_weight"]
+    ]
+    n = len(payload["stay_cmc1"])
+    assert row["beats_old"] > n / 2 and row["keeps_floor"] > n / 2, row
 
 
-def test_l2_defaults_beat_the_old_model_wherever_any_l2_trial_does() -> None:
-    for scenario, runs in _trials("l2").items():
-        served = _versus_old(_served(runs, "l2"))
-        best = max(_versus_old(t) for t in runs)
-        assert served > 1.0 or best <= 1.0, (scenario, served, best)
-        # And it is the best measured weight there, or within 0.01 of it.
-        assert served >= best - 0.01, (scenario, served, best)
+def test_the_results_file_holds_the_recorded_trials(payload: dict) -> None:
+    """The file's trials are the compat runs' own (not edited), and its old→old figures are the
+    ones the recorded P_com implies wherever P_com is defined (P_com = (new→old − old→old) /
+    (ref − old→old), so old→old = (new→old − P·ref) / (1 − P))."""
+    recorded = recorded_selections()
+    checked = 0
+    for (name, seed), selection in recorded.items():
+        carve = f"{name}/{seed}"
+        for method in METHODS:
+            mine = payload["selections"][method][carve]["trials"][method]
+            assert [t["settings"] for t in mine] == [
+                t["settings"] for t in selection["trials"][method]
+            ]
+        ref = next(
+            t["class_own_space"]["cmc1"]
+            for t in selection["trials"]["independent"]
+            if t["settings"] == selection["chosen"]["independent"]
+        )
+        for trial in selection["trials"]["procrustes"] + selection["trials"]["l2"]:
+            p, new_old = trial["val"]["p_com"]["cmc1"], trial["val"]["class"]["cmc1"]
+            if p is None or abs(1 - p) < 1e-3:
+                continue
+            implied = (new_old - p * ref) / (1 - p)
+            assert implied == pytest.approx(payload["stay_cmc1"][carve], abs=1e-6), carve
+            checked += 1
+    assert checked >= 10
+
+
+def test_the_rule_needs_both_old_to_old_and_the_floor(payload: dict) -> None:
+    """Mutations of the inputs the rule reads: without the instance floor (what the ÷ reindex
+    reading amounted to: every weight looked 'above old→old') hbct's choice moves to a weight
+    that collapses own-item recall; with old→old raised above every trial nothing passes."""
+    unfloored = copy.deepcopy(payload)
+    for carve in unfloored["selections"]["hbct"].values():
+        carve["trials"]["procrustes"][0]["val"]["instance"]["recall@1"] = 0.0
+    assert choose(unfloored, "hbct")["old_proto_weight"] > 0
+    assert choose(payload, "hbct")["old_proto_weight"] == 0
+    raised = copy.deepcopy(payload)
+    raised["stay_cmc1"] = {c: 1.0 for c in payload["stay_cmc1"]}
+    rows = table("hbct", raised["selections"]["hbct"], raised["stay_cmc1"])
+    assert rows and all(r["passes"] == 0 for r in rows)
 
 
 @pytest.mark.parametrize("method", sorted(METHOD_DEFAULTS))

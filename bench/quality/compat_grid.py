@@ -245,7 +245,9 @@ def select(
     instead of retraining the same settings (training is seeded: the same figures)."""
     reuse = reuse or {}
     stay, reindex = alternatives.measure_stay(val), alternatives.measure_reindex(val)
-    out: dict[str, Any] = {"trials": {}, "chosen": {}, "edge": {}}
+    # old→old on the validation carve, recorded so that every trial can be read against
+    # staying (a trial's "arr" is ÷ reindex, not ÷ old→old).
+    out: dict[str, Any] = {"trials": {}, "chosen": {}, "edge": {}, "stay": stay}
     grid = GRIDS["independent"]
 
     def independent_trial(settings: dict[str, Any]) -> dict[str, Any]:
