@@ -77,3 +77,27 @@ def test_each_candidate_shows_its_validation_figures_beside_its_settings() -> No
     page = _candidates(candidates, "instance-map")
     assert "validation query recall@10" in page and "validation instance recall@1" in page
     assert "0.450" in page and "0.970" in page and "temperature=0.05" in page
+
+
+def test_the_two_stage_curve_is_a_table_of_every_depth() -> None:
+    from app.upgrades.report_html import _two_stage
+
+    curve = {
+        "queries": 120,
+        "depths": [10, 50],
+        "old": {
+            "10": {"recall@10": 0.41, "embedded_per_query": 9.5},
+            "50": {"recall@10": 0.52, "embedded_per_query": 40.0},
+        },
+        "bridge": {
+            "10": {"recall@10": 0.37, "embedded_per_query": 9.0},
+            "50": {"recall@10": 0.49, "embedded_per_query": 38.0},
+        },
+    }
+    metrics = {"stay": {"query": {"recall@10": 0.41}}, "reindex": {"query": {"recall@10": 0.55}}}
+    page = _two_stage(curve, metrics)
+    assert page.count("<tr>") == 3 and "0.520" in page and "0.490" in page and "120" in page
+    assert "stay 0.410" in page and "reindex 0.550" in page
+    assert _two_stage(None, metrics) == ""
+    without_old = {k: v for k, v in curve.items() if k != "old"}
+    assert "old query vectors" not in _two_stage(without_old, metrics)

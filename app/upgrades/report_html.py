@@ -221,6 +221,37 @@ def _backfill(curve: dict[str, Any]) -> str:
     return f"<h2>Partial backfill</h2>{_png(fig)}"
 
 
+def _two_stage(curve: dict[str, Any] | None, metrics: dict[str, Any]) -> str:
+    """The depth curve of a two-stage search on the held-out queries (``two_stage`` of the
+    report), beside stay's and the reindex's recall@10."""
+    if not curve:
+        return ""
+    sources = [
+        (s, label)
+        for s, label in (("old", "old query vectors"), ("bridge", "bridged"))
+        if s in curve
+    ]
+    head = "".join(f"<th>R@10, candidates by {html.escape(label)}</th>" for _, label in sources)
+    rows = "".join(
+        f"<tr><td>{d}</td>"
+        + "".join(f"<td>{_number(curve[s][str(d)]['recall@10'])}</td>" for s, _ in sources)
+        + f"<td>{_number(curve[sources[0][0]][str(d)]['embedded_per_query'])}</td></tr>"
+        for d in curve.get("depths", [])
+    )
+    query = {
+        name: metrics.get(name, {}).get("query", {}).get("recall@10")
+        for name in ("stay", "reindex")
+    }
+    return (
+        "<h2>Two-stage search</h2><p>Candidates from the old index, ranked by the new model "
+        f"(the dataset's new features standing in for the embedder), on {curve.get('queries')} "
+        f"held-out queries: stay {_number(query['stay'])}, reindex {_number(query['reindex'])} "
+        "recall@10. Documents embedded per query: the distinct candidates over these queries, "
+        f"each embedded once.</p><table><tr><th>depth</th>{head}<th>embedded per query</th></tr>"
+        f"{rows}</table>"
+    )
+
+
 def _validation_figures(validation: dict[str, Any]) -> dict[str, float]:
     """A candidate's validation figures, ``{view: {metric: value}}`` flattened to
     ``"view metric"`` (a flat ``{metric: value}`` is kept as it is)."""
@@ -387,6 +418,7 @@ def render_report_html(job: dict[str, Any]) -> str:
     parts.append(_history(report.get("history") or []))
     parts.append(_calibration(report.get("calibration") or {}))
     parts.append(_backfill(report.get("backfill") or {}))
+    parts.append(_two_stage(report.get("two_stage"), metrics))
     parts.append(_meanings(measured_meanings(report.get("metric_meanings") or {}, metrics)))
     body = "\n".join(p for p in parts if p)
     return (

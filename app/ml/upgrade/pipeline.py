@@ -51,6 +51,7 @@ from app.ml.upgrade.alternatives import (
 )
 from app.ml.upgrade.data import QueryLog, UpgradeData, UpgradeOutcome, split_queries
 from app.ml.upgrade.outlook import transition_outlook
+from app.ml.upgrade.two_stage_curve import two_stage_curve
 
 
 class Progress:
@@ -353,6 +354,7 @@ def run_explicit(
         history=history,
         recommendation=_verdict(ctx, ev, metrics, method, objective, view, old_model_available),
         calibration=_calibration(ev, model),
+        two_stage=two_stage_curve(ev, model, ctx.seed),
     )
     return UpgradeOutcome(
         model=model, report=json_safe(report), params=params.to_dict(), method=method
@@ -516,6 +518,7 @@ def run_auto(
         },
         recommendation=_verdict(ctx, ev, metrics, chosen, objective, view, old_model_available),
         calibration=_calibration(ev, bridges[chosen]),
+        two_stage=two_stage_curve(ev, bridges[chosen], ctx.seed),
     )
     # The served method's own settings: a shared override only other candidates read is not
     # one of its parameters (an explicit request for it would be refused).
