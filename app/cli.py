@@ -179,6 +179,15 @@ def _add_client_commands(sub: argparse._SubParsersAction) -> None:
         help="with --model: the old model's .npy rows of the same queries (a transition search "
         "while the gallery is partly re-embedded)",
     )
+    search.add_argument(
+        "--rerank-depth",
+        type=int,
+        help="with --model: a two-stage search — this many candidates per query from the old "
+        "index, ranked by the new model (embedded lazily by the model's embedder)",
+    )
+    search.add_argument(
+        "--rerank", action="store_true", help="a two-stage search at the server's default depth"
+    )
     search.add_argument("-o", "--output", help="write the results to .json or .npz")
     search.set_defaults(handler="search")
 

@@ -10,7 +10,8 @@ from app.auth.models import ApiKey, Tenant
 from app.core.db import Base
 from app.core.idempotency import IdempotencyRecord
 from app.datasets.models import Dataset, DatasetItem, DatasetQuery
-from app.galleries.models import AccessCount, AttachedOwner, Gallery, ReturnedWeight
+from app.embedders.models import Embedder
+from app.galleries.models import AccessCount, AttachedOwner, Gallery, GalleryText, ReturnedWeight
 from app.jobs.models import UpgradeJob
 from app.migration.models import BackfillFit
 from app.models.models import TrainedModel
@@ -26,7 +27,9 @@ __all__ = [
     "Dataset",
     "DatasetItem",
     "DatasetQuery",
+    "Embedder",
     "Gallery",
+    "GalleryText",
     "GalleryVector",
     "IdempotencyRecord",
     "ReembeddedVector",

@@ -15,6 +15,7 @@ from app.api.access import router as access_router
 from app.api.body_guard import BodyGuardMiddleware
 from app.api.datasets import router as datasets_router
 from app.api.deps import ServiceState
+from app.api.embedders import router as embedders_router
 from app.api.galleries import router as galleries_router
 from app.api.keys import router as keys_router
 from app.api.models import router as models_router
@@ -29,6 +30,7 @@ from app.core.limits import BodyLimitMiddleware
 from app.core.openapi import install_openapi
 from app.core.security import display_prefix
 from app.core.settings import Settings, get_settings
+from app.embedders.guard import EmbeddingGuards
 from app.galleries.service import verify_all_indexes
 from app.migration.returned import ReturnedTally
 from app.models.service import ModelCache, remove_orphan_artifacts
@@ -73,7 +75,14 @@ def build_state(settings: Settings) -> ServiceState:
     throttle = AuthThrottle(settings.auth_failure_limit, settings.auth_failure_window_s)
     returned = ReturnedTally(settings.search_returned_tally, settings.search_returned_flush_s)
     return ServiceState(
-        settings, db, store, ModelCache(settings), make_runner(db, settings), throttle, returned
+        settings,
+        db,
+        store,
+        ModelCache(settings),
+        make_runner(db, settings),
+        throttle,
+        returned,
+        EmbeddingGuards.of(settings),
     )
 
 
@@ -144,6 +153,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         datasets_router,
         upgrades_router,
         models_router,
+        embedders_router,
         keys_router,
     ):
         app.include_router(router)

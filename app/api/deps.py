@@ -16,6 +16,7 @@ from app.core.db import Database
 from app.core.errors import Problem
 from app.core.idempotency import IdempotencyRequest
 from app.core.settings import Settings
+from app.embedders.guard import EmbeddingGuards
 from app.migration.returned import ReturnedTally
 
 if TYPE_CHECKING:
@@ -36,6 +37,8 @@ class ServiceState:
     throttle: AuthThrottle = field(default_factory=lambda: AuthThrottle(20, 60.0))
     # What searches returned, tallied for the backfill plan (off unless built from settings).
     returned: ReturnedTally = field(default_factory=lambda: ReturnedTally(False, 0))
+    # Two-stage search's embedder circuits and per-tenant embedding budgets.
+    embedding: EmbeddingGuards = field(default_factory=lambda: EmbeddingGuards(3, 30.0, 20_000))
 
 
 def get_state(request: Request) -> ServiceState:

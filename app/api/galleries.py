@@ -121,14 +121,15 @@ async def upsert_vectors(
     gallery_id: str, request: Request, state: StateDep, session: SessionDep, tenant_id: TenantDep
 ) -> dict:
     """Upsert by id, all or nothing: JSON, or multipart `.npy` parts (`ids`, `vectors` or
-    `features`, `labels`; `metadata` as JSON text; `model_id` as plain text or a JSON string)."""
+    `features`, `labels`, `texts`; `metadata` as JSON text; `model_id` as plain text or a JSON
+    string). `texts`: each item's document text, what a two-stage search embeds lazily."""
     # The body first, with no database connection held while it arrives (a slow client must
     # not hold one); then the lookup and the write, in the thread pool.
     fields = await read_body(
         request,
         VectorsUpsert,
         array_fields={"vectors", "features"},
-        string_fields={"ids", "labels"},
+        string_fields={"ids", "labels", "texts"},
         json_fields={"metadata"},
         limits=ArrayLimits.of(state.settings),
         text_fields={"model_id"},
@@ -155,6 +156,7 @@ def _store_vectors(
         matrix_field=matrix_field,
         labels=fields.get("labels"),
         metadata=fields.get("metadata"),
+        texts=fields.get("texts"),
     )
     upserted, count = service.upsert_vectors(
         session, state.settings, state.indexes, state.models, gallery, batch

@@ -22,6 +22,7 @@ from app.core.schemas import (
 )
 from app.core.tenancy import tenant_page
 from app.core.uploads import read_json_model
+from app.embedders.service import set_model_embedder
 from app.galleries.service import refuse_while_bound
 from app.migration.in_place import forget_model
 from app.models import service
@@ -34,6 +35,7 @@ from app.models.schemas import (
     ModelDeleted,
     ModelList,
     ModelOut,
+    ModelPatch,
 )
 from app.search.schemas import NPY_MEDIA_TYPE
 
@@ -62,6 +64,7 @@ def model_out(row: TrainedModel) -> dict[str, Any]:
         "rotation_since_parent": None if rotation is None else rotation.tolist(),
         "artifact_sha256": row.artifact_sha256,
         "artifact_bytes": row.artifact_bytes,
+        "embedder_id": row.embedder_id,
         "created_at": row.created_at,
     }
 
@@ -83,6 +86,16 @@ def list_models(
 @router.get("/{model_id}", response_model=ModelOut)
 def get_model(model_id: str, session: SessionDep, tenant_id: TenantDep) -> dict:
     return model_out(service.get_model(session, tenant_id, model_id))
+
+
+@router.patch("/{model_id}", response_model=ModelOut)
+def patch_model(model_id: str, body: ModelPatch, session: SessionDep, tenant_id: TenantDep) -> dict:
+    """Set or clear the model's `embedder_id`: the embedder (`POST /v1/embedders`) whose vectors
+    are this model's inputs, used by two-stage searches to embed query `texts` and the
+    candidates that have no new vector yet. Its dimension must be the model's input dimension."""
+    row = service.get_model(session, tenant_id, model_id)
+    set_model_embedder(session, tenant_id, row, body.embedder_id)
+    return model_out(row)
 
 
 @router.delete(

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Query, Request, Response
 from starlette.concurrency import run_in_threadpool
 
 from app.api.deps import SessionDep, StateDep, TenantDep
@@ -46,6 +47,7 @@ def _search_openapi() -> dict[str, Any]:
                     )
                 },
                 "k": {"type": "string", "description": "JSON integer"},
+                "rerank": {"type": "string", "description": 'JSON object: {} or {"depth": N}'},
                 "model_id": {"type": "string", "description": "JSON string"},
                 "modality": {"type": "string", "description": "JSON string"},
             },
@@ -66,6 +68,7 @@ def _search_openapi() -> dict[str, Any]:
 async def search(
     gallery_id: str,
     request: Request,
+    response: Response,
     state: StateDep,
     session: SessionDep,
     tenant_id: TenantDep,
@@ -91,7 +94,14 @@ async def search(
     Items re-embedded for the model are scored by `features` natively, the rest by `old_vectors`
     in the gallery's own space, merged in one list (`space` on each hit); nothing re-embedded is
     exactly the old model's search, everything exactly a reindex. Row counts that differ: 422,
-    nothing searched."""
+    nothing searched.
+
+    **Two-stage search** (`rerank`, JSON or multipart): candidates from the gallery's own index
+    (`depth` per query: by `old_vectors` when given, else by the bridged query), ranked by the
+    new model; the queries as `features` or as `texts` (embedded by the model's embedder). A
+    candidate without a new vector but with a stored text is embedded in one batched embedder
+    call and kept as a re-embedded item of the model. If the embedder fails, the answer is the
+    single-stage search with `rerank.degraded` and the header `X-Nobackfill-Degraded`."""
     content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if content_type == "application/json":
         given = [n for n, v in (("k", k), ("model_id", model_id), ("modality", modality)) if v]
@@ -110,7 +120,7 @@ async def search(
                 SearchRequest,
                 array_fields={"vectors", "features", "old_vectors"},
                 string_fields=set(),
-                json_fields={"k"},
+                json_fields={"k", "rerank"},
                 limits=ArrayLimits.of(state.settings),
                 text_fields={"model_id", "modality"},
             )
@@ -125,6 +135,27 @@ async def search(
             "Unsupported media type",
             f"send application/json, {NPY_MEDIA_TYPE} or multipart/form-data with .npy parts",
         )
+
+    if query.rerank:
+
+        def run_two_stage() -> dict:
+            gallery = get_gallery(session, tenant_id, gallery_id)
+            results, info = service.search_two_stage(
+                session,
+                state.settings,
+                state.indexes,
+                state.models,
+                state.embedding,
+                tenant_id,
+                gallery,
+                query,
+                state.returned,
+            )
+            if info["degraded"]:
+                response.headers["X-Nobackfill-Degraded"] = info["degraded"]
+            return {"results": results, "rerank": info}
+
+        return await run_in_threadpool(run_two_stage)
 
     def run() -> dict:
         gallery = get_gallery(session, tenant_id, gallery_id)
@@ -155,7 +186,7 @@ def _multipart_query(fields: dict[str, Any]) -> service.SearchQuery:
     model_id = fields.get("model_id")
     if model_id is not None and len(model_id) > 40:
         raise invalid("model_id", "a model id is at most 40 characters")
-    return service.SearchQuery.build(
+    query = service.SearchQuery.build(
         fields.get("vectors"),
         fields.get("features"),
         fields.get("old_vectors"),
@@ -163,3 +194,18 @@ def _multipart_query(fields: dict[str, Any]) -> service.SearchQuery:
         model_id,
         fields.get("modality"),
     )
+    rerank = fields.get("rerank")
+    if rerank is None:
+        return query
+    depth = rerank.get("depth") if isinstance(rerank, dict) else None
+    if (
+        not isinstance(rerank, dict)
+        or set(rerank) - {"depth"}
+        or not (
+            depth is None or (isinstance(depth, int) and not isinstance(depth, bool) and depth >= 1)
+        )
+    ):
+        raise invalid("rerank", 'a JSON object: {} or {"depth": N} with N ≥ 1')
+    if model_id is None:
+        raise invalid("rerank", "a two-stage search needs model_id (the new model)")
+    return replace(query, rerank=True, rerank_depth=depth)

@@ -394,37 +394,57 @@ class Client(Transport):
         model_id: str | None = None,
         modality: str | None = None,
         old_queries: np.ndarray | Sequence[Sequence[float]] | None = None,
+        rerank_depth: int | None = None,
+        rerank: bool = False,
     ) -> SearchResults:
         """The ``k`` nearest gallery items of each query row (old-space vectors, or with
         ``model_id`` that model's input features), sent as ``.npy`` bodies in batches.
 
         ``old_queries`` with ``model_id``: a transition search — the old model's vectors of the
-        same queries score the items not yet re-embedded for the model (sent as multipart)."""
+        same queries score the items not yet re-embedded for the model (sent as multipart).
+        ``rerank`` (or a ``rerank_depth``) with ``model_id``: a two-stage search — candidates
+        from the old index (by ``old_queries`` when given), ranked by the new model; each
+        batch's report is in ``SearchResults.reranks``."""
         matrix = float_matrix(queries, "queries")
         old = None if old_queries is None else float_matrix(old_queries, "old_queries")
         if old is not None and (model_id is None or len(old) != len(matrix)):
             raise ValueError("old_queries: give model_id, and one row per query row")
+        rerank = rerank or rerank_depth is not None
+        if rerank and model_id is None:
+            raise ValueError("rerank: a two-stage search needs model_id")
         parts = RowParts({"queries": matrix} | ({} if old is None else {"old": old}))
         params = drop_none({"k": k, "model_id": model_id, "modality": modality})
+        if rerank:
+            params["rerank"] = drop_none({"depth": rerank_depth})
         rows: list[list[dict[str, Any]]] = []
+        reranks: list[dict[str, Any]] = []
         start = 0
         while start < len(matrix):
             batch = self.limits.rows_for(parts)
             stop = min(len(matrix), start + batch)
-            if old is None:
+            if old is None and not rerank:
                 body: dict[str, Any] = {
                     "params": params,
                     "content": npy_bytes(matrix[start:stop]),
                     "headers": {"Content-Type": NPY_MEDIA_TYPE},
                 }
             else:
-                files = {
-                    "features": ("features.npy", npy_bytes(matrix[start:stop]), NPY_MEDIA_TYPE),
-                    "old_vectors": ("old.npy", npy_bytes(old[start:stop]), NPY_MEDIA_TYPE),
-                } | {
-                    name: (None, json.dumps(value), "application/json")
-                    for name, value in params.items()
-                }
+                files = (
+                    {
+                        "features": ("features.npy", npy_bytes(matrix[start:stop]), NPY_MEDIA_TYPE),
+                    }
+                    | (
+                        {}
+                        if old is None
+                        else {
+                            "old_vectors": ("old.npy", npy_bytes(old[start:stop]), NPY_MEDIA_TYPE)
+                        }
+                    )
+                    | {
+                        name: (None, json.dumps(value), "application/json")
+                        for name, value in params.items()
+                    }
+                )
                 body = {"files": files}
             try:
                 response = self.request(
@@ -434,9 +454,14 @@ class Client(Transport):
                 if exc.status == 413 and self.limits.lower_from(exc.detail, stop - start, parts):
                     continue
                 raise
-            rows += response.json()["results"]
+            answer = response.json()
+            rows += answer["results"]
+            if "rerank" in answer:
+                reranks.append(answer["rerank"])
             start = stop
-        return SearchResults.from_rows(rows, k)
+        found = SearchResults.from_rows(rows, k)
+        found.reranks = reranks
+        return found
 
     # -- keys (an admin key) --------------------------------------------------------------------
     def create_key(self, name: str | None = None, *, admin: bool = False) -> dict[str, Any]:

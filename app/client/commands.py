@@ -451,6 +451,11 @@ def search(client: Client, args: argparse.Namespace) -> int:
             raise CommandError(
                 f"--old-queries has {len(old_queries)} rows, --queries {len(queries)}"
             )
+    rerank = args.rerank or args.rerank_depth is not None
+    if rerank and args.model is None:
+        raise CommandError("--rerank: a two-stage search needs --model too")
+    if args.rerank_depth is not None and args.rerank_depth < 1:
+        raise CommandError("--rerank-depth: at least 1")
     found = client.search(
         args.gallery,
         queries,
@@ -458,7 +463,16 @@ def search(client: Client, args: argparse.Namespace) -> int:
         model_id=args.model,
         modality=args.modality,
         old_queries=old_queries,
+        rerank_depth=args.rerank_depth,
+        rerank=rerank,
     )
+    for report in found.reranks:
+        if report.get("degraded"):
+            print(
+                f"warning: two-stage search degraded ({report['degraded']}): these results are "
+                "the single-stage search",
+                file=sys.stderr,
+            )
     if output is not None:
         write_results(found, output)
     text = "\n".join(

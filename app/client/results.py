@@ -3,7 +3,7 @@ fewer than ``k`` items."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -21,6 +21,8 @@ class SearchResults:
     scores: np.ndarray | None
     labels: np.ndarray
     rows: list[list[dict[str, Any]]]
+    # A two-stage search's report per batch sent (depth, embedded, degraded…).
+    reranks: list[dict[str, Any]] = field(default_factory=list)
 
     @classmethod
     def from_rows(cls, rows: list[list[dict[str, Any]]], k: int) -> SearchResults:

@@ -119,6 +119,55 @@ class Settings(BaseSettings):
         default=10.0, gt=0, description="timeout of one request to an attached Milvus server"
     )
 
+    # Embedders and two-stage search (issue 43).
+    embedder_allowed_urls: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="the embedding endpoints a tenant may register (URL prefixes, matched as "
+        "qdrant_allowed_urls). Empty (the default): none, so that no tenant can make the server "
+        "call an address of its choosing",
+    )
+    embedder_api_key_env_prefix: str = Field(
+        default="NOBACKFILL_EMBEDDER_KEY",
+        min_length=1,
+        description="an embedder's `api_key_env` must be this name or start with it (its value "
+        "is sent to the tenant's URL: no other variable may be named)",
+    )
+    embedder_timeout_s: float = Field(
+        default=10.0, gt=0, description="timeout of one call to an embedder"
+    )
+    embedder_max_batch: int = Field(
+        default=256, ge=1, description="the largest `max_batch` an embedder may be registered with"
+    )
+    embedder_circuit_failures: int = Field(
+        default=3, ge=1, description="consecutive failed calls that open an embedder's circuit"
+    )
+    embedder_circuit_open_s: float = Field(
+        default=30.0, gt=0, description="seconds a circuit stays open (searches degrade at once)"
+    )
+    embed_items_per_minute: int = Field(
+        default=20_000,
+        ge=1,
+        description="texts a tenant's searches may have embedded per minute (429 beyond)",
+    )
+    max_embedders_per_tenant: int = Field(default=20, ge=1)
+    max_text_length: int = Field(
+        default=8192, ge=1, description="characters of one document text stored with an item"
+    )
+    rerank_default_depth: int = Field(
+        default=200,
+        ge=1,
+        description="candidates a two-stage search reranks when `rerank` names no depth "
+        "(bench.quality.two_stage's validation choice on public text search)",
+    )
+    rerank_max_depth: int = Field(
+        default=1000, ge=1, description="the largest `rerank.depth` a search may ask for"
+    )
+    rerank_max_candidates: int = Field(
+        default=100_000,
+        ge=1,
+        description="queries × depth one two-stage search may rerank (422 beyond, before work)",
+    )
+
     # HTTP.
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=1, le=65535)
@@ -235,7 +284,11 @@ class Settings(BaseSettings):
     )
 
     @field_validator(
-        "qdrant_allowed_urls", "milvus_allowed_urls", "attach_shared_urls", mode="before"
+        "qdrant_allowed_urls",
+        "milvus_allowed_urls",
+        "attach_shared_urls",
+        "embedder_allowed_urls",
+        mode="before",
     )
     @classmethod
     def _url_list(cls, value: object) -> object:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import JSON, BigInteger, Float, ForeignKey, String, UniqueConstraint
+from sqlalchemy import JSON, BigInteger, Float, ForeignKey, String, Text, UniqueConstraint
 from sqlalchemy.orm import Mapped, mapped_column
 
 from app.core.db import Base, utcnow
@@ -103,3 +103,18 @@ class AttachedOwner(Base):
     collection: Mapped[str] = mapped_column(String(255))
     tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"), index=True)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class GalleryText(Base):
+    """An item's document text (issue 43, item 2): what a two-stage search sends to the model's
+    embedder when the item has no new vector yet. Keyed by the item's internal id; written in
+    the same transaction as the item's vector, replaced or removed with it, and gone with the
+    gallery (cascade)."""
+
+    __tablename__ = "gallery_texts"
+
+    gallery_id: Mapped[str] = mapped_column(
+        ForeignKey("galleries.id", ondelete="CASCADE"), primary_key=True
+    )
+    vector_id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
+    text: Mapped[str] = mapped_column(Text)

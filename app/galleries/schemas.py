@@ -238,6 +238,11 @@ class VectorsUpsert(StrictModel):
     )
     labels: list[str] | None = None
     metadata: list[dict[str, Any] | None] | None = None
+    texts: list[str | None] | None = Field(
+        default=None,
+        description="each item's document text (null: none), what a two-stage search sends to "
+        "a model's embedder for items it has no new vector of; replaced with the item",
+    )
 
 
 class VectorsDelete(StrictModel):
@@ -412,6 +417,7 @@ VECTORS_MULTIPART = {
         "vectors": {"type": "string", "format": "binary", "description": ".npy float N×D"},
         "features": {"type": "string", "format": "binary", "description": ".npy float N×D"},
         "labels": {"type": "string", "format": "binary", "description": ".npy of strings"},
+        "texts": {"type": "string", "format": "binary", "description": ".npy of strings"},
         "metadata": {"type": "string", "description": "JSON array of objects"},
         "model_id": {
             "type": "string",

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from sqlalchemy import delete, func, select, update
+from sqlalchemy import delete, func, insert, select, update
 from sqlalchemy.orm import Session
 
 from app.core.arrays import as_matrix, check_batch_size, check_count, check_ids, check_labels
@@ -22,7 +22,7 @@ from app.core.errors import FieldError, conflict, invalid, invalid_fields, not_f
 from app.core.settings import Settings
 from app.core.tenancy import check_name_free, check_tenant_limit, get_owned
 from app.galleries.attach import attach_gallery, refuse_writes, release
-from app.galleries.models import AccessCount, Gallery, ReturnedWeight
+from app.galleries.models import AccessCount, Gallery, GalleryText, ReturnedWeight
 from app.galleries.schemas import GalleryCreate
 from app.ml.geometry.space import DEFAULT_CURVATURE, DEFAULT_LIFT_SCALE
 from app.models.models import TrainedModel
@@ -62,6 +62,7 @@ class VectorBatch:
     matrix_field: str
     labels: Sequence[Any] | None
     metadata: Sequence[Any] | None
+    texts: Sequence[Any] | None = None
 
 
 def index_spec(gallery: Gallery) -> IndexSpec:
@@ -232,7 +233,64 @@ def _validate_batch(
             raise invalid_fields(
                 [FieldError(f"metadata[{i}]", "must be an object") for i in bad[:20]]
             )
+    check_texts(batch.texts, len(ids), settings.max_text_length)
     return ids, stored, points
+
+
+def check_texts(texts: Sequence[Any] | None, n: int, max_length: int) -> None:
+    """422 naming each bad entry: one per id, a string (≤ ``max_length`` characters, no NUL) or
+    null."""
+    if texts is None:
+        return
+    check_count(len(texts), "texts", n)
+    errors = []
+    for i, text in enumerate(texts):
+        if text is None:
+            continue
+        if not isinstance(text, str):
+            errors.append(FieldError(f"texts[{i}]", "must be a string or null"))
+        elif len(text) > max_length:
+            errors.append(
+                FieldError(f"texts[{i}]", f"longer than {max_length} characters (MAX_TEXT_LENGTH)")
+            )
+        elif "\x00" in text:
+            errors.append(FieldError(f"texts[{i}]", "NUL characters are not allowed"))
+        if len(errors) >= 20:
+            break
+    if errors:
+        raise invalid_fields(errors)
+
+
+def _write_texts(
+    session: Session, gallery: Gallery, vector_ids: np.ndarray, texts: Sequence[Any] | None
+) -> None:
+    """An upserted item's text replaces whatever text it had (none given: none kept): a new
+    vector is new content."""
+    _delete_rows(session, GalleryText, gallery, GalleryText.vector_id, vector_ids.tolist())
+    if texts is None:
+        return
+    rows = [
+        {"gallery_id": gallery.id, "vector_id": int(v), "text": t}
+        for v, t in zip(vector_ids.tolist(), texts, strict=True)
+        if t is not None
+    ]
+    if rows:
+        session.execute(insert(GalleryText), rows)
+
+
+def item_texts(session: Session, gallery_id: str, vector_ids: Sequence[int]) -> dict[int, str]:
+    """The stored texts of these items (those that have one)."""
+    out: dict[int, str] = {}
+    wanted = [int(v) for v in vector_ids]
+    for start in range(0, len(wanted), IN_CHUNK):
+        rows = session.execute(
+            select(GalleryText.vector_id, GalleryText.text).where(
+                GalleryText.gallery_id == gallery_id,
+                GalleryText.vector_id.in_(wanted[start : start + IN_CHUNK]),
+            )
+        )
+        out.update({int(v): t for v, t in rows})
+    return out
 
 
 def _delete_rows(session: Session, table: Any, gallery: Gallery, column: Any, values: list) -> None:
@@ -338,6 +396,7 @@ def upsert_vectors(
         written = storage.upsert(session, gallery, ids, stored, labels, metadata)
         # A replaced item is new content: features re-embedded from the old one are stale.
         _forget_reembedded(session, gallery, written.replaced)
+        _write_texts(session, gallery, np.asarray(written.ids), batch.texts)
         gallery.count = _counted(session, storage, gallery, gallery.count + written.inserted)
         gallery.index_version += 1
         gallery.updated_at = utcnow()
@@ -373,6 +432,7 @@ def delete_vectors(
         previous_version = gallery.index_version
         removed = storage.delete(session, gallery, ids)
         _forget_reembedded(session, gallery, removed)
+        _delete_rows(session, GalleryText, gallery, GalleryText.vector_id, removed.tolist())
         _forget_access(session, gallery, list(existing))
         _forget_returned(session, gallery, removed)
         gallery.count = _counted(session, storage, gallery, gallery.count - len(removed))

@@ -31,7 +31,7 @@ from app.core.errors import FieldError, conflict, invalid, invalid_fields
 from app.core.settings import Settings
 from app.galleries.frames import same_space
 from app.galleries.models import Gallery
-from app.galleries.service import IN_CHUNK, _lock_gallery, gallery_points
+from app.galleries.service import IN_CHUNK, _lock_gallery, gallery_points, item_texts
 from app.migration.models import BackfillFit
 from app.migration.traffic import read_signals, returned_summary, traffic_choice
 from app.ml.backfill.mixed import (
@@ -107,6 +107,42 @@ def store_reembedded(
         replace_rows(session, gallery, row.id, [existing[i] for i in ids], blobs)
         session.commit()
     return len(ids), reembedded_count(session, gallery.id, row.id)
+
+
+def store_embedded(
+    session: Session,
+    store: IndexStore,
+    gallery: Gallery,
+    row: TrainedModel,
+    names: dict[int, str],
+    texts: dict[int, str],
+    matrix: np.ndarray,
+) -> int:
+    """Store features a search embedded lazily (two-stage search) as re-embedded items of
+    ``row``: ``names`` maps each row's internal id (in ``matrix`` order) to its item id,
+    ``texts`` to the text that was embedded. Under the gallery's locks: an item deleted, or
+    whose text changed, since the search read it is skipped (its new content has no features
+    yet), one that another search stored meanwhile is left as it is. Committed; returns how
+    many were stored."""
+    vector_ids = list(names)
+    blobs = {
+        v: np.ascontiguousarray(r, dtype="<f4").tobytes()
+        for v, r in zip(vector_ids, matrix, strict=True)
+    }
+    with locked_upload(session, store, gallery, row) as gallery:
+        current = storage_for(session, gallery).lookup(session, gallery, list(names.values()))
+        now_texts = item_texts(session, gallery.id, vector_ids)
+        alive = [
+            v
+            for v in vector_ids
+            if current.get(names[v], (None,))[0] == v and now_texts.get(v) == texts[v]
+        ]
+        taken = set(reembedded_ids(session, gallery.id, row.id).tolist())
+        fresh = [v for v in alive if v not in taken]
+        if fresh:
+            replace_rows(session, gallery, row.id, fresh, [blobs[v] for v in fresh])
+        session.commit()
+    return len(fresh)
 
 
 @contextmanager

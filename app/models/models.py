@@ -45,4 +45,8 @@ class TrainedModel(Base):
     # Continual trainers' state (what the next task continues from), checksummed like the model.
     state_path: Mapped[str | None] = mapped_column(String(512))
     state_sha256: Mapped[str | None] = mapped_column(String(64))
+    # The new backbone's embedding endpoint (``app.embedders``): what a two-stage search embeds
+    # query texts and candidates with. None: searches send features and no candidate is
+    # embedded lazily.
+    embedder_id: Mapped[str | None] = mapped_column(ForeignKey("embedders.id"), default=None)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)

@@ -28,7 +28,17 @@ class ModelOut(BaseModel):
     rotation_since_parent: list[list[float]] | None
     artifact_sha256: str
     artifact_bytes: int
+    embedder_id: str | None = Field(
+        default=None, description="the embedder its two-stage searches use (PATCH to set)"
+    )
     created_at: datetime
+
+
+class ModelPatch(StrictModel):
+    """What a model's owner may change: the embedder its two-stage searches use (null clears
+    it)."""
+
+    embedder_id: str | None = Field(min_length=1, max_length=40)
 
 
 class ModelList(Page):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
 from app.core.schemas import Matrix, ModalityName, StrictModel
 
@@ -54,9 +54,34 @@ class SearchRequest(StrictModel):
         description="the old model's vectors of the same queries: with model_id and features, "
         "a transition search (items not re-embedded are scored by these in the old space)",
     )
+    texts: list[str] | None = Field(
+        default=None,
+        min_length=1,
+        description="with model_id and rerank: the queries as text, embedded by the model's "
+        "embedder (with its query prefix) instead of sending features",
+    )
     k: int = Field(default=10, ge=1, description="neighbours per query (≤ the configured max_k)")
     model_id: str | None = Field(default=None, min_length=1, max_length=40)
     modality: ModalityName | None = None
+    rerank: dict[str, int] | None = Field(
+        default=None,
+        description="two-stage search: candidates from the gallery's own index (by old_vectors "
+        "when given, else by the bridged query), ranked by the new model: `{}` for the default "
+        'depth, `{"depth": N}` for N candidates per query',
+        json_schema_extra={"properties": {"depth": {"type": "integer", "minimum": 1}}},
+    )
+
+    @field_validator("rerank")
+    @classmethod
+    def _rerank(cls, value: dict[str, int] | None) -> dict[str, int] | None:
+        if value is None:
+            return None
+        extra = sorted(set(value) - {"depth"})
+        if extra:
+            raise ValueError(f"unknown key {extra[0]!r}: only depth")
+        if "depth" in value and value["depth"] < 1:
+            raise ValueError("depth must be ≥ 1")
+        return value
 
 
 MIXED_TEXT = (
@@ -66,7 +91,10 @@ MIXED_TEXT = (
     "features (`distance` is their angle in radians); `old` — by the bridged query (a transition "
     "search: the query's `old_vectors`) against its old vector (`distance` as above). `score` is then the calibrated "
     "−ln of the estimated share of the gallery scoring above the item in its own space, which "
-    "ranks both kinds in one order (larger is nearer)."
+    "ranks both kinds in one order (larger is nearer). In a two-stage search (`rerank`): `new` "
+    "— ranked by the new model's cosine (`score`; `distance` its angle in radians); `old` — a "
+    "candidate with no new vector (no text, or nothing embedded), after every `new` one in the "
+    "old index's order (`score` and `distance` as in a plain search)."
 )
 
 
@@ -78,5 +106,22 @@ class Neighbour(BaseModel):
     space: Literal["old", "new"] | None = Field(default=None, description=MIXED_TEXT)
 
 
+class RerankOut(BaseModel):
+    """How a two-stage search went."""
+
+    depth: int = Field(description="candidates per query from the old index")
+    candidates: int = Field(description="distinct candidates over the queries")
+    embedded: int = Field(description="candidates this search embedded and stored for the model")
+    scored_new: int = Field(description="distinct candidates ranked by the new model")
+    degraded: str | None = Field(
+        default=None,
+        description="why the new model could not rank the candidates (the embedder down, slow, "
+        "answering garbage, its circuit open): the results are then the single-stage search "
+        "(transition with old_vectors, else bridged), also said by the header "
+        "`X-Nobackfill-Degraded`",
+    )
+
+
 class SearchResponse(BaseModel):
     results: list[list[Neighbour]]
+    rerank: RerankOut | None = None

@@ -3,18 +3,19 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 from sqlalchemy.orm import Session
 
 from app.core.arrays import as_matrix, check_batch_size, check_count
-from app.core.errors import FieldError, conflict, invalid, invalid_fields
+from app.core.errors import FieldError, conflict, invalid, invalid_fields, unavailable
 from app.core.settings import Settings
+from app.embedders.guard import EmbeddingGuards
 from app.galleries.frames import frame_map, same_space
 from app.galleries.models import Gallery
-from app.galleries.service import index_for
+from app.galleries.service import check_texts, index_for
 from app.migration.returned import ReturnedTally
 from app.models.service import BACKBONE, ModelCache, embed_features, get_model, resolve_modality
 from app.search.schemas import SearchRequest
@@ -37,16 +38,49 @@ class SearchQuery:
     field: str = "vectors"
     # A transition search: the old model's vectors of the same queries (rows of ``vectors``).
     old_vectors: Sequence[Sequence[float]] | np.ndarray | None = None
+    # A two-stage search: ``rerank`` set, ``rerank_depth`` None for the server's default; the
+    # queries may come as ``texts`` (then ``vectors`` is empty) for the model's embedder.
+    rerank: bool = False
+    rerank_depth: int | None = None
+    texts: Sequence[str] | None = None
 
     @classmethod
     def of(cls, request: SearchRequest) -> SearchQuery:
-        return cls.build(
+        if request.rerank is not None and request.model_id is None:
+            raise invalid("rerank", "a two-stage search needs model_id (the new model)")
+        if request.texts is not None:
+            return cls.with_texts(request)
+        query = cls.build(
             request.vectors,
             request.features,
             request.old_vectors,
             request.k,
             request.model_id,
             request.modality,
+        )
+        if request.rerank is None:
+            return query
+        return replace(query, rerank=True, rerank_depth=request.rerank.get("depth"))
+
+    @classmethod
+    def with_texts(cls, request: SearchRequest) -> SearchQuery:
+        """Queries as text: a two-stage search through the model's embedder."""
+        assert request.texts is not None
+        if request.model_id is None or request.rerank is None:
+            raise invalid("texts", "query texts need model_id and rerank (a two-stage search)")
+        given = [n for n in ("vectors", "features") if getattr(request, n) is not None]
+        if given:
+            raise invalid(given[0], "give texts or vectors/features, not both")
+        return cls(
+            [],
+            request.k,
+            request.model_id,
+            request.modality,
+            "features",
+            request.old_vectors,
+            rerank=True,
+            rerank_depth=request.rerank.get("depth"),
+            texts=request.texts,
         )
 
     @classmethod
@@ -189,20 +223,31 @@ def _mixed_search(
             from_native[q].tolist(),
             strict=True,
         ):
-            if vector_id < 0 or vector_id not in items:
-                continue
-            item_id, label = items[vector_id]
-            hit: dict[str, Any] = {
-                "id": item_id,
-                "distance": distance,
-                "score": score,
-                "space": "new" if native else "old",
-            }
-            if label is not None:
-                hit["label"] = label
-            hits.append(hit)
+            hit = _hit(items, vector_id, distance, score, "new" if native else "old")
+            if hit is not None:
+                hits.append(hit)
         results.append(hits)
     return results
+
+
+def _hit(
+    items: dict[int, tuple[str, str | None]],
+    vector_id: int,
+    distance: float,
+    score: float,
+    space: str | None,
+) -> dict[str, Any] | None:
+    """One hit as answered; None for a padded slot or an item deleted since the search read
+    it (skipped)."""
+    if vector_id < 0 or vector_id not in items:
+        return None
+    item_id, label = items[vector_id]
+    hit: dict[str, Any] = {"id": item_id, "distance": distance, "score": score}
+    if space is not None:
+        hit["space"] = space
+    if label is not None:
+        hit["label"] = label
+    return hit
 
 
 def _transition_queries(
@@ -282,17 +327,135 @@ def _plain_search(
     for row_ids, row_dist, row_scores in zip(
         ids.tolist(), distances.tolist(), scores.tolist(), strict=True
     ):
-        hits = []
-        for faiss_id, distance, score in zip(row_ids, row_dist, row_scores, strict=True):
-            # A vector deleted between the index read and this lookup is simply skipped.
-            if faiss_id < 0 or faiss_id not in items:
-                continue
-            item_id, label = items[faiss_id]
-            hit: dict[str, Any] = {"id": item_id, "distance": distance, "score": score}
-            if old_space:
-                hit["space"] = "old"
-            if label is not None:
-                hit["label"] = label
-            hits.append(hit)
-        results.append(hits)
+        # A vector deleted between the index read and this lookup is simply skipped.
+        space = "old" if old_space else None
+        results.append(
+            [
+                hit
+                for faiss_id, distance, score in zip(row_ids, row_dist, row_scores, strict=True)
+                if (hit := _hit(items, faiss_id, distance, score, space))
+            ]
+        )
     return results
+
+
+def search_two_stage(
+    session: Session,
+    settings: Settings,
+    store: IndexStore,
+    cache: ModelCache,
+    guards: EmbeddingGuards,
+    tenant_id: str,
+    gallery: Gallery,
+    request: SearchQuery,
+    tally: ReturnedTally | None = None,
+) -> tuple[list[list[dict[str, Any]]], dict[str, Any]]:
+    """A two-stage search (``app.search.two_stage``): (the hits of every query, how it went).
+    Every part of the request is checked before anything is searched or embedded; an embedder
+    that fails turns the answer into the single-stage search (``degraded`` says why)."""
+    from app.migration.reembed import backbone_for
+    from app.search import two_stage
+
+    texts = request.texts
+    n = len(texts) if texts is not None else len(request.vectors)
+    if request.k > settings.max_k:
+        raise invalid("k", f"must be ≤ {settings.max_k}")
+    check_batch_size(
+        n, "texts" if texts is not None else request.field, settings.max_vectors_per_request
+    )
+    if texts is not None:
+        check_texts(texts, n, settings.max_text_length)
+    depth = two_stage.check_depth(settings, request.rerank_depth, n, request.k)
+    two_stage.refuse_attached(gallery, ATTACHED)
+    assert request.model_id is not None
+    row = backbone_for(session, tenant_id, gallery, request.model_id)
+    modality = resolve_modality(row, request.modality)
+    info: dict[str, Any] = {
+        "depth": depth,
+        "candidates": 0,
+        "embedded": 0,
+        "scored_new": 0,
+        "degraded": None,
+    }
+    if texts is not None:
+        spec = two_stage.embedder_of(session, row)
+        if spec is None:
+            raise conflict(
+                f"model {row.id} has no embedder to embed query texts: PATCH /v1/models/{row.id} "
+                "with an embedder_id, or send features"
+            )
+        if request.old_vectors is not None:
+            check_count(len(request.old_vectors), "old_vectors", n, "texts")
+            as_matrix(request.old_vectors, "old_vectors", dim=gallery.dim, max_dim=settings.max_dim)
+        try:
+            features = two_stage.guarded_embed(
+                settings, guards, tenant_id, spec, list(texts), "query"
+            )
+        except two_stage.Degraded as exc:
+            if request.old_vectors is None:
+                raise unavailable(
+                    f"the model's embedder is unavailable ({exc.reason}) and the queries came as "
+                    "text only; retry, or send features or old_vectors",
+                    int(settings.embedder_circuit_open_s),
+                ) from exc
+            info["degraded"] = exc.reason
+            old = as_matrix(
+                request.old_vectors, "old_vectors", dim=gallery.dim, max_dim=settings.max_dim
+            )
+            plain = _plain_search(
+                session,
+                settings,
+                store,
+                gallery,
+                lifted_points(gallery, old),
+                request.k,
+                True,
+                tally,
+            )
+            return plain, info
+        request = replace(request, vectors=features, field="features", texts=None)
+    if request.old_vectors is not None:
+        stage = _transition_queries(session, settings, tenant_id, gallery, request)
+    else:
+        stage = _queries(session, settings, cache, tenant_id, gallery, request)
+    features = as_matrix(
+        request.vectors, request.field, dim=int(row.input_dims[modality]), max_dim=settings.max_dim
+    )
+    index = index_for(session, store, gallery)
+    ids, distances, points = index.search_with_points(
+        stage,
+        depth,
+        overfetch=settings.search_overfetch,
+        min_candidates=settings.search_min_candidates,
+    )
+    old_scores = hit_scores(gallery, stage, points, distances)
+    candidates = np.unique(ids[ids >= 0])
+    names = _item_names(session, gallery, candidates.tolist())
+    info["candidates"] = int(candidates.size)
+    try:
+        vectors, embedded = two_stage.new_vectors(
+            session, settings, store, guards, tenant_id, gallery, row, candidates, names
+        )
+    except two_stage.Degraded as exc:
+        info["degraded"] = exc.reason
+        single = replace(request, rerank=False)
+        return search_gallery(
+            session, settings, store, cache, tenant_id, gallery, single, tally
+        ), info
+    info["embedded"] = embedded
+    info["scored_new"] = int((vectors.positions(candidates) >= 0).sum())
+    ranked = two_stage.ranked(ids, distances, old_scores, features, vectors, request.k)
+    if tally is not None:
+        returned = np.full((len(ranked), request.k), -1, dtype=np.int64)
+        for q, hits in enumerate(ranked):
+            returned[q, : len(hits)] = [h[0] for h in hits]
+        tally.record(gallery.id, returned)
+    results = [
+        [
+            hit
+            for vector_id, distance, score, new in hits
+            if (hit := _hit(names, vector_id, distance, score, "new" if new else "old"))
+        ]
+        for hits in ranked
+    ]
+    return results, info

@@ -1,12 +1,15 @@
 """Cut the small real-data fixtures the tests use from the WordNet-noun data.
 
-    python -m bench.data.make_fixtures   # writes tests/fixtures/wordnet_small.npz and wordnet-mini/
+    python -m bench.data.make_fixtures   # writes tests/fixtures/wordnet_small.npz, its texts and wordnet-mini/
 
 Deterministic: the same data gives the same files.
 
 - ``wordnet_small.npz`` holds ``PER_CLASS`` synsets from each of the ``N_CLASSES`` largest fine
   classes (lexname + depth-4 ancestor), with gloss and lemma embeddings from both models (float16,
   as in the source), and each class's name embedding (the lemmas of the class's ancestor synset).
+- ``wordnet_small_texts.json`` holds the same synsets' texts in the same order: ``lemma`` (the
+  lemmas joined by ", ", the text the lemma vectors embed) and ``gloss``; the embedder stand-in
+  of the tests (``bench.common.embedder_server``) answers these texts with their recorded vectors.
 - ``wordnet-mini/`` is a data folder in the full data's own layout (``meta.jsonl.gz``,
   ``<field>.<model>.f16.npy``, ``ancestors.*``) with the old model's rows only: every class of the
   continual stream cut to its minimum size and a slice of each retrieval group. The benchmarks'
@@ -42,6 +45,7 @@ from bench.quality.continual_stream import (
 N_CLASSES = 16
 PER_CLASS = 50
 OUT = REPO_ROOT / "tests/fixtures/wordnet_small.npz"
+TEXTS_OUT = REPO_ROOT / "tests/fixtures/wordnet_small_texts.json"
 # Items per retrieval group in the mini folder (the continual --quick run takes up to 400).
 MINI_RETRIEVAL_ITEMS = 100
 
@@ -148,6 +152,20 @@ def build_mini_data_dir(data_dir: Path | None = None, out: Path = FIXTURE_DATA_D
     return out
 
 
+def build_texts(data_dir: Path | None = None, fixture: Path = OUT, out: Path = TEXTS_OUT) -> Path:
+    """The fixture's synsets' lemma and gloss texts, in the fixture's row order."""
+    data = load_wordnet(data_dir)
+    by_id = {m["synset_id"]: m for m in data.meta}
+    with np.load(fixture) as f:
+        ids = [str(i) for i in f["synset_id"]]
+    rows = [
+        {"synset_id": i, "lemma": ", ".join(by_id[i]["lemmas"]), "gloss": by_id[i]["gloss"]}
+        for i in ids
+    ]
+    out.write_text(json.dumps(rows, ensure_ascii=False, indent=0) + "\n")
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data-dir", type=Path, default=None)
@@ -155,6 +173,7 @@ def main() -> None:
     parser.add_argument("--mini-out", type=Path, default=FIXTURE_DATA_DIR)
     args = parser.parse_args()
     print(build_fixture(args.data_dir, args.out))
+    print(build_texts(args.data_dir, args.out))
     print(build_mini_data_dir(args.data_dir, args.mini_out))
 
 

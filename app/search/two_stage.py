@@ -1,0 +1,215 @@
+"""Two-stage search in the service (issue 43, items 4 and 7): candidates from the gallery's own
+index, ranked by the new model; candidates without a new vector embedded lazily from their
+stored texts and kept as re-embedded items of the model, so the migration advances in traffic
+order by itself.
+
+The math is ``app.ml.backfill.two_stage`` (the same rerank the benchmark measures, weight 0: the
+new model alone among the candidates). Here: which candidates have new vectors, one batched
+embedder call per request for those that do not (their texts), the guards (a circuit per
+embedder, a budget per tenant), and the order of the hits. Anything the embedder gets wrong
+raises ``Degraded``: the caller answers the single-stage search instead, and nothing
+half-embedded is stored (vectors are checked whole before ``store_embedded`` writes them in one
+transaction).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from sqlalchemy.orm import Session
+
+from app.core.errors import Problem, conflict
+from app.core.settings import Settings
+from app.embedders.client import EmbedderFailed, EmbedderSpec, embed_texts
+from app.embedders.guard import EmbeddingGuards
+from app.embedders.models import Embedder
+from app.embedders.service import spec_of
+from app.galleries.models import Gallery
+from app.galleries.service import item_texts
+from app.migration.reembed import reembedded_features, store_embedded
+from app.ml.backfill.two_stage import unit
+from app.models.models import TrainedModel
+from app.vectors.index_store import IndexStore
+
+# One lazy re-embed at a time per (gallery, model) in this process: two searches that need the
+# same candidates never embed them twice (the second finds them stored).
+_lazy_locks: dict[tuple[str, str], threading.Lock] = {}
+_lazy_guard = threading.Lock()
+
+
+def _lazy_lock(gallery_id: str, model_id: str) -> threading.Lock:
+    with _lazy_guard:
+        return _lazy_locks.setdefault((gallery_id, model_id), threading.Lock())
+
+
+class Degraded(Exception):
+    """The new model cannot rank these candidates now; ``reason`` says why (a slug)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class NewVectors:
+    """The model's new vectors of some items: sorted internal ids and their unit rows."""
+
+    ids: np.ndarray
+    rows: np.ndarray
+
+    @classmethod
+    def of(cls, ids: np.ndarray, rows: np.ndarray) -> NewVectors:
+        order = np.argsort(ids, kind="stable")
+        return cls(ids[order], rows[order])
+
+    def positions(self, wanted: np.ndarray) -> np.ndarray:
+        """Row of each wanted id, −1 where it has none."""
+        if self.ids.size == 0:
+            return np.full(wanted.shape, -1, dtype=np.int64)
+        at = np.clip(np.searchsorted(self.ids, wanted), 0, self.ids.size - 1)
+        return np.where(self.ids[at] == wanted, at, -1)
+
+
+def embedder_of(session: Session, row: TrainedModel) -> EmbedderSpec | None:
+    if row.embedder_id is None:
+        return None
+    embedder = session.get(Embedder, row.embedder_id)
+    return None if embedder is None else spec_of(embedder)
+
+
+def guarded_embed(
+    settings: Settings,
+    guards: EmbeddingGuards,
+    tenant_id: str,
+    spec: EmbedderSpec,
+    texts: Sequence[str],
+    kind: str,
+) -> np.ndarray:
+    """The embedder's vectors of ``texts``, through the tenant's budget (429 with Retry-After
+    when spent) and the embedder's circuit; raises ``Degraded`` on any failure."""
+    if guards.circuits.is_open(spec.id):
+        raise Degraded("embedder-circuit-open")
+    wait = guards.budgets.take(tenant_id, len(texts))
+    if wait:
+        raise Problem(
+            429,
+            "Embedding budget spent",
+            f"this search needs {len(texts)} texts embedded and the tenant's budget "
+            f"(NOBACKFILL_EMBED_ITEMS_PER_MINUTE = {settings.embed_items_per_minute}) is spent; "
+            "retry later, or search without rerank",
+            headers={"Retry-After": str(wait)},
+            slug="embedding-budget",
+        )
+    try:
+        vectors = embed_texts(spec, texts, kind, settings.embedder_timeout_s)
+    except EmbedderFailed as exc:
+        guards.circuits.record(spec.id, False)
+        raise Degraded(f"embedder-{exc.reason}") from exc
+    guards.circuits.record(spec.id, True)
+    return vectors
+
+
+def new_vectors(
+    session: Session,
+    settings: Settings,
+    store: IndexStore,
+    guards: EmbeddingGuards,
+    tenant_id: str,
+    gallery: Gallery,
+    row: TrainedModel,
+    candidates: np.ndarray,
+    names: dict[int, tuple[str, str | None]],
+) -> tuple[NewVectors, int]:
+    """(the model's new vectors of the gallery's re-embedded items, how many this call
+    embedded): candidates without one but with a stored text are embedded first, in one
+    batched embedder call, and stored. Raises ``Degraded`` when the embedder fails."""
+    spec = embedder_of(session, row)
+    with _lazy_lock(gallery.id, row.id):
+        ids, rows = reembedded_features(session, gallery.id, row.id)
+        have = NewVectors.of(ids, rows)
+        missing = candidates[have.positions(candidates) < 0]
+        missing = np.array([v for v in missing.tolist() if v in names], dtype=np.int64)
+        if spec is None or missing.size == 0:
+            return have, 0
+        texts = item_texts(session, gallery.id, missing.tolist())
+        wanted = [v for v in missing.tolist() if v in texts]
+        if not wanted:
+            return have, 0
+        vectors = guarded_embed(
+            settings, guards, tenant_id, spec, [texts[v] for v in wanted], "document"
+        )
+        stored = store_embedded(
+            session,
+            store,
+            gallery,
+            row,
+            {v: names[v][0] for v in wanted},
+            {v: texts[v] for v in wanted},
+            vectors,
+        )
+        ids, rows = reembedded_features(session, gallery.id, row.id)
+        return NewVectors.of(ids, rows), stored
+
+
+def ranked(
+    ids: np.ndarray,
+    distances: np.ndarray,
+    old_scores: np.ndarray,
+    query_features: np.ndarray,
+    vectors: NewVectors,
+    k: int,
+) -> list[list[tuple[int, float, float, bool]]]:
+    """Per query its k hits as (internal id, distance, score, scored by the new model): the
+    candidates with a new vector by the new cosine (ties: the old index's order), then the
+    others in the old index's order."""
+    queries = unit(query_features)
+    out = []
+    for q in range(ids.shape[0]):
+        valid = ids[q] >= 0
+        row_ids, row_dist, row_old = ids[q][valid], distances[q][valid], old_scores[q][valid]
+        at = vectors.positions(row_ids)
+        scored = at >= 0
+        cos = np.zeros(row_ids.shape, dtype=np.float64)
+        if scored.any():
+            cos[scored] = vectors.rows[at[scored]] @ queries[q]
+        new_order = np.nonzero(scored)[0][np.argsort(-cos[scored], kind="stable")]
+        old_order = np.nonzero(~scored)[0]
+        hits: list[tuple[int, float, float, bool]] = []
+        for i in new_order.tolist():
+            c = float(np.clip(cos[i], -1.0, 1.0))
+            hits.append((int(row_ids[i]), float(np.arccos(c)), c, True))
+        for i in old_order.tolist():
+            hits.append((int(row_ids[i]), float(row_dist[i]), float(row_old[i]), False))
+        out.append(hits[:k])
+    return out
+
+
+def check_depth(settings: Settings, depth: int | None, n_queries: int, k: int) -> int:
+    """The depth a request gets, or 422 naming ``rerank.depth`` before any work."""
+    from app.core.errors import invalid
+
+    depth = settings.rerank_default_depth if depth is None else depth
+    if depth > settings.rerank_max_depth:
+        raise invalid("rerank.depth", f"must be ≤ {settings.rerank_max_depth} (RERANK_MAX_DEPTH)")
+    if depth < k:
+        raise invalid("rerank.depth", f"must be ≥ k ({k}): the hits come from the candidates")
+    if n_queries * depth > settings.rerank_max_candidates:
+        raise invalid(
+            "rerank.depth",
+            f"{n_queries} queries × depth {depth} exceeds {settings.rerank_max_candidates} "
+            "candidates per request (RERANK_MAX_CANDIDATES): send fewer queries or a smaller "
+            "depth",
+        )
+    return depth
+
+
+def refuse_attached(gallery: Gallery, attached: Any) -> None:
+    if gallery.vector_storage in attached:
+        raise conflict(
+            "two-stage search runs on galleries whose vectors the service stores; an attached "
+            "collection's re-embedded vectors live in the collection: use a transition search"
+        )
