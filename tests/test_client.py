@@ -35,9 +35,10 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningService]
     service.stop()
 
 
-def has_route(server: RunningService, path: str) -> bool:
-    """Whether this build serves ``path`` (endpoints other branches add)."""
-    return path in httpx.get(f"{server.url}/openapi.json", timeout=30).json()["paths"]
+def require_route(server: RunningService, path: str) -> None:
+    """Fail, never skip, when the server does not serve ``path``: a missing endpoint is a bug."""
+    paths = httpx.get(f"{server.url}/openapi.json", timeout=30).json()["paths"]
+    assert path in paths, f"{path} is not served"
 
 
 class RecordingTransport(httpx.HTTPTransport):
@@ -308,8 +309,7 @@ def test_cancel_stops_a_job(
 def test_queries_upload_in_batches(
     server: RunningService, tmp_path: Path, paired: tuple[str, str], wordnet_small: dict
 ) -> None:
-    if not has_route(server, "/v1/datasets/{dataset_id}/queries"):
-        pytest.skip("POST /v1/datasets/{id}/queries is not in this build yet")
+    require_route(server, "/v1/datasets/{dataset_id}/queries")
     _, dataset_id = paired
     ids, old, new = wordnet_small["synset_id"], wordnet_small[OLD], wordnet_small[NEW]
     query_ids = np.array([f"q{i}" for i in range(100)])

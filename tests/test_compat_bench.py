@@ -219,8 +219,15 @@ def test_quick_run_measures_every_method_and_auto_in_both_views(quick_payload: d
             for key in ("instance.recall@1", "instance.recall@10", "instance.mrr@100"):
                 assert 0.0 <= rows[name][key][0] <= 1.0, (name, key)
             assert rows[name]["p_com.cmc1"] is not None and rows[name]["p_up.cmc1"] is not None
-            mean, _, low, high = rows[name]["p_com.cmc1"]
-            assert low <= mean <= high
+            # The interval is Student's t over this row's per-seed figures, recomputed here (a
+            # swapped, symmetric-by-construction or query-only interval fails).
+            part = "metrics" if summary is sc["summary"] else "final_metrics"
+            values = compat_report.per_seed(sc["runs"], name, "p_com.cmc1", part)
+            mean, sd, low, high = rows[name]["p_com.cmc1"]
+            assert len(values) >= 2, name
+            assert (mean, low, high) == pytest.approx(t_interval(values)), name
+            assert sd == pytest.approx(float(np.std(values, ddof=1)))
+            assert high - low > 0 or np.ptp(values) == 0, name
         # Stay finds every item's own old vector first.
         assert rows["stay"]["instance.recall@1"][0] == 1.0
         assert set(summary["reference"]["cmc1"]) <= {"raw_new", "independent"}

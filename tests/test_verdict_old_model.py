@@ -44,7 +44,11 @@ def test_own_item_recall_is_never_counted_as_losing_to_the_old_model() -> None:
 
 def test_the_objective_view_losing_is_named_too() -> None:
     verdict = recommend(_class_and_instance(0.257, 0.338), "hbct", "class")
-    assert verdict["action"] in ("transition", "stay")
+    # The new model (reindex 0.45) beats the old one and the bridge does not: transition.
+    assert verdict["action"] == "transition"
+    worse_new = _class_and_instance(0.257, 0.338)
+    worse_new["reindex"]["class"]["cmc1"] = 0.30
+    assert recommend(worse_new, "hbct", "class")["action"] == "stay"
     assert [b["view"] for b in verdict["below_old_model"]] == ["class"]
     gone = recommend(_class_and_instance(0.257, 0.338), "hbct", "class", old_model_available=False)
     # Staying is not an option, but the user still learns the bridge is below the old model.

@@ -88,8 +88,10 @@ def save(path: Path, array: np.ndarray) -> str:
     return str(path)
 
 
-def has_route(server: RunningService, path: str) -> bool:
-    return path in httpx.get(f"{server.url}/openapi.json", timeout=30).json()["paths"]
+def require_route(server: RunningService, path: str) -> None:
+    """Fail, never skip, when the server does not serve ``path``: a missing endpoint is a bug."""
+    paths = httpx.get(f"{server.url}/openapi.json", timeout=30).json()["paths"]
+    assert path in paths, f"{path} is not served"
 
 
 def gallery_count(server: RunningService, gallery_id: str) -> int:
@@ -402,8 +404,7 @@ def test_export_command(
     tmp_path: Path,
     request: pytest.FixtureRequest,
 ) -> None:
-    if not has_route(server, "/v1/models/{model_id}/export"):
-        pytest.skip("GET /v1/models/{id}/export is not in this build yet")
+    require_route(server, "/v1/models/{model_id}/export")
     trained = request.getfixturevalue("trained")
     exported = tmp_path / "model.zip"
     code, out, err = cli(capsys, "export", trained[1], "--format", "onnx", "-o", str(exported))
@@ -426,8 +427,7 @@ def test_report_command(
     tmp_path: Path,
     request: pytest.FixtureRequest,
 ) -> None:
-    if not has_route(server, "/v1/upgrades/{upgrade_id}/report.html"):
-        pytest.skip("GET /v1/upgrades/{id}/report.html is not in this build yet")
+    require_route(server, "/v1/upgrades/{upgrade_id}/report.html")
     trained = request.getfixturevalue("trained")
     page = tmp_path / "report.html"
     code, _, err = cli(capsys, "report", trained[0], "-o", str(page))
@@ -449,8 +449,7 @@ def test_download_failures_leave_no_file(capsys: pytest.CaptureFixture, tmp_path
 def test_queries_command(
     server: RunningService, capsys: pytest.CaptureFixture, tmp_path: Path, wordnet_small: dict
 ) -> None:
-    if not has_route(server, "/v1/datasets/{dataset_id}/queries"):
-        pytest.skip("POST /v1/datasets/{id}/queries is not in this build yet")
+    require_route(server, "/v1/datasets/{dataset_id}/queries")
     ids, old, new = wordnet_small["synset_id"], wordnet_small[OLD], wordnet_small[NEW]
     gallery_id = make_gallery(capsys, old.shape[1], "queries")
     cli_json(capsys, "gallery", "upload", gallery_id, "--ids", save(tmp_path / "ids.npy", ids),
