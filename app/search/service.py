@@ -271,6 +271,20 @@ def _transition_queries(
     return lifted_points(gallery, old)
 
 
+def check_k(settings: Settings, k: int, n_queries: int) -> None:
+    """422 naming ``k`` before any work: above ``max_k``, or queries × k above
+    ``max_hits_per_request`` (an answer's size and the memory behind it grow with both)."""
+    if k > settings.max_k:
+        raise invalid("k", f"must be ≤ {settings.max_k}")
+    if n_queries * k > settings.max_hits_per_request:
+        raise invalid(
+            "k",
+            f"{n_queries} queries × k {k} = {n_queries * k} hits exceeds "
+            f"{settings.max_hits_per_request} per request (MAX_HITS_PER_REQUEST): send fewer "
+            "queries per request or a smaller k",
+        )
+
+
 def search_gallery(
     session: Session,
     settings: Settings,
@@ -284,8 +298,7 @@ def search_gallery(
     """The hits of every query row; ``tally`` (the service's) records what was returned."""
     if isinstance(request, SearchRequest):
         request = SearchQuery.of(request)
-    if request.k > settings.max_k:
-        raise invalid("k", f"must be ≤ {settings.max_k}")
+    check_k(settings, request.k, len(request.vectors))
     check_batch_size(len(request.vectors), request.field, settings.max_vectors_per_request)
     transition = request.old_vectors is not None
     if transition:
@@ -358,8 +371,7 @@ def search_two_stage(
 
     texts = request.texts
     n = len(texts) if texts is not None else len(request.vectors)
-    if request.k > settings.max_k:
-        raise invalid("k", f"must be ≤ {settings.max_k}")
+    check_k(settings, request.k, n)
     check_batch_size(
         n, "texts" if texts is not None else request.field, settings.max_vectors_per_request
     )

@@ -165,3 +165,27 @@ def test_features_need_a_model_and_exclude_vectors(client: TestClient) -> None:
         404,
     )
     assert snapshot(client) == before
+
+
+def test_queries_times_k_is_bounded_before_any_work(make_client) -> None:
+    """Issue 45 item 6: 10,000 queries × k = 1,000 was within every limit and took 8 GB. Now
+    queries × k above MAX_HITS_PER_REQUEST is a 422 naming k, for JSON and .npy bodies alike."""
+    client = make_client(max_hits_per_request=100)
+    gallery_id = make_gallery(client)
+    seed_vectors(client, gallery_id)
+    queries = np.random.default_rng(1).normal(size=(20, 4)).astype(np.float32)
+    url = f"/v1/galleries/{gallery_id}/search"
+    before = snapshot(client)
+    refused = problem(client.post(url, json={"vectors": queries.tolist(), "k": 10}), 422)
+    assert field_names(refused) == ["k"] and "MAX_HITS_PER_REQUEST" in refused["detail"]
+    npy = client.post(
+        url,
+        content=npy_body(queries),
+        params={"k": 10},
+        headers={"Content-Type": "application/x-npy"},
+    )
+    assert field_names(problem(npy, 422)) == ["k"]
+    assert snapshot(client) == before
+    # At the bound exactly: answered.
+    answered = client.post(url, json={"vectors": queries[:10].tolist(), "k": 10})
+    assert answered.status_code == 200 and len(answered.json()["results"]) == 10
