@@ -179,9 +179,22 @@ def test_the_outlook_runs_from_staying_to_reindexing_and_suggests_a_measurable_s
     assert f"first {share:.0%}" in verdict["next_step"]
 
 
-def test_a_transition_verdict_of_an_upgrade_carries_its_share_and_figure() -> None:
+def test_a_transition_verdict_of_an_upgrade_carries_its_share_and_figure(monkeypatch) -> None:
+    """Where two-stage search has no evidence (no curve measured), a new model that beats the
+    old one and a bridge that does not give a transition verdict with its share and figure."""
+    from app.ml.upgrade import pipeline
+
     new, old, q_new, q_old, relevant = _synthetic(n=500, nq=500, seed=3)
     data = UpgradeData(new, old, None, QueryLog(q_new, q_old, relevant))
+    with_two_stage = run_backbone_upgrade("procrustes", data, EuclideanLift(), eval_fraction=0.4)
+    # With the curve measured, two stages beat staying here by far: that is the verdict.
+    first = with_two_stage.report["recommendation"]
+    assert first["action"] == "two-stage", first["why"]
+    assert first["two_stage"]["depth"] == with_two_stage.report["two_stage"]["default_depth"]
+    gain = first["two_stage"]["gain"]
+    assert gain["mean"] > 2 * gain["se"] > 0
+    assert "--rerank-depth" in first["next_step"]
+    monkeypatch.setattr(pipeline, "two_stage_curve", lambda *args, **kwargs: None)
     out = run_backbone_upgrade("procrustes", data, EuclideanLift(), eval_fraction=0.4)
     rec = out.report["recommendation"]
     assert rec["action"] == "transition", rec["why"]

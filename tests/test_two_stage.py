@@ -176,3 +176,17 @@ def test_new_cosines_agree_gathered_and_from_one_product(arrays) -> None:
     for ids in (few, many):
         expected = np.einsum("qd,qkd->qk", unit(q), unit(docs)[ids])
         np.testing.assert_allclose(new_cosines(q, docs, ids, budget=4096), expected, atol=1e-5)
+
+
+def test_the_published_section_is_the_results_file_rendered() -> None:
+    """BENCHMARKS' two-stage section is ``render`` of the committed results, to the character:
+    no figure there is typed by hand."""
+    import json
+
+    from bench.common.report import BENCHMARKS
+
+    payload = json.loads(bench.OUT.read_text())
+    text = BENCHMARKS.read_text()
+    section = text.split("<!-- two-stage:start -->", 1)[1].split("<!-- two-stage:end -->", 1)[0]
+    assert section.strip() == f"## {bench.TITLE}\n\n{bench.render(payload)}".strip()
+    assert payload["held_back"]["evaluated"] is False and len(payload["runs"]) >= 5

@@ -87,3 +87,10 @@ def test_an_upgrade_report_carries_the_curve() -> None:
     assert curve["old"]["10"]["recall@10"] == metrics["stay"]["query"]["recall@10"]
     assert curve["bridge"]["10"]["recall@10"] == metrics["procrustes"]["query"]["recall@10"]
     assert abs(curve["old"]["200"]["recall@10"] - metrics["reindex"]["query"]["recall@10"]) < 0.05
+
+
+def test_the_served_default_depth_is_the_one_verdicts_judge() -> None:
+    from app.core.settings import Settings
+    from app.ml.upgrade.two_stage_curve import DEFAULT_DEPTH
+
+    assert Settings(_env_file=None).rerank_default_depth == DEFAULT_DEPTH

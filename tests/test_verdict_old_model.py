@@ -65,3 +65,72 @@ def test_the_report_page_shows_the_warning() -> None:
     assert "below the old model" not in render_report_html(
         {"id": "upg_x", "method": "hbct", "report": {"recommendation": quiet}}
     )
+
+
+def _query_metrics(bridge: float, stay: float, reindex: float) -> dict:
+    return {
+        "served": {
+            "query": {"recall@10": bridge},
+            "arr": {"query": {"recall@10": bridge / reindex}},
+        },
+        "reindex": {"query": {"recall@10": reindex}},
+        "stay": {"query": {"recall@10": stay}},
+    }
+
+
+def _curve(old: float, old_gain: tuple[float, float], bridged: float, bridged_gain) -> dict:
+    def entry(value, gain):
+        return {"200": {"recall@10": value, "gain": {"mean": gain[0], "se": gain[1]}}}
+
+    return {
+        "default_depth": 200,
+        "queries": 300,
+        "gain_against": {"old": "stay", "bridge": "bridge"},
+        "old": entry(old, old_gain),
+        "bridge": entry(bridged, bridged_gain),
+    }
+
+
+def test_two_stage_is_the_verdict_only_where_its_paired_gain_is_significant() -> None:
+    metrics = _query_metrics(bridge=0.44, stay=0.49, reindex=0.57)
+    significant = _curve(0.56, (0.07, 0.01), 0.55, (0.11, 0.01))
+    rec = recommend(metrics, "served", "query", two_stage=significant)
+    assert rec["action"] == "two-stage" and rec["two_stage"]["depth"] == 200
+    assert rec["two_stage"]["expected_recall@10"] == 0.56 and rec["two_stage"]["against"] == "stay"
+    # Within two standard errors: no evidence, the earlier rules answer (transition here).
+    noisy = _curve(0.56, (0.015, 0.01), 0.55, (0.11, 0.01))
+    assert recommend(metrics, "served", "query", two_stage=noisy)["action"] == "transition"
+    # Below the bridge alone: not two-stage either.
+    beaten = recommend(
+        _query_metrics(bridge=0.60, stay=0.49, reindex=0.62),
+        "served",
+        "query",
+        two_stage=_curve(0.58, (0.09, 0.01), 0.55, (0.11, 0.01)),
+    )
+    assert beaten["action"] == "bridge"
+    # Another view (class): two-stage is a query-view figure and is not used.
+    assert (
+        recommend(metrics, "served", "query", view="instance", two_stage=significant)["action"]
+        == "measure"
+    )
+
+
+def test_with_the_old_model_gone_two_stage_needs_most_of_the_reindex() -> None:
+    metrics = _query_metrics(bridge=0.30, stay=0.49, reindex=0.57)
+    gone = recommend(
+        metrics,
+        "served",
+        "query",
+        old_model_available=False,
+        two_stage=_curve(0.56, (0.07, 0.01), 0.55, (0.25, 0.01)),
+    )
+    assert gone["action"] == "two-stage" and gone["two_stage"]["against"] == "bridge"
+    assert "--old-queries" not in gone["next_step"]
+    weak = recommend(
+        metrics,
+        "served",
+        "query",
+        old_model_available=False,
+        two_stage=_curve(0.56, (0.07, 0.01), 0.40, (0.10, 0.01)),
+    )
+    assert weak["action"] == "reindex"  # 0.40 < 0.75 × 0.57

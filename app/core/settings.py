@@ -156,8 +156,8 @@ class Settings(BaseSettings):
     rerank_default_depth: int = Field(
         default=200,
         ge=1,
-        description="candidates a two-stage search reranks when `rerank` names no depth "
-        "(bench.quality.two_stage's validation choice on public text search)",
+        description="candidates a two-stage search reranks when `rerank` names no depth; the "
+        "default is the depth an upgrade's verdict judges (app.ml.upgrade.two_stage_curve)",
     )
     rerank_max_depth: int = Field(
         default=1000, ge=1, description="the largest `rerank.depth` a search may ask for"

@@ -29,7 +29,8 @@ seed means (95 %, ``bench.common.stats``), so it covers the split draw and the q
 each seed. A target is met when the interval of the paired difference clears it.
 
 ``python -m bench.quality.two_stage [--seeds 5] [--quick]``: ``bench/results/two_stage.json`` and
-BENCHMARKS' "two-stage" section (``--quick``: the committed fixture, no section written).
+BENCHMARKS' "two-stage" section (``--quick``: the committed fixture, no section written);
+``--render`` writes the section again from the results file without running.
 """
 
 from __future__ import annotations
@@ -70,6 +71,7 @@ DEPTH_TOLERANCE = 0.005
 SCALE_QUERIES, SCALE_DOCS = 300, 1000
 SOURCES = ("old", "bridge")  # stage one by the old model's query vector / by the bridged query
 K = 10
+TITLE = "Two-stage search (issue 43)"
 
 
 def held_back(n: int) -> np.ndarray:
@@ -224,7 +226,7 @@ ROWS = {
     "bridge": "bridge (Procrustes, centred; new lemma → old gloss)",
     "reindex": "reindex (new lemma → new gloss)",
     "two_stage_old": "two-stage: candidates by the old query vector, new-model rerank (fused)",
-    "two_stage_old_new_only": "the same at weight 0 (new model alone among the candidates)",
+    "two_stage_old_new_only": "the same at weight 0, the new model alone (what the service serves)",
     "two_stage_bridge": "two-stage: candidates by the bridged query (old model gone)",
     "fused_all": "fused old + new over the whole gallery (transition at 100 %)",
 }
@@ -317,7 +319,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--quick", action="store_true", help="the committed fixture")
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument(
+        "--render", action="store_true", help="re-render the section from --out (no run)"
+    )
     args = parser.parse_args(argv)
+    if args.render:
+        import json
+
+        payload = json.loads((args.out or OUT).read_text())
+        publish(payload, args.out or OUT, render(payload), "two-stage", TITLE)
+        return payload
     t0 = time.perf_counter()
     arrays = load_arrays(args.quick)
     runs = []
@@ -346,7 +357,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     }
     out = args.out or (QUICK_OUT if args.quick else OUT)
     section = None if args.quick else "two-stage"
-    publish(payload, out, render(payload), section, "Two-stage search (issue 43)")
+    publish(payload, out, render(payload), section, TITLE)
     return payload
 
 

@@ -15,6 +15,13 @@ Rule, on the held-out figures of the objective's primary metric (``PRIMARY_METRI
    - **stay** when neither the bridge nor the new model beats the old one.
 3. With the old model gone (``old_model_available`` false) there is no stay and no transition:
    **reindex** when the bridge's ARR is below ``REINDEX_BELOW_ARR``, else **bridge**.
+4. **two-stage** first, on the query view, when the upgrade measured it (``two_stage``, the
+   report's depth curve, at ``DEFAULT_DEPTH``): candidates from the old index ranked by the new
+   model beat the single-stage search they stand for — stay's (old model running) or the
+   bridge's (old model gone) — by more than ``SIGNIFICANCE`` standard errors of the paired
+   per-query difference, and reach at least the bridge's recall@10 (old model running) or
+   ``REINDEX_BELOW_ARR`` of the reindex's (old model gone). Its cost is an embedder the service
+   calls for the candidates it has no new vector of; what it embeds is kept.
 """
 
 from __future__ import annotations
@@ -28,12 +35,19 @@ from app.ml.auto.candidates import PRIMARY_METRIC
 # gallery would give: the measured Procrustes bridge keeps 0.77 of R@10 on public text search
 # (data README), a level users accept as "most of the gain"; 0.75 leaves that just inside.
 REINDEX_BELOW_ARR = 0.75
+# Standard errors of the paired per-query gain a two-stage verdict needs (the transition
+# outlook's rule, ``app.ml.upgrade.outlook.SIGNIFICANCE``): below it a user's own measurement
+# could not tell the gain from noise.
+SIGNIFICANCE = 2.0
 RULE = (
     "measure when the objective's view cannot compare the options (own-item recall, or no old "
     "query vectors while the old model runs); with the old model: bridge when the bridge beats "
     f"it and keeps ≥ {REINDEX_BELOW_ARR} of reindex, transition when the new model beats it "
     f"otherwise, else stay; without it: reindex when the bridge keeps < {REINDEX_BELOW_ARR}, "
-    "else bridge"
+    "else bridge; before these, two-stage when reranking the old index's candidates by the new "
+    f"model beats stay's search (or, the old model gone, the bridge's) by > {SIGNIFICANCE} "
+    "standard errors of the paired per-query gain and reaches the bridge's recall@10 (or, the "
+    f"old model gone, {REINDEX_BELOW_ARR} of reindex)"
 )
 # What to upload so that the next upgrade can answer, by the view that was missing.
 MISSING = {
@@ -96,6 +110,40 @@ def _below_sentence(below: list[dict[str, Any]], served: str) -> str:
     )
 
 
+def _two_stage_pick(
+    two_stage: dict[str, Any] | None,
+    view: str,
+    old_model_available: bool,
+    bridge: float | None,
+    reindex: float | None,
+) -> dict[str, Any] | None:
+    """The two-stage option the rule allows (rule 4 of the module docstring), or None."""
+    if two_stage is None or view != "query":
+        return None
+    source = "old" if old_model_available else "bridge"
+    depth = two_stage.get("default_depth")
+    entry = two_stage.get(source, {}).get(str(depth))
+    if entry is None:
+        return None
+    gain = entry["gain"]
+    if not (math.isfinite(gain["se"]) and gain["mean"] > SIGNIFICANCE * gain["se"]):
+        return None
+    value = entry["recall@10"]
+    if old_model_available and bridge is not None and value < bridge:
+        return None
+    if not old_model_available and (reindex is None or value < REINDEX_BELOW_ARR * reindex):
+        return None
+    return {
+        "depth": int(depth),
+        "candidates_from": "the old model's query vectors" if source == "old" else "the bridge",
+        "expected_recall@10": value,
+        "gain": gain,
+        "against": two_stage.get("gain_against", {}).get(source, source),
+        "queries": two_stage.get("queries"),
+        "embedded_per_query": entry.get("embedded_per_query"),
+    }
+
+
 def recommend(
     metrics: dict[str, dict[str, Any]],
     served: str,
@@ -103,6 +151,7 @@ def recommend(
     view: str | None = None,
     old_model_available: bool = True,
     outlook: dict[str, Any] | None = None,
+    two_stage: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """``metrics`` as ``alternatives.assemble`` returns it; ``served`` the bridge's name there.
     ``view`` overrides the objective's view when that view was not measurable. ``outlook``: the
@@ -141,6 +190,28 @@ def recommend(
         )
         out["missing"] = [missing]
         next_step = f"upload {missing}"
+    elif (
+        pick := _two_stage_pick(two_stage, view, old_model_available, bridge, reindex)
+    ) is not None:
+        action = "two-stage"
+        gain = pick["gain"]
+        why = (
+            f"Two stages beat {pick['against']}: {numbers}. Candidates from the old index "
+            f"(by {pick['candidates_from']}, depth {pick['depth']}) ranked by the new model: "
+            f"recall@10 {_fmt(pick['expected_recall@10'])}, {gain['mean']:+.3f} per query over "
+            f"{pick['against']} (± {gain['se']:.3f} standard error, paired, {pick['queries']} "
+            "held-out queries; the dataset's new features stood in for the embedder)."
+        )
+        next_step = (
+            "register the new backbone's embedding endpoint and give it to the model "
+            "(POST /v1/embedders, PATCH /v1/models/{id} with embedder_id), upload the items' "
+            "texts with their vectors, then search with rerank: nobackfill search GALLERY "
+            "--model MODEL --queries new_q.npy"
+            + (" --old-queries old_q.npy" if old_model_available else "")
+            + f" --rerank-depth {pick['depth']} — the candidates it embeds are kept, so the "
+            "migration advances with traffic"
+        )
+        out["two_stage"] = pick
     elif not old_model_available:
         if keeps_enough:
             action = "bridge"

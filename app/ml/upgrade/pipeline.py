@@ -292,14 +292,16 @@ def _verdict(
     objective: str,
     view: str | None,
     old_model_available: bool,
+    two_stage: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The recommendation; a transition verdict also measures the transition search's curve on
-    the held-out queries (``app.ml.upgrade.outlook``) to say how much to re-embed first."""
-    verdict = recommend(metrics, served, objective, view, old_model_available)
+    """The recommendation (``two_stage``: the report's two-stage curve, for rule 4 of
+    ``app.ml.auto.verdict``); a transition verdict also measures the transition search's curve
+    on the held-out queries (``app.ml.upgrade.outlook``) to say how much to re-embed first."""
+    verdict = recommend(metrics, served, objective, view, old_model_available, None, two_stage)
     if verdict["action"] != "transition":
         return verdict
     outlook = transition_outlook(ev, ctx.seed)
-    return recommend(metrics, served, objective, view, old_model_available, outlook)
+    return recommend(metrics, served, objective, view, old_model_available, outlook, two_stage)
 
 
 def run_explicit(
@@ -344,6 +346,7 @@ def run_explicit(
     metrics, ev = _held_out(ctx, bridges, independent, eval_idx, eval_q, progress)
     report = _report_base(ctx, objective, train_idx, eval_idx, train_q, eval_q)
     view, _ = _selection_view(ev, objective)
+    curve = two_stage_curve(ev, model, ctx.seed)
     report.update(
         method=method,
         requested_method=method,
@@ -352,9 +355,11 @@ def run_explicit(
         views=list(ev.views),
         metrics=metrics,
         history=history,
-        recommendation=_verdict(ctx, ev, metrics, method, objective, view, old_model_available),
+        recommendation=_verdict(
+            ctx, ev, metrics, method, objective, view, old_model_available, curve
+        ),
         calibration=_calibration(ev, model),
-        two_stage=two_stage_curve(ev, model, ctx.seed),
+        two_stage=curve,
     )
     return UpgradeOutcome(
         model=model, report=json_safe(report), params=params.to_dict(), method=method
@@ -494,6 +499,7 @@ def run_auto(
     # The served model is its candidate's method with the candidate's settings in its
     # parameters (class-map-mlp: class-map with map_hidden), so the stored method is one an
     # explicit request accepts; the report names the candidate too.
+    curve = two_stage_curve(ev, bridges[chosen], ctx.seed)
     report.update(
         method=METHOD_OF[chosen],
         requested_method="auto",
@@ -516,9 +522,11 @@ def run_auto(
             "skipped_candidates": {n: "needs labels" for n in auto.skipped(ctx.labelled)},
             "note": note,
         },
-        recommendation=_verdict(ctx, ev, metrics, chosen, objective, view, old_model_available),
+        recommendation=_verdict(
+            ctx, ev, metrics, chosen, objective, view, old_model_available, curve
+        ),
         calibration=_calibration(ev, bridges[chosen]),
-        two_stage=two_stage_curve(ev, bridges[chosen], ctx.seed),
+        two_stage=curve,
     )
     # The served method's own settings: a shared override only other candidates read is not
     # one of its parameters (an explicit request for it would be refused).

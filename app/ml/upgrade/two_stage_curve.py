@@ -22,13 +22,40 @@ from app.ml.methods.models import EmbeddingModel
 from app.ml.upgrade.alternatives import EvalSet
 
 DEPTHS = (10, 25, 50, 100, 200)
+# The depth a two-stage search takes by default, and the one a verdict judges: the depth
+# ``bench.quality.two_stage`` chose on its validation queries (public lemma → gloss search;
+# BENCHMARKS' two-stage section), fixed here before any upgrade's held-out query is seen.
+DEFAULT_DEPTH = 200
 # Held-out queries ranked at most (a seeded sample beyond), as the transition outlook.
 MAX_QUERIES = 1000
 
 
+def per_query_recall10(ranked: np.ndarray, relevant: list[np.ndarray]) -> np.ndarray:
+    """Each query's recall@10 (the share of its relevant items in its first 10)."""
+    return np.array(
+        [
+            np.isin(rel, row[:10]).sum() / max(len(np.unique(rel)), 1)
+            for row, rel in zip(ranked, relevant, strict=True)
+        ]
+    )
+
+
+def paired(a: np.ndarray, b: np.ndarray) -> dict[str, float]:
+    """Mean and standard error of the per-query difference a − b (the same queries)."""
+    d = a - b
+    se = float(d.std(ddof=1) / np.sqrt(d.size)) if d.size > 1 else float("nan")
+    return {"mean": float(d.mean()), "se": se}
+
+
 def _curve(
-    ev: EvalSet, stage_queries: np.ndarray, keep: list[int], depths: list[int]
-) -> dict[str, dict[str, float]]:
+    ev: EvalSet,
+    stage_queries: np.ndarray,
+    keep: list[int],
+    depths: list[int],
+    baseline: np.ndarray,
+) -> dict[str, dict[str, Any]]:
+    """The depth curve of one candidate source; ``baseline``: per-query recall@10 of the
+    single-stage search the source stands for (stay, or the bridge), for the paired gain."""
     assert ev.query_features is not None and ev.query_relevant is not None
     ids = top_k(stage_queries, ev.old_points, max(depths), space="lorentz", curv=ev.curv)
     candidates = Candidates(ids, np.zeros(ids.shape, dtype=np.float32))
@@ -41,8 +68,15 @@ def _curve(
             "recall@1": metrics["recall@1"],
             "recall@10": metrics["recall@10"],
             "embedded_per_query": embedded_per_search(candidates, depth),
+            "gain": paired(per_query_recall10(ranked, relevant), baseline),
         }
     return out
+
+
+def _single_stage(ev: EvalSet, queries: np.ndarray, keep: list[int]) -> np.ndarray:
+    assert ev.query_relevant is not None
+    ranked = top_k(queries, ev.old_points, 10, space="lorentz", curv=ev.curv)
+    return per_query_recall10(ranked, [ev.query_relevant[q] for q in keep])
 
 
 def two_stage_curve(ev: EvalSet, served: EmbeddingModel, seed: int = 0) -> dict[str, Any] | None:
@@ -57,8 +91,17 @@ def two_stage_curve(ev: EvalSet, served: EmbeddingModel, seed: int = 0) -> dict[
         keep = sorted(rng.choice(keep, MAX_QUERIES, replace=False).tolist())
     n = ev.old_points.shape[0]
     depths = sorted({min(d, n) for d in DEPTHS})
-    out: dict[str, Any] = {"queries": len(keep), "depths": depths, "weight": 0.0}
+    out: dict[str, Any] = {
+        "queries": len(keep),
+        "depths": depths,
+        "default_depth": min(DEFAULT_DEPTH, n),
+        "weight": 0.0,
+        # What each source's paired gain is against: stay's own search, or the bridge's.
+        "gain_against": {"old": "stay", "bridge": "bridge"},
+    }
     if ev.query_old_points is not None:
-        out["old"] = _curve(ev, ev.query_old_points[keep], keep, depths)
-    out["bridge"] = _curve(ev, served.embed(ev.query_features[keep]), keep, depths)
+        stage = ev.query_old_points[keep]
+        out["old"] = _curve(ev, stage, keep, depths, _single_stage(ev, stage, keep))
+    bridged = served.embed(ev.query_features[keep])
+    out["bridge"] = _curve(ev, bridged, keep, depths, _single_stage(ev, bridged, keep))
     return out
