@@ -42,10 +42,11 @@ def create_upgrade(
 
 
 @router.get("/methods", response_model=MethodsOut)
-def list_methods(tenant_id: TenantDep) -> dict:
+def list_methods(state: StateDep, tenant_id: TenantDep) -> dict:
     """Every method `POST /v1/upgrades` accepts: what it does, whether it needs labels, and each
-    parameter's type, default and accepted range or choices (as the trainer validates them)."""
-    return service.all_methods()
+    parameter's type, default and accepted range or choices (as the trainer validates them, and
+    within this server's caps: `JOB_MAX_EPOCHS`, `JOB_MAX_HIDDEN_DIM`, …)."""
+    return service.all_methods(state.settings)
 
 
 @router.get("", response_model=UpgradeList)

@@ -3,6 +3,7 @@ queued row that a runner executes; cancel through a flag the trainer polls betwe
 
 from __future__ import annotations
 
+import math
 from datetime import UTC, datetime
 from typing import Any
 
@@ -23,10 +24,33 @@ from app.upgrades.schemas import UpgradeCreate
 DEFAULT_STALE_AFTER_S = Settings.model_fields["job_stale_after_s"].default
 
 
-def all_methods() -> dict[str, Any]:
+def server_caps(settings: Settings) -> dict[str, tuple[str, int]]:
+    """Parameters this server caps below what the trainers accept: name → (setting, cap)."""
+    return {
+        "epochs": ("job_max_epochs", settings.job_max_epochs),
+        "hidden_dim": ("job_max_hidden_dim", settings.job_max_hidden_dim),
+        "adapter_hidden": ("job_max_hidden_dim", settings.job_max_hidden_dim),
+        "min_batches_per_epoch": ("job_max_batches_per_epoch", settings.job_max_batches_per_epoch),
+    }
+
+
+def all_methods(settings: Settings) -> dict[str, Any]:
     """The method catalogue: names, descriptions and each parameter's type, default and range,
-    derived from the trainers (``app.upgrades.catalogue``)."""
-    return catalogue.catalogue()
+    derived from the trainers (``app.upgrades.catalogue``), with the maxima this server's caps
+    set (``server_caps``): exactly the ranges a request is accepted in."""
+    out = catalogue.catalogue()
+    caps = server_caps(settings)
+    for entry in out["methods"]:
+        for spec in entry["params"]:
+            if spec["name"] not in caps:
+                continue
+            cap = caps[spec["name"]][1]
+            current = spec.get("maximum")
+            if "exclusive_maximum" in spec:
+                current = min(current or math.inf, spec["exclusive_maximum"] - 1)
+                del spec["exclusive_maximum"]
+            spec["maximum"] = cap if current is None else min(current, cap)
+    return out
 
 
 def get_upgrade(session: Session, tenant_id: str, upgrade_id: str) -> UpgradeJob:
@@ -72,13 +96,7 @@ def _check_quotas(
 ) -> None:
     """What one tenant may ask of the shared workers: parameter ranges (422 naming the
     parameter and its setting) and queued plus running jobs (429 naming the limit)."""
-    caps = {
-        "epochs": ("job_max_epochs", settings.job_max_epochs),
-        "hidden_dim": ("job_max_hidden_dim", settings.job_max_hidden_dim),
-        "adapter_hidden": ("job_max_hidden_dim", settings.job_max_hidden_dim),
-        "min_batches_per_epoch": ("job_max_batches_per_epoch", settings.job_max_batches_per_epoch),
-    }
-    for name, (setting, cap) in caps.items():
+    for name, (setting, cap) in server_caps(settings).items():
         value = params.get(name)
         if isinstance(value, int | float) and not isinstance(value, bool) and value > cap:
             raise invalid(

@@ -199,3 +199,24 @@ def test_job_resource_shows_the_reported_phase(client: TestClient) -> None:
         assert shown["progress"]["phase"] == "evaluating"
     finally:
         state.runner = real
+
+
+def test_the_served_catalogue_states_the_servers_caps(make_client) -> None:
+    """Issue 45 item 8: the catalogue advertised epochs ≤ 10,000 and hidden_dim ≤ 65,536 where
+    requests were refused above 1,000 / 8,192. Every capped maximum is now the cap: a request at
+    it is accepted by the checks, one above it refused naming the parameter."""
+    client = make_client(job_max_epochs=7, job_max_hidden_dim=96, job_runner="inline")
+    body = client.get("/v1/upgrades/methods").json()
+    hbct = next(m for m in body["methods"] if m["name"] == "hbct")
+    spec = {p["name"]: p for p in hbct["params"]}
+    assert spec["epochs"]["maximum"] == 7 and spec["hidden_dim"]["maximum"] == 96
+    assert spec["epochs"].get("exclusive_maximum") is None
+    mlp = next(m for m in body["methods"] if m["name"] == "mlp-adapter")
+    assert {p["name"]: p for p in mlp["params"]}["adapter_hidden"]["maximum"] == 96
+    gallery_id, dataset_id = paired_setup(client)
+    base = {"dataset_id": dataset_id, "method": "hbct"}
+    for name, top in (("epochs", 7), ("hidden_dim", 96)):
+        over = client.post("/v1/upgrades", json={**base, "params": {name: top + 1}})
+        assert problem(over, 422)["errors"][0]["field"] == f"params.{name}"
+    at = client.post("/v1/upgrades", json={**base, "params": {"epochs": 7, "hidden_dim": 96}})
+    assert at.status_code == 202, at.text
