@@ -8,6 +8,7 @@ index file for an older version, which the next start (or the next search) rebui
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -233,8 +234,31 @@ def _validate_batch(
             raise invalid_fields(
                 [FieldError(f"metadata[{i}]", "must be an object") for i in bad[:20]]
             )
+        # JSON has no NaN or Infinity: stored, they would read back as null (data changed).
+        odd = [i for i, m in enumerate(batch.metadata) if m is not None and not _finite_json(m)]
+        if odd:
+            raise invalid_fields(
+                [
+                    FieldError(f"metadata[{i}]", "NaN and Infinity are not JSON numbers")
+                    for i in odd[:20]
+                ]
+            )
     check_texts(batch.texts, len(ids), settings.max_text_length)
     return ids, stored, points
+
+
+def _finite_json(value: Any) -> bool:
+    """No float in ``value`` (nested lists and objects included) is NaN or ±Infinity."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, float) and not math.isfinite(item):
+            return False
+        if isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, list | tuple):
+            stack.extend(item)
+    return True
 
 
 def check_texts(texts: Sequence[Any] | None, n: int, max_length: int) -> None:

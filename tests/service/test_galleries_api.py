@@ -405,3 +405,26 @@ def test_read_stored_vectors_by_id(client: TestClient) -> None:
     problem(client.get(url, params={"ids": ["item-1"]}, headers=rival), 404)
     problem(client.get("/v1/galleries/gal_nope/vectors", params={"ids": ["item-1"]}), 404)
     assert snapshot(client) == before
+
+
+def test_metadata_nan_or_infinity_is_refused_not_nulled(client: TestClient) -> None:
+    """Issue 45 item 8: metadata NaN / Infinity were acknowledged and read back as null."""
+    gallery_id = make_gallery(client)
+    before = snapshot(client)
+    for value in ("NaN", "Infinity", "-Infinity"):
+        body = (
+            '{"ids": ["a", "b"], "vectors": [[1, 0, 0, 0], [0, 1, 0, 0]], '
+            f'"metadata": [{{"ok": 1}}, {{"deep": {{"list": [1, {value}]}}}}]}}'
+        )
+        refused = client.post(
+            f"/v1/galleries/{gallery_id}/vectors",
+            content=body,
+            headers={"Content-Type": "application/json"},
+        )
+        assert field_names(problem(refused, 422)) == ["metadata[1]"], value
+    assert snapshot(client) == before
+    fine = client.post(
+        f"/v1/galleries/{gallery_id}/vectors",
+        json={"ids": ["a"], "vectors": [[1, 0, 0, 0]], "metadata": [{"x": 1.5, "y": [None]}]},
+    )
+    assert fine.status_code == 200, fine.text
