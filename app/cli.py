@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import Any
 
 SERVER_COMMANDS = ("serve", "migrate", "create-key")
 
@@ -308,6 +309,18 @@ def _record_url(path: Path, host: str, port: int) -> None:
     path.write_text(f"http://{host}:{port}\n", encoding="utf-8")
 
 
+def uvicorn_options(settings: Any) -> dict[str, Any]:
+    """How ``nobackfill serve`` runs uvicorn: X-Forwarded-For is believed only from the
+    configured proxies (uvicorn's own default trusts 127.0.0.1, which let a local client choose
+    the address its failed keys were counted under)."""
+    proxies = list(settings.trusted_proxies)
+    return {
+        "log_level": settings.log_level,
+        "proxy_headers": bool(proxies),
+        "forwarded_allow_ips": ",".join(proxies) if proxies else "",
+    }
+
+
 def _server_command(args: argparse.Namespace) -> int:
     from app.core.settings import get_settings
 
@@ -319,7 +332,7 @@ def _server_command(args: argparse.Namespace) -> int:
 
         host, port = args.host or settings.host, args.port or settings.port
         _record_url(settings.local_url_file, host, port)
-        uvicorn.run(create_app(settings), host=host, port=port, log_level=settings.log_level)
+        uvicorn.run(create_app(settings), host=host, port=port, **uvicorn_options(settings))
         return 0
 
     import app.db_models  # noqa: F401  (the table registry: Database needs every mapped class)

@@ -59,6 +59,9 @@ def get_session(state: StateDep) -> Iterator[Session]:
 
 SessionDep = Annotated[Session, Depends(get_session)]
 
+# Characters of a presented key its failures are counted under (a key guesser who rotates
+# addresses still repeats its keys' prefixes; a real key's own prefix is 12 characters long).
+KEY_PREFIX_CHARS = 12
 _bearer = HTTPBearer(auto_error=False, description="an API key: `Authorization: Bearer <key>`")
 
 
@@ -71,20 +74,41 @@ def get_tenant_id(
     from app.auth.service import tenant_for_key
 
     unauthorized = {"WWW-Authenticate": "Bearer"}
+    # The connection's peer (uvicorn rewrites it from X-Forwarded-For only for the proxies in
+    # NOBACKFILL_TRUSTED_PROXIES): a client cannot pick the address it is throttled by.
     client = request.client.host if request.client else "unknown"
-    wait = state.throttle.retry_after(client)
+    presented = None
+    if credentials is not None and credentials.scheme.lower() == "bearer":
+        presented = credentials.credentials
+        tenant_id = tenant_for_key(session, presented)
+        # End the key lookup's transaction: its connection goes back to the pool now, not when
+        # the request ends — a request still waiting for its body (or a slow client) must hold
+        # none. Nothing loaded is expired (expire_on_commit=False).
+        session.commit()
+        if tenant_id is not None:
+            # A valid key is never refused because others failed from its address (behind a
+            # proxy or NAT, every tenant shares one).
+            return tenant_id
+    # A failure: throttled per address and per presented key prefix, each on its own count.
+    prefix = "key:" + (presented or "")[:KEY_PREFIX_CHARS]
+    wait = max(
+        (w for w in (state.throttle.retry_after(client), state.throttle.retry_after(prefix)) if w),
+        default=None,
+    )
     if wait is not None:
-        # Checked before the key: a client guessing keys learns nothing more until it waits.
         _count_auth_failure(request, "throttled")
         raise Problem(
             429,
             "Too many requests",
-            f"too many failed authentications from this address; retry in {wait} s",
+            f"too many failed authentications from this address or with this key; retry in "
+            f"{wait} s",
             slug="too-many-failed-authentications",
             headers={"Retry-After": str(wait)},
         )
-    if credentials is None or credentials.scheme.lower() != "bearer":
-        state.throttle.failed(client)
+    state.throttle.failed(client)
+    if presented:
+        state.throttle.failed(prefix)
+    if presented is None:
         _count_auth_failure(request, "missing")
         raise Problem(
             401,
@@ -92,16 +116,8 @@ def get_tenant_id(
             "send an API key as `Authorization: Bearer <key>`",
             headers=unauthorized,
         )
-    tenant_id = tenant_for_key(session, credentials.credentials)
-    # End the key lookup's transaction: its connection goes back to the pool now, not when the
-    # request ends — a request still waiting for its body (or a slow client) must hold none.
-    # Nothing loaded is expired (expire_on_commit=False); the route's own queries start afresh.
-    session.commit()
-    if tenant_id is None:
-        state.throttle.failed(client)
-        _count_auth_failure(request, "unknown key")
-        raise Problem(401, "Unauthorized", "unknown or revoked API key", headers=unauthorized)
-    return tenant_id
+    _count_auth_failure(request, "unknown key")
+    raise Problem(401, "Unauthorized", "unknown or revoked API key", headers=unauthorized)
 
 
 def _count_auth_failure(request: Request, reason: str) -> None:

@@ -169,6 +169,12 @@ class Settings(BaseSettings):
     )
 
     # HTTP.
+    trusted_proxies: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="addresses of the reverse proxies whose X-Forwarded-For names the client "
+        "(comma list, or * for any). Empty (the default): the connection's own peer is the "
+        "client, so no request can choose the address it is throttled by",
+    )
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=1, le=65535)
     log_level: str = "info"
@@ -294,6 +300,7 @@ class Settings(BaseSettings):
         "milvus_allowed_urls",
         "attach_shared_urls",
         "embedder_allowed_urls",
+        "trusted_proxies",
         mode="before",
     )
     @classmethod

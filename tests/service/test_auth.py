@@ -8,10 +8,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import httpx
 from sqlalchemy import select
 
 from app.auth.models import ApiKey
+from app.auth.service import create_key
 from app.core.security import hash_api_key
+from app.core.settings import Settings
 from tests.service.conftest import problem, stop_client
 
 REPO = Path(__file__).resolve().parents[2]
@@ -120,13 +123,82 @@ def test_failed_authentications_are_throttled_per_address_and_counted(make_clien
     refused = client.get("/v1/galleries", headers={"Authorization": "Bearer wrong-again"})
     body = problem(refused, 429)
     assert int(refused.headers["Retry-After"]) >= 1, body
-    # Throttled before the key is looked at: even the right key waits out the window.
-    problem(client.get("/v1/galleries"), 429)
+    # A valid key is never refused because others failed from its address (issue 45 item 4:
+    # behind a proxy or NAT every tenant shares one): the right key still answers.
+    assert client.get("/v1/galleries").status_code == 200
+    with client.app.state.service.db.sessions() as session:
+        other = create_key(session, "neighbour").key
+        session.commit()
+    assert (
+        client.get("/v1/galleries", headers={"Authorization": f"Bearer {other}"}).status_code == 200
+    )
+    problem(client.get("/v1/galleries", headers={"Authorization": ""}), 429)
     metrics = client.get("/metrics", headers={"Authorization": ""}).text
     assert f'nobackfill_auth_failures_total{{reason="unknown key"}} {float(limit)}' in metrics
     assert 'nobackfill_auth_failures_total{reason="throttled"} 2.0' in metrics
     # Liveness, readiness and metrics need no key and are never throttled.
     assert client.get("/healthz", headers={"Authorization": ""}).status_code == 200
+
+
+def test_a_key_tried_from_many_addresses_is_throttled_by_its_prefix() -> None:
+    """Failures count per presented key prefix as well as per address: rotating addresses does
+    not reset a guesser that repeats a key."""
+    from app.api.deps import KEY_PREFIX_CHARS
+    from app.auth.throttle import AuthThrottle
+
+    throttle = AuthThrottle(limit=3, window_s=60.0)
+    prefix = "key:" + "nbk_guessing_key"[:KEY_PREFIX_CHARS]
+    for address in ("10.0.0.1", "10.0.0.2", "10.0.0.3"):
+        assert throttle.retry_after(address, now=0.0) is None
+        throttle.failed(address, now=0.0)
+        throttle.failed(prefix, now=0.0)
+    assert throttle.retry_after("10.0.0.4", now=1.0) is None  # a new address…
+    assert throttle.retry_after(prefix, now=1.0) == 59  # …but the same key prefix
+
+
+def test_serve_believes_x_forwarded_for_only_from_configured_proxies(tmp_path) -> None:
+    """Issue 45 item 4: 200 wrong keys, each with its own X-Forwarded-For, got no 429 (uvicorn
+    trusts 127.0.0.1's forwarded headers by default). ``nobackfill serve`` now uses the peer
+    address unless NOBACKFILL_TRUSTED_PROXIES names the proxy."""
+    from app.cli import uvicorn_options
+    from bench.common.service import free_port
+    from tests.service.test_installed_stack import stop, wait_ready
+
+    assert uvicorn_options(Settings(_env_file=None))["proxy_headers"] is False
+    trusted = uvicorn_options(Settings(_env_file=None, trusted_proxies="10.1.2.3,10.1.2.4"))
+    assert trusted["proxy_headers"] is True
+    assert trusted["forwarded_allow_ips"] == "10.1.2.3,10.1.2.4"
+    port = free_port()
+    env = {
+        **os.environ,
+        "NOBACKFILL_DATA_DIR": str(tmp_path / "data"),
+        "NOBACKFILL_BOOTSTRAP_KEY": "nbk_proxy_test_" + "b" * 32,
+        "NOBACKFILL_AUTH_FAILURE_LIMIT": "5",
+        "NOBACKFILL_LOG_LEVEL": "warning",
+    }
+    log = tmp_path / "serve.log"
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "app.cli", "serve", "--port", str(port)],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_ready(url, process, log)
+        statuses = [
+            httpx.get(
+                f"{url}/v1/galleries",
+                headers={"Authorization": f"Bearer wrong-{i}", "X-Forwarded-For": f"10.9.0.{i}"},
+            ).status_code
+            for i in range(8)
+        ]
+        assert statuses[:5] == [401] * 5 and statuses[5:] == [429] * 3, statuses
+        good = {"Authorization": f"Bearer {env['NOBACKFILL_BOOTSTRAP_KEY']}"}
+        assert httpx.get(f"{url}/v1/galleries", headers=good).status_code == 200
+    finally:
+        stop(process)
 
 
 def test_the_throttle_forgets_failures_outside_its_window() -> None:

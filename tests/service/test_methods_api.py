@@ -213,7 +213,7 @@ def test_the_served_catalogue_states_the_servers_caps(make_client) -> None:
     assert spec["epochs"].get("exclusive_maximum") is None
     mlp = next(m for m in body["methods"] if m["name"] == "mlp-adapter")
     assert {p["name"]: p for p in mlp["params"]}["adapter_hidden"]["maximum"] == 96
-    gallery_id, dataset_id = paired_setup(client)
+    _, dataset_id = paired_setup(client)
     base = {"dataset_id": dataset_id, "method": "hbct"}
     for name, top in (("epochs", 7), ("hidden_dim", 96)):
         over = client.post("/v1/upgrades", json={**base, "params": {name: top + 1}})
