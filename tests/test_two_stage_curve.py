@@ -94,3 +94,41 @@ def test_the_served_default_depth_is_the_one_verdicts_judge() -> None:
     from app.ml.upgrade.two_stage_curve import DEFAULT_DEPTH
 
     assert Settings(_env_file=None).rerank_default_depth == DEFAULT_DEPTH
+
+
+def test_the_fusion_weight_is_chosen_on_one_half_and_reported_on_the_other() -> None:
+    from app.ml.upgrade.two_stage_curve import FUSION_WEIGHTS
+
+    a = load_arrays(quick=True)
+    queries = np.arange(300, 500)
+    ev = EvalSet(
+        old_points=_lift(a["doc_old"]),
+        new_features=a["doc_new"],
+        rows=queries,
+        curv=LIFT.curv,
+        query_features=a["query_new"][queries],
+        query_old_points=_lift(a["query_old"][queries]),
+        query_relevant=[np.array([q]) for q in queries],
+    )
+    bridge = _Bridge(a["doc_new"][:300], a["doc_old"][:300])
+    curve = two_stage_curve(ev, bridge)  # type: ignore[arg-type]
+    fusion = curve["fusion"]
+    assert fusion["weight"] in FUSION_WEIGHTS and fusion["depth"] == curve["default_depth"]
+    assert fusion["fit_queries"] + fusion["report_queries"] == queries.size
+    assert set(fusion["scale"]) == {"old_mean", "old_std", "new_mean", "new_std"}
+    if fusion["weight"] == 0:
+        assert fusion["recall@10"] == fusion["recall@10_weight_0"]
+    # Seeded: the same report again.
+    assert two_stage_curve(ev, bridge)["fusion"] == fusion  # type: ignore[arg-type]
+    # Without the old model's query vectors there is nothing to fuse with.
+    no_old = EvalSet(
+        ev.old_points,
+        ev.new_features,
+        ev.rows,
+        ev.curv,
+        None,
+        ev.query_features,
+        None,
+        ev.query_relevant,
+    )
+    assert "fusion" not in two_stage_curve(no_old, bridge)  # type: ignore[arg-type]

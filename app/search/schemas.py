@@ -113,6 +113,12 @@ class RerankOut(BaseModel):
     candidates: int = Field(description="distinct candidates over the queries")
     embedded: int = Field(description="candidates this search embedded and stored for the model")
     scored_new: int = Field(description="distinct candidates ranked by the new model")
+    fusion_weight: float = Field(
+        default=0.0,
+        description="weight of the old model's score in the ranking (with old_vectors on a "
+        "cosine gallery: the one the model's upgrade fitted on half its held-out queries; "
+        "0: the new model alone); `score` of a `new` hit is then the fused, standardised score",
+    )
     degraded: str | None = Field(
         default=None,
         description="why the new model could not rank the candidates (the embedder down, slow, "

@@ -387,6 +387,7 @@ def search_two_stage(
         "candidates": 0,
         "embedded": 0,
         "scored_new": 0,
+        "fusion_weight": 0.0,
         "degraded": None,
     }
     if texts is not None:
@@ -456,7 +457,13 @@ def search_two_stage(
         ), info
     info["embedded"] = embedded
     info["scored_new"] = int((vectors.positions(candidates) >= 0).sum())
-    ranked = two_stage.ranked(ids, distances, old_scores, features, vectors, request.k)
+    # Fused with the old score only where that score is the old model's own cosine: the query's
+    # old vector against a cosine gallery (a bridged query's old score is another quantity).
+    fusion = None
+    if request.old_vectors is not None and gallery.bound_model_id is None:
+        fusion = two_stage.model_fusion(session, row) if gallery.metric == "cosine" else None
+    info["fusion_weight"] = 0.0 if fusion is None else fusion.weight
+    ranked = two_stage.ranked(ids, distances, old_scores, features, vectors, request.k, fusion)
     if tally is not None:
         returned = np.full((len(ranked), request.k), -1, dtype=np.int64)
         for q, hits in enumerate(ranked):

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app.core.errors import Problem, conflict
@@ -31,7 +32,7 @@ from app.embedders.service import spec_of
 from app.galleries.models import Gallery
 from app.galleries.service import item_texts
 from app.migration.reembed import reembedded_features, store_embedded
-from app.ml.backfill.two_stage import unit
+from app.ml.backfill.two_stage import FusionScale, unit
 from app.models.models import TrainedModel
 from app.vectors.index_store import IndexStore
 
@@ -72,6 +73,29 @@ class NewVectors:
             return np.full(wanted.shape, -1, dtype=np.int64)
         at = np.clip(np.searchsorted(self.ids, wanted), 0, self.ids.size - 1)
         return np.where(self.ids[at] == wanted, at, -1)
+
+
+@dataclass(frozen=True)
+class Fusion:
+    """A model's served fusion: the weight on the old score and the two spaces' scale, as its
+    upgrade fitted them on half of its held-out queries (``app.ml.upgrade.two_stage_curve``)."""
+
+    weight: float
+    scale: FusionScale
+
+
+def model_fusion(session: Session, row: TrainedModel) -> Fusion | None:
+    """The fusion the model's upgrade report holds (None: not fitted, or weight 0). A report
+    never changes, so this reads one row per model and search."""
+    if row.upgrade_id is None:
+        return None
+    from app.jobs.models import UpgradeJob
+
+    report = session.scalar(select(UpgradeJob.report).where(UpgradeJob.id == row.upgrade_id))
+    fusion = ((report or {}).get("two_stage") or {}).get("fusion")
+    if not fusion or not fusion.get("weight"):
+        return None
+    return Fusion(float(fusion["weight"]), FusionScale(**fusion["scale"]))
 
 
 def embedder_of(session: Session, row: TrainedModel) -> EmbedderSpec | None:
@@ -162,10 +186,12 @@ def ranked(
     query_features: np.ndarray,
     vectors: NewVectors,
     k: int,
+    fusion: Fusion | None = None,
 ) -> list[list[tuple[int, float, float, bool]]]:
     """Per query its k hits as (internal id, distance, score, scored by the new model): the
-    candidates with a new vector by the new cosine (ties: the old index's order), then the
-    others in the old index's order."""
+    candidates with a new vector by the new cosine — or, with ``fusion``, by the fused score
+    w·z(old cosine) + (1 − w)·z(new cosine) (``app.ml.backfill.two_stage``) — ties in the old
+    index's order, then the others in the old index's order."""
     queries = unit(query_features)
     out = []
     for q in range(ids.shape[0]):
@@ -176,12 +202,20 @@ def ranked(
         cos = np.zeros(row_ids.shape, dtype=np.float64)
         if scored.any():
             cos[scored] = vectors.rows[at[scored]] @ queries[q]
-        new_order = np.nonzero(scored)[0][np.argsort(-cos[scored], kind="stable")]
+        key = cos
+        if fusion is not None:
+            sc = fusion.scale
+            key = (
+                fusion.weight * (row_old - sc.old_mean) / sc.old_std
+                + (1 - fusion.weight) * (cos - sc.new_mean) / sc.new_std
+            )
+        new_order = np.nonzero(scored)[0][np.argsort(-key[scored], kind="stable")]
         old_order = np.nonzero(~scored)[0]
         hits: list[tuple[int, float, float, bool]] = []
         for i in new_order.tolist():
             c = float(np.clip(cos[i], -1.0, 1.0))
-            hits.append((int(row_ids[i]), float(np.arccos(c)), c, True))
+            score = c if fusion is None else float(key[i])
+            hits.append((int(row_ids[i]), float(np.arccos(c)), score, True))
         for i in old_order.tolist():
             hits.append((int(row_ids[i]), float(row_dist[i]), float(row_old[i]), False))
         out.append(hits[:k])

@@ -365,3 +365,46 @@ def test_the_python_client_and_cli_flags_run_a_two_stage_search(
     assert sum(r["embedded"] for r in found.reranks) > 0
     with pytest.raises(ValueError, match="model_id"):
         api.search(setup["gallery_id"], wordnet_small[f"lemma.{NEW}"][Q], rerank=True)
+
+
+def test_the_served_search_fuses_with_the_weight_its_upgrade_fitted(
+    setup: dict, wordnet_small: dict
+) -> None:
+    """With old_vectors, the candidates are ranked by w·z(old cosine) + (1 − w)·z(new cosine),
+    w and the scale from the model's upgrade report (written here, as a fit would)."""
+    from app.jobs.models import UpgradeJob
+    from app.models.models import TrainedModel
+
+    client = setup["client"]
+    scale = {"old_mean": 0.1, "old_std": 0.1, "new_mean": 0.05, "new_std": 0.08}
+    with client.app.state.service.db.sessions() as session:
+        model = session.get(TrainedModel, setup["model_id"])
+        job = session.get(UpgradeJob, model.upgrade_id)
+        report = dict(job.report)
+        two = dict(report.get("two_stage") or {})
+        two["fusion"] = {"weight": 0.4, "scale": scale}
+        report["two_stage"] = two
+        job.report = report
+        session.commit()
+    fused = search(setup, wordnet_small)
+    assert fused.json()["rerank"]["fusion_weight"] == 0.4
+
+    def unit(x):
+        return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+    ids = np.asarray([str(i) for i in wordnet_small["synset_id"][:N_GALLERY]])
+    old = unit(wordnet_small[f"lemma.{OLD}"][Q]) @ unit(wordnet_small[f"gloss.{OLD}"][:N_GALLERY]).T
+    new = unit(wordnet_small[f"lemma.{NEW}"][Q]) @ unit(wordnet_small[f"gloss.{NEW}"][:N_GALLERY]).T
+    key = 0.4 * (old - 0.1) / 0.1 + 0.6 * (new - 0.05) / 0.08
+    expected = []
+    for q in range(len(Q)):
+        cands = sorted(range(N_GALLERY), key=lambda j: (-old[q, j], j))[:20]
+        expected.append([ids[j] for j in sorted(cands, key=lambda j: -key[q, j])[:10]])
+    got = top_ids(fused)
+    # Float32 scores against float64 here: the orders agree but for near ties.
+    agree = np.mean(
+        [a == b for ga, ea in zip(got, expected, strict=True) for a, b in zip(ga, ea, strict=True)]
+    )
+    assert agree > 0.97 and got != top_ids(search(setup, wordnet_small, old_vectors=None))
+    # Bridged candidates (no old vectors): no fusion.
+    assert search(setup, wordnet_small, old_vectors=None).json()["rerank"]["fusion_weight"] == 0.0

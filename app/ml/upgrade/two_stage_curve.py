@@ -16,7 +16,13 @@ from typing import Any
 
 import numpy as np
 
-from app.ml.backfill.two_stage import Candidates, embedded_per_search, rerank
+from app.ml.backfill.two_stage import (
+    Candidates,
+    embedded_per_search,
+    fusion_scale,
+    rerank,
+    unit,
+)
 from app.ml.evaluation.retrieval import query_metrics, top_k
 from app.ml.methods.models import EmbeddingModel
 from app.ml.upgrade.alternatives import EvalSet
@@ -28,6 +34,10 @@ DEPTHS = (10, 25, 50, 100, 200)
 DEFAULT_DEPTH = 200
 # Held-out queries ranked at most (a seeded sample beyond), as the transition outlook.
 MAX_QUERIES = 1000
+# The weights on the old score a served fusion is chosen from (bench.quality.two_stage's grid).
+FUSION_WEIGHTS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5)
+# The fusion scale's reference sample: this many queries × paired items.
+SCALE_QUERIES, SCALE_ITEMS = 300, 1000
 
 
 def per_query_recall10(ranked: np.ndarray, relevant: list[np.ndarray]) -> np.ndarray:
@@ -79,6 +89,62 @@ def _single_stage(ev: EvalSet, queries: np.ndarray, keep: list[int]) -> np.ndarr
     return per_query_recall10(ranked, [ev.query_relevant[q] for q in keep])
 
 
+def _fusion(ev: EvalSet, keep: list[int], depth: int, seed: int) -> dict[str, Any] | None:
+    """The weight on the old score a served two-stage search fuses with (candidates by the old
+    query vector), chosen on one half of the held-out queries (seeded) by recall@10 at
+    ``depth`` (ties: the smaller weight), and reported on the other half beside weight 0; the
+    scale from a fixed sample of the first half's queries and the paired items. Cosine of the
+    spatial components: the old score of a cosine gallery's lifted points. None with fewer than
+    20 queries (no half could choose)."""
+    assert ev.query_old_points is not None and ev.query_features is not None
+    assert ev.query_relevant is not None
+    if len(keep) < 20:
+        return None
+    rng = np.random.default_rng([seed, 47])
+    order = rng.permutation(len(keep))
+    half = len(keep) // 2
+    fit, report = sorted(order[:half].tolist()), sorted(order[half:].tolist())
+    rows = np.asarray(keep)
+    sample_q = rng.choice(rows[fit], min(SCALE_QUERIES, len(fit)), replace=False)
+    n = ev.old_points.shape[0]
+    sample_items = rng.choice(n, min(SCALE_ITEMS, n), replace=False)
+    scale = fusion_scale(
+        ev.query_old_points[sample_q],
+        ev.old_points[sample_items],
+        ev.query_features[sample_q],
+        ev.new_features[sample_items],
+    )
+
+    def recall(part: list[int], weight: float) -> np.ndarray:
+        queries = rows[part]
+        ids = top_k(
+            ev.query_old_points[queries], ev.old_points, depth, space="lorentz", curv=ev.curv
+        )
+        old = np.einsum("qd,qkd->qk", unit(ev.query_old_points[queries]), unit(ev.old_points)[ids])
+        ranked, _ = rerank(
+            Candidates(ids, old.astype(np.float32)),
+            ev.query_features[queries],
+            ev.new_features,
+            10,
+            weight,
+            scale,
+        )
+        return per_query_recall10(ranked, [ev.query_relevant[q] for q in queries])
+
+    chosen = max(FUSION_WEIGHTS, key=lambda w: (float(recall(fit, w).mean()), -w))
+    fused, alone = recall(report, chosen), recall(report, 0.0)
+    return {
+        "weight": chosen,
+        "scale": scale.to_dict(),
+        "depth": depth,
+        "fit_queries": len(fit),
+        "report_queries": len(report),
+        "recall@10": float(fused.mean()),
+        "recall@10_weight_0": float(alone.mean()),
+        "gain_over_weight_0": paired(fused, alone),
+    }
+
+
 def two_stage_curve(ev: EvalSet, served: EmbeddingModel, seed: int = 0) -> dict[str, Any] | None:
     """R@1, R@10 and documents embedded per query at each depth, for candidates by the old
     query vector and by the bridged query; None without held-out queries."""
@@ -102,6 +168,7 @@ def two_stage_curve(ev: EvalSet, served: EmbeddingModel, seed: int = 0) -> dict[
     if ev.query_old_points is not None:
         stage = ev.query_old_points[keep]
         out["old"] = _curve(ev, stage, keep, depths, _single_stage(ev, stage, keep))
+        out["fusion"] = _fusion(ev, keep, out["default_depth"], seed)
     bridged = served.embed(ev.query_features[keep])
     out["bridge"] = _curve(ev, bridged, keep, depths, _single_stage(ev, bridged, keep))
     return out
