@@ -169,7 +169,11 @@ async def search(
             query,
             state.returned,
         )
-        return {"results": results}
+        warning = service.bridged_warning(session, tenant_id, query)
+        if warning is None:
+            return {"results": results}
+        response.headers["X-Nobackfill-Warning"] = "bridge-not-shown-better-than-old-model"
+        return {"results": results, "warning": warning}
 
     # The scan and the re-rank release the GIL: other requests are served meanwhile.
     return await run_in_threadpool(run)

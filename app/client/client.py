@@ -418,6 +418,7 @@ class Client(Transport):
             params["rerank"] = drop_none({"depth": rerank_depth})
         rows: list[list[dict[str, Any]]] = []
         reranks: list[dict[str, Any]] = []
+        warnings: list[str] = []
         start = 0
         while start < len(matrix):
             batch = self.limits.rows_for(parts)
@@ -458,9 +459,12 @@ class Client(Transport):
             rows += answer["results"]
             if "rerank" in answer:
                 reranks.append(answer["rerank"])
+            if answer.get("warning") and answer["warning"] not in warnings:
+                warnings.append(answer["warning"])
             start = stop
         found = SearchResults.from_rows(rows, k)
         found.reranks = reranks
+        found.warnings = warnings
         return found
 
     # -- keys (an admin key) --------------------------------------------------------------------

@@ -466,6 +466,8 @@ def search(client: Client, args: argparse.Namespace) -> int:
         rerank_depth=args.rerank_depth,
         rerank=rerank,
     )
+    for warning in found.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
     for report in found.reranks:
         if report.get("degraded"):
             print(

@@ -23,6 +23,8 @@ class SearchResults:
     rows: list[list[dict[str, Any]]]
     # A two-stage search's report per batch sent (depth, embedded, degraded…).
     reranks: list[dict[str, Any]] = field(default_factory=list)
+    # What the server warned of (a bridge its upgrade did not recommend…), once each.
+    warnings: list[str] = field(default_factory=list)
 
     @classmethod
     def from_rows(cls, rows: list[list[dict[str, Any]]], k: int) -> SearchResults:

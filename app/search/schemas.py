@@ -131,3 +131,9 @@ class RerankOut(BaseModel):
 class SearchResponse(BaseModel):
     results: list[list[Neighbour]]
     rerank: RerankOut | None = None
+    warning: str | None = Field(
+        default=None,
+        description="with model_id and features alone: the model's upgrade did not recommend "
+        "the bridge (its held-out data did not show it beats the old model); also said by the "
+        "header `X-Nobackfill-Warning`",
+    )

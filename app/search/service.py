@@ -7,6 +7,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app.core.arrays import as_matrix, check_batch_size, check_count
@@ -269,6 +270,30 @@ def _transition_queries(
         request.vectors, request.field, dim=int(row.input_dims[modality]), max_dim=settings.max_dim
     )
     return lifted_points(gallery, old)
+
+
+def bridged_warning(session: Session, tenant_id: str, request: SearchQuery) -> str | None:
+    """A warning for a search through a backbone model with its features alone (no
+    ``old_vectors``: the items not re-embedded are scored through the bridge) when the model's
+    upgrade did not recommend the bridge: on its held-out data the bridge was not shown to beat
+    keeping the old model (issue 44: the default served worse than staying). None otherwise."""
+    if request.model_id is None or request.old_vectors is not None or request.rerank:
+        return None
+    from app.jobs.models import UpgradeJob
+
+    row = get_model(session, tenant_id, request.model_id)
+    if row.kind != BACKBONE or row.upgrade_id is None:
+        return None
+    report = session.scalar(select(UpgradeJob.report).where(UpgradeJob.id == row.upgrade_id))
+    action = ((report or {}).get("recommendation") or {}).get("action")
+    if action in (None, "bridge"):
+        return None
+    return (
+        f"model {row.id}'s upgrade verdict is {action!r}, not 'bridge': on its held-out data "
+        "searching the old gallery through the bridge was not shown to beat the old model. "
+        "Send the old model's query vectors too (old_vectors: a transition search, exactly the "
+        "old model's own while nothing is re-embedded), or rerank (a two-stage search)"
+    )
 
 
 def check_k(settings: Settings, k: int, n_queries: int) -> None:

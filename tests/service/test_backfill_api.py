@@ -456,3 +456,47 @@ def test_multipart_model_id_as_plain_text_or_a_json_string(
     )
     assert missing.status_code == 404, missing.text
     assert snapshot(client) == before
+
+
+def test_features_alone_through_a_model_not_recommended_as_a_bridge_carry_a_warning(
+    client: TestClient, wordnet_small
+) -> None:
+    """Issue 44 item 1: the no-log default served a bridge below staying without a word. A
+    features-only search through a model whose verdict is not 'bridge' answers as before, with
+    a warning field and header; with old_vectors (transition) it carries none."""
+    from app.jobs.models import UpgradeJob
+    from app.models.models import TrainedModel
+
+    setup = upgraded(client, wordnet_small)
+    url = f"/v1/galleries/{setup['gallery_id']}/search"
+    features = wordnet_small[f"lemma.{NEW}"][:5].tolist()
+    old = wordnet_small[f"lemma.{OLD}"][:5].tolist()
+
+    def verdict_is(action: str) -> None:
+        with client.app.state.service.db.sessions() as session:
+            model = session.get(TrainedModel, setup["model_id"])
+            job = session.get(UpgradeJob, model.upgrade_id)
+            job.report = {
+                **job.report,
+                "recommendation": {**job.report["recommendation"], "action": action},
+            }
+            session.commit()
+
+    verdict_is("transition")
+    warned = client.post(url, json={"model_id": setup["model_id"], "features": features})
+    assert warned.status_code == 200
+    assert "not 'bridge'" in warned.json()["warning"] and "old_vectors" in warned.json()["warning"]
+    assert warned.headers["X-Nobackfill-Warning"] == "bridge-not-shown-better-than-old-model"
+    both = client.post(
+        url, json={"model_id": setup["model_id"], "features": features, "old_vectors": old}
+    )
+    assert "warning" not in both.json() and "X-Nobackfill-Warning" not in both.headers
+    from app.client.client import Client
+    from tests.service.conftest import TEST_KEY
+
+    api = Client("http://testserver", TEST_KEY, transport=client._transport)
+    found = api.search(setup["gallery_id"], np.asarray(features), model_id=setup["model_id"])
+    assert found.warnings == [warned.json()["warning"]]
+    verdict_is("bridge")
+    fine = client.post(url, json={"model_id": setup["model_id"], "features": features})
+    assert "warning" not in fine.json() and fine.json()["results"] == warned.json()["results"]
