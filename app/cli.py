@@ -78,8 +78,13 @@ def _add_client_commands(sub: argparse._SubParsersAction) -> None:
     )
     upload.add_argument("--model", help="the backbone model the --features are re-embedded for")
     upload.add_argument("--labels", help=".npy of N strings")
+    upload.add_argument(
+        "--texts", help=".npy of N strings: each item's document text (for two-stage search)"
+    )
     _add_upload_options(upload)
     upload.set_defaults(handler="gallery_upload")
+    listing = gallery_sub.add_parser("list", parents=both, help="list this tenant's galleries")
+    listing.set_defaults(handler="gallery_list")
 
     access = sub.add_parser("access", help="add a gallery's access counts (what users opened)")
     access_sub = access.add_subparsers(dest="action", required=True, metavar="ACTION")
@@ -104,6 +109,8 @@ def _add_client_commands(sub: argparse._SubParsersAction) -> None:
     )
     create.add_argument("--idempotency-key")
     create.set_defaults(handler="dataset_create")
+    listing = dataset_sub.add_parser("list", parents=both, help="list this tenant's datasets")
+    listing.set_defaults(handler="dataset_list")
     show = dataset_sub.add_parser("get", parents=both, help="show a dataset")
     show.add_argument("dataset")
     show.set_defaults(handler="dataset_get")
@@ -166,6 +173,10 @@ def _add_client_commands(sub: argparse._SubParsersAction) -> None:
     cancel.add_argument("upgrade")
     cancel.set_defaults(handler="upgrade_cancel")
 
+    model = sub.add_parser("model", help="the trained models")
+    model_sub = model.add_subparsers(dest="action", required=True)
+    listing = model_sub.add_parser("list", parents=both, help="list this tenant's models")
+    listing.set_defaults(handler="model_list")
     methods = sub.add_parser("methods", parents=both, help="the upgrade methods this server offers")
     methods.set_defaults(handler="methods")
 

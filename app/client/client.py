@@ -90,18 +90,23 @@ class Client(Transport):
         vectors: np.ndarray | Sequence[Sequence[float]],
         labels: Sequence[str] | np.ndarray | None = None,
         *,
+        texts: Sequence[str] | np.ndarray | None = None,
         batch_size: int | None = None,
         resume: bool = True,
         progress: Progress | None = None,
     ) -> dict[str, Any]:
         """Upsert rows by id in batches; returns ``{"upserted", "count", "batches",
         "resumed_from"}``. ``vectors`` are old-model vectors (external gallery) or backbone
-        features (model-bound gallery, as ``features``). Shapes, dtypes, NaN/Inf, duplicate ids
-        and the gallery's dimension are checked before anything is sent."""
+        features (model-bound gallery, as ``features``); ``texts`` each item's document text
+        (what a two-stage search embeds). Shapes, dtypes, NaN/Inf, duplicate ids and the
+        gallery's dimension are checked before anything is sent."""
         gallery = self.get_gallery(gallery_id)
         model_bound = gallery["kind"] == "model"
         field = "features" if model_bound else "vectors"
         parts = self._rows(ids, {field: vectors}, labels)
+        if texts is not None:
+            parts.arrays["texts"] = string_array(texts, "texts")
+            check_rows(len(parts), "texts", parts.arrays["texts"])
         expected = gallery.get("input_dim") if model_bound else gallery["dim"]
         width = parts.arrays[field].shape[1]
         if expected is not None and width != expected:

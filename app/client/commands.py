@@ -209,12 +209,14 @@ def gallery_upload(client: Client, args: argparse.Namespace) -> int:
         return 0
     vectors = load_npy(args.vectors, "--vectors")
     labels = load_npy(args.labels, "--labels")
+    texts = load_npy(args.texts, "--texts")
     with row_progress(f"gallery {args.gallery}") as progress:
         result = client.upload_vectors(
             args.gallery,
             ids,
             vectors,
             labels,
+            texts=texts,
             batch_size=args.batch_size,
             resume=args.resume,
             progress=progress,
@@ -528,6 +530,29 @@ def describe_key(key: dict[str, Any]) -> str:
     return "\t".join(fields)
 
 
+def _listing(args: argparse.Namespace, items: list[dict[str, Any]], what: str) -> int:
+    """One line per item: its id, name (or method) and what it holds."""
+    lines = []
+    for item in items:
+        name = item.get("name") or item.get("method") or ""
+        size = item.get("count")
+        lines.append(f"{item['id']}\t{name}" + (f"\t{size}" if size is not None else ""))
+    emit(args, {"items": items}, "\n".join(lines) or f"no {what}")
+    return 0
+
+
+def gallery_list(client: Client, args: argparse.Namespace) -> int:
+    return _listing(args, client.galleries(), "galleries")
+
+
+def dataset_list(client: Client, args: argparse.Namespace) -> int:
+    return _listing(args, client.datasets(), "datasets")
+
+
+def model_list(client: Client, args: argparse.Namespace) -> int:
+    return _listing(args, client.models(), "models")
+
+
 def key_list(client: Client, args: argparse.Namespace) -> int:
     keys = client.keys(include_revoked=args.include_revoked)
     text = "\n".join(describe_key(k) for k in keys) or "no keys"
@@ -545,6 +570,9 @@ HANDLERS: dict[str, Callable[[Client, argparse.Namespace], int]] = {
     "gallery_create": gallery_create,
     "gallery_get": gallery_get,
     "gallery_upload": gallery_upload,
+    "gallery_list": gallery_list,
+    "dataset_list": dataset_list,
+    "model_list": model_list,
     "access_upload": access_upload,
     "dataset_create": dataset_create,
     "dataset_get": dataset_get,

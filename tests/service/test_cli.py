@@ -571,3 +571,43 @@ def test_access_upload_command(
     with server.client() as client:
         after = client.get(f"/v1/galleries/{gallery_id}/access", params={"limit": 200}).json()
     assert after == before
+
+
+def test_list_commands_and_texts_upload(
+    server: RunningService, capsys: pytest.CaptureFixture, tmp_path: Path
+) -> None:
+    """``gallery list`` / ``dataset list`` / ``model list`` (issue 44 item 6: the client had them,
+    the CLI did not) and ``gallery upload --texts`` (issue 43 item 2): the texts are stored with
+    their items, a wrong count fails before anything is sent."""
+    gallery_id = make_gallery(capsys, 4, "listed")
+    listed = cli_json(capsys, "gallery", "list")["items"]
+    assert gallery_id in [g["id"] for g in listed]
+    code, out, err = cli(capsys, "gallery", "list")
+    assert code == 0 and gallery_id in out and "listed" in out
+    assert "items" in cli_json(capsys, "dataset", "list")
+    assert "items" in cli_json(capsys, "model", "list")
+    ids = np.array(["a", "b", "c"])
+    vectors = np.random.default_rng(0).normal(size=(3, 4)).astype(np.float32)
+    texts = save(tmp_path / "texts.npy", np.array(["first text", "second", "third one"]))
+    code, _, err = cli(capsys, "gallery", "upload", gallery_id, "--ids",
+                       save(tmp_path / "ids.npy", ids), "--vectors",
+                       save(tmp_path / "v.npy", vectors), "--texts", texts)  # fmt: skip
+    assert code == 0, err
+    from sqlalchemy import create_engine, text
+
+    # The server's own SQLite database, beside its log in its data directory.
+    engine = create_engine(f"sqlite:///{server.log_path.parent / 'nobackfill.db'}")
+    try:
+        with engine.connect() as connection:
+            stored = connection.execute(
+                text("SELECT text FROM gallery_texts WHERE gallery_id = :g ORDER BY text"),
+                {"g": gallery_id},
+            )
+            assert [r[0] for r in stored] == ["first text", "second", "third one"]
+    finally:
+        engine.dispose()
+    short = save(tmp_path / "short.npy", np.array(["only one"]))
+    code, out, err = cli(capsys, "gallery", "upload", gallery_id, "--ids",
+                         save(tmp_path / "ids2.npy", ids), "--vectors",
+                         save(tmp_path / "v2.npy", vectors), "--texts", short)  # fmt: skip
+    assert code != 0 and "texts" in err
