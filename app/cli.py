@@ -321,11 +321,16 @@ def _record_url(path: Path, host: str, port: int) -> None:
 
 
 def uvicorn_options(settings: Any) -> dict[str, Any]:
-    """How ``nobackfill serve`` runs uvicorn: X-Forwarded-For is believed only from the
-    configured proxies (uvicorn's own default trusts 127.0.0.1, which let a local client choose
-    the address its failed keys were counted under)."""
+    """How ``nobackfill serve`` runs uvicorn: bounded request headers (size and time), and
+    X-Forwarded-For believed only from the configured proxies (uvicorn's own default trusts
+    127.0.0.1, which let a local client choose the address its failed keys were counted
+    under)."""
+    from app.api.http_protocol import bounded_protocol
+
     proxies = list(settings.trusted_proxies)
     return {
+        # httptools with bounds on headers' size and time (app.api.http_protocol).
+        "http": bounded_protocol(settings.max_header_bytes, settings.header_timeout_s),
         "log_level": settings.log_level,
         "proxy_headers": bool(proxies),
         "forwarded_allow_ips": ",".join(proxies) if proxies else "",

@@ -175,6 +175,18 @@ class Settings(BaseSettings):
         "(comma list, or * for any). Empty (the default): the connection's own peer is the "
         "client, so no request can choose the address it is throttled by",
     )
+    max_header_bytes: int = Field(
+        default=64 * 1024,
+        ge=1024,
+        description="request line and headers of one request at most (431 and the connection "
+        "closed beyond; nobackfill serve)",
+    )
+    header_timeout_s: float = Field(
+        default=10.0,
+        gt=0,
+        description="seconds a request's headers may take to arrive, from the connection's "
+        "opening or the previous response (408 and the connection closed beyond)",
+    )
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=1, le=65535)
     log_level: str = "info"
