@@ -224,14 +224,28 @@ def add_counts(
     return result
 
 
+def sum_of_counts(session: Session) -> Any:
+    """SUM of access counts that cannot overflow: SQLite's SUM of integers raises on an int64
+    overflow (counts saturate at 2⁶³ − 1 each, so two of them overflow a sum), its TOTAL is a
+    float (exact up to 2⁵³); PostgreSQL's SUM of bigint is numeric. Read it through
+    ``saturated``."""
+    column = AccessCount.count
+    if session.get_bind().dialect.name == "sqlite":
+        return func.total(column)
+    return func.sum(column)
+
+
+def saturated(total: Any) -> int:
+    """A sum of counts as an int, at most 2⁶³ − 1 (what every count column holds)."""
+    return min(int(total or 0), INT64_MAX)
+
+
 def counted(session: Session, gallery_id: str) -> tuple[int, int]:
-    """(items with a count, sum of their counts) of a gallery."""
+    """(items with a count, sum of their counts, saturating at 2⁶³ − 1) of a gallery."""
     items, total = session.execute(
-        select(func.count(), func.coalesce(func.sum(AccessCount.count), 0)).where(
-            AccessCount.gallery_id == gallery_id
-        )
+        select(func.count(), sum_of_counts(session)).where(AccessCount.gallery_id == gallery_id)
     ).one()
-    return int(items), int(total)
+    return int(items), saturated(total)
 
 
 # -- reading -------------------------------------------------------------------------------------

@@ -52,7 +52,7 @@ def expected_quality(fit: PlannerFit, fraction: float) -> dict[str, Any] | None:
 def _covered_counts(session: Session, gallery_id: str) -> dict[str, int]:
     """Per model: the access counts of its re-embedded items."""
     rows = session.execute(
-        select(ReembeddedVector.model_id, func.sum(AccessCount.count))
+        select(ReembeddedVector.model_id, access.sum_of_counts(session))
         .join(
             AccessCount,
             (AccessCount.gallery_id == ReembeddedVector.gallery_id)
@@ -61,7 +61,7 @@ def _covered_counts(session: Session, gallery_id: str) -> dict[str, int]:
         .where(ReembeddedVector.gallery_id == gallery_id)
         .group_by(ReembeddedVector.model_id)
     )
-    return {model_id: int(total or 0) for model_id, total in rows}
+    return {model_id: access.saturated(total) for model_id, total in rows}
 
 
 def progress(session: Session, gallery: Gallery) -> list[dict[str, Any]]:

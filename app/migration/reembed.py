@@ -47,6 +47,7 @@ from app.ml.backfill.traffic import (
     value_order,
     versus_random,
 )
+from app.ml.evaluation.retrieval import json_safe
 from app.ml.geometry.lorentz import uncertainty as norm_uncertainty
 from app.ml.upgrade.fit_view import build_fit_view
 from app.models.models import TrainedModel
@@ -362,7 +363,11 @@ def backfill_fit(
             old=data.old_vectors[reference],
             allow_pickle=False,
         )
-        stored = BackfillFit(model_id=row.id, fit=fit.to_dict(), reference=buf.getvalue())
+        # JSON has no NaN (a constant held-out gain gives one): PostgreSQL refused the row and
+        # the plan answered 500. Stored as null, which reads back as NaN where it is a number.
+        stored = BackfillFit(
+            model_id=row.id, fit=json_safe(fit.to_dict()), reference=buf.getvalue()
+        )
         session.add(stored)
         try:
             session.commit()

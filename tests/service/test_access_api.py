@@ -282,3 +282,21 @@ def test_a_retried_upload_with_an_idempotency_key_counts_once(client: TestClient
     assert client.post(url, json=body, headers=json_key).status_code == 200
     assert client.post(url, json=body, headers=json_key).status_code == 200
     assert dict(all_counts(client, gallery_id))["item-1"] == 13
+
+
+def test_sums_of_counts_at_the_int64_maximum_answer_saturated_not_500(client: TestClient) -> None:
+    """Issue 45 item 8: on SQLite, counts at 2⁶³ − 1 on several items made GET …/access, the
+    gallery and the gallery list answer 500 (SUM overflow). Each count saturates, and so do the
+    sums now, on both databases."""
+    top = access.INT64_MAX
+    gallery_id = gallery_with_items(client)
+    url = f"/v1/galleries/{gallery_id}/access"
+    for item in ("item-0", "item-1", "item-2"):
+        for _ in range(2):  # the second upload saturates the count
+            assert client.post(url, json={"ids": [item], "counts": [top]}).status_code == 200
+    page = client.get(url)
+    assert page.status_code == 200, page.text
+    assert page.json()["total"] == top
+    assert all(count == top for _, count in all_counts(client, gallery_id))
+    assert client.get(f"/v1/galleries/{gallery_id}").status_code == 200
+    assert client.get("/v1/galleries").status_code == 200

@@ -500,3 +500,33 @@ def test_features_alone_through_a_model_not_recommended_as_a_bridge_carry_a_warn
     verdict_is("bridge")
     fine = client.post(url, json={"model_id": setup["model_id"], "features": features})
     assert "warning" not in fine.json() and fine.json()["results"] == warned.json()["results"]
+
+
+def test_a_plan_whose_fit_holds_nan_is_stored_with_null(
+    client: TestClient, wordnet_small, monkeypatch
+) -> None:
+    """Issue 45 item 8: on PostgreSQL backfill-plan answered 500 when held-out gains were
+    constant (a NaN in the fit, refused by the JSON column). Stored as null now, on both
+    databases, and the plan answers."""
+    import math
+
+    from app.migration import reembed as reembed_module
+    from app.migration.models import BackfillFit
+
+    real = reembed_module.fit_planner
+
+    def with_nan(*args, **kwargs):
+        fit = real(*args, **kwargs)
+        fit.validation = {**fit.validation, "spearman_constant_gains": math.nan}
+        return fit
+
+    monkeypatch.setattr(reembed_module, "fit_planner", with_nan)
+    setup = upgraded(client, wordnet_small)
+    plan = client.post(
+        f"/v1/galleries/{setup['gallery_id']}/backfill-plan",
+        json={"model_id": setup["model_id"], "fraction": 0.1},
+    )
+    assert plan.status_code == 200, plan.text
+    with client.app.state.service.db.sessions() as session:
+        stored = session.get(BackfillFit, setup["model_id"])
+        assert stored.fit["validation"]["spearman_constant_gains"] is None
