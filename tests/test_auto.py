@@ -521,3 +521,26 @@ def test_a_chosen_candidate_is_served_as_a_method_that_can_be_requested(
     explicit = run_backbone_upgrade(out.method, data, EuclideanLift(), params=out.params)
     assert explicit.method == "class-map"
     assert isinstance(explicit.model, AdapterHead) and explicit.model.residual_hidden == 256
+
+
+def test_widening_never_goes_past_a_structure_axis_ceiling() -> None:
+    """Issue 44 item 5: auto tried adapter_rank 4096 and adapter_hidden 16384 on 768 → 384
+    dimensions. A step past the ceiling tries the ceiling itself, once; at it, nothing more."""
+    from app.ml.auto import widening
+    from app.ml.auto.candidates import structure_ceiling
+
+    assert structure_ceiling("adapter_rank", 768, 384) == 384
+    assert structure_ceiling("adapter_hidden", 768, 384) == 4 * 768
+    assert structure_ceiling("class_weight", 768, 384) is None
+    # The best at the high end of (16, 64, 256): one step past is 1024, capped at 384.
+    keys = [(True, 0.1), (True, 0.2), (True, 0.3)]
+    assert widening.next_value([16, 64, 256], keys, 2, True, None, ceiling=384) == 384
+    assert widening.next_value([16, 64, 256, 384], [*keys, (True, 0.4)], 3, True, None, 384) is None
+    # Without a ceiling (another axis) the step is the grid's ratio, as before.
+    assert widening.next_value([16, 64, 256], keys, 2, True, None) == 1024
+    auto = AutoParams.from_dict({"candidates": ["affine"]})
+    tried = [{"adapter_rank": v} for v in (64, 16, 256)]
+    nxt = auto.next_settings(
+        "affine", False, tried, [(True, 0.2), (True, 0.1), (True, 0.3)], 2, (768, 384)
+    )
+    assert nxt["adapter_rank"] == 384

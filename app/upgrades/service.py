@@ -78,6 +78,7 @@ def _validate_backbone(session: Session, tenant_id: str, request: UpgradeCreate,
     for name in (backbone.OBJECTIVE_PARAM, backbone.OLD_MODEL_PARAM):
         if name in (request.params or {}):
             raise invalid("params", f"{name} is a field of the request, not a parameter")
+    _check_structure(request.params or {}, dataset, gallery)
     backbone.check_request(
         session,
         request.method,
@@ -89,6 +90,31 @@ def _validate_backbone(session: Session, tenant_id: str, request: UpgradeCreate,
         objective=request.objective,
     )
     return gallery.id
+
+
+def _check_structure(params: dict[str, Any], dataset: Any, gallery: Any) -> None:
+    """422 for a structure setting wider than the data (``structure_ceiling``: a rank above
+    min(new, old) dimensions, a hidden layer above 4 × the wider side): no richer map, only a
+    slower one."""
+    from app.ml.auto.candidates import structure_ceiling
+
+    new_dim = int(next(iter((dataset.dims or {}).values()), 0) or 0)
+    if not new_dim or not gallery.dim:
+        return
+    for name in ("adapter_rank", "adapter_hidden", "map_hidden"):
+        value = params.get(name)
+        ceiling = structure_ceiling(name, new_dim, int(gallery.dim))
+        if (
+            ceiling is not None
+            and isinstance(value, int)
+            and not isinstance(value, bool)
+            and value > ceiling
+        ):
+            raise invalid(
+                f"params.{name}",
+                f"must be ≤ {ceiling} for {new_dim}-dimensional features and a "
+                f"{gallery.dim}-dimensional gallery (wider is no richer map, only slower)",
+            )
 
 
 def _check_quotas(

@@ -220,3 +220,23 @@ def test_the_served_catalogue_states_the_servers_caps(make_client) -> None:
         assert problem(over, 422)["errors"][0]["field"] == f"params.{name}"
     at = client.post("/v1/upgrades", json={**base, "params": {"epochs": 7, "hidden_dim": 96}})
     assert at.status_code == 202, at.text
+
+
+def test_structure_settings_wider_than_the_data_are_refused(make_client) -> None:
+    """Issue 44 item 5: a rank above min(new, old) dimensions or a hidden layer above 4 × the
+    wider side is no richer map, only a slower one: 422 naming it (features 6-d, gallery 4-d)."""
+    client = make_client(job_runner="inline")
+    _, dataset_id = paired_setup(client)
+    base = {"dataset_id": dataset_id}
+    for method, name, over, fine in (
+        ("affine", "adapter_rank", 5, 4),
+        ("mlp-adapter", "adapter_hidden", 25, 24),
+    ):
+        refused = client.post(
+            "/v1/upgrades", json={**base, "method": method, "params": {name: over}}
+        )
+        assert problem(refused, 422)["errors"][0]["field"] == f"params.{name}"
+        accepted = client.post(
+            "/v1/upgrades", json={**base, "method": method, "params": {name: fine, "epochs": 1}}
+        )
+        assert accepted.status_code == 202, accepted.text

@@ -236,16 +236,24 @@ class AutoParams:
         return self.extra_trials if tuned and self.trials >= 2 else 0
 
     def next_settings(
-        self, name: str, labelled: bool, tried: list[dict[str, Any]], keys: list[Any], best: int
+        self,
+        name: str,
+        labelled: bool,
+        tried: list[dict[str, Any]],
+        keys: list[Any],
+        best: int,
+        dims: tuple[int, int] | None = None,
     ) -> dict[str, Any] | None:
         """The full parameter dict of candidate ``name``'s next extra trial after ``tried``
-        (comparable scores ``keys``, the best at ``best``; ``widening.next_value``), or None."""
+        (comparable scores ``keys``, the best at ``best``; ``widening.next_value``), or None.
+        ``dims`` (new, old widths) bound the structure axes (``structure_ceiling``)."""
         axis = _BY_NAME[name].tuned_axis(labelled)
         if axis is None:
             return None
         values = [t[axis] for t in tried]
         bound = NATURAL_BOUNDS.get(axis)
-        value = widening.next_value(values, keys, best, isinstance(values[0], int), bound)
+        ceiling = None if dims is None else structure_ceiling(axis, *dims)
+        value = widening.next_value(values, keys, best, isinstance(values[0], int), bound, ceiling)
         return None if value is None else {**self.shared, **dict(_BY_NAME[name].fixed), axis: value}
 
     def applicable(self, labelled: bool) -> tuple[str, ...]:
@@ -258,6 +266,22 @@ class AutoParams:
     def settings(self, name: str, labelled: bool) -> list[dict[str, Any]]:
         """The full parameter dicts of candidate ``name``'s trials."""
         return [{**self.shared, **s} for s in _BY_NAME[name].trial_settings(self.trials, labelled)]
+
+
+# A structure setting wider than the data is no richer map, only a slower one (auto once tried
+# adapter_rank 4096 and adapter_hidden 16384 on 768 → 384 dimensions).
+HIDDEN_PER_DIM = 4
+
+
+def structure_ceiling(axis: str, new_dim: int, old_dim: int) -> int | None:
+    """The widest sensible value of a structure axis for these widths: an adapter's rank at
+    most min(new, old) (a wider one is the full affine map), a hidden layer at most
+    ``HIDDEN_PER_DIM`` × the wider side; None for other axes."""
+    if axis == "adapter_rank":
+        return min(new_dim, old_dim)
+    if axis in ("adapter_hidden", "map_hidden"):
+        return HIDDEN_PER_DIM * max(new_dim, old_dim)
+    return None
 
 
 def default_objective(labelled: bool, has_relevance: bool) -> str:

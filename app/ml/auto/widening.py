@@ -60,13 +60,20 @@ def next_value(
     best: int,
     integer: bool,
     bound: float | None = None,
+    ceiling: float | None = None,
 ) -> float | int | None:
     """The next value to try after ``values`` (their comparable scores ``keys``, the best at
     ``best``): past the end the best sits on, else between the best and its better neighbour
-    (then the other one); None when no new valid value exists."""
+    (then the other one); None when no new valid value exists. ``ceiling``: the axis's largest
+    sensible value for this data (a rank no wider than the dimensions): a step past it tries
+    the ceiling itself, once."""
     side = edge(values, best, bound)
     if side is not None:
-        return beyond(values, side, integer)
+        value = beyond(values, side, integer)
+        if value is not None and ceiling is not None and value > ceiling:
+            capped = _rounded(ceiling, integer)
+            return None if capped in values or capped <= max(values) else capped
+        return value
     value = values[best]
     below = [i for i, v in enumerate(values) if v < value]
     above = [i for i, v in enumerate(values) if v > value]

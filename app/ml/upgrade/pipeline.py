@@ -392,6 +392,8 @@ def run_auto(
     else:
         fit_q = val_q = train_q
     settings = {n: auto.settings(n, ctx.labelled) for n in names}
+    # The widths structure axes are bounded by (a rank no wider than the data).
+    dims = (int(ctx.data.new_features.shape[1]), int(ctx.data.old_vectors.shape[1]))
     base = CompatParams.from_dict(auto.shared)
     # Each tuned candidate's extra trials are planned with its grid's epochs (they vary only
     # the tuned axis); one that finds no new value gives its epochs back (``skip``).
@@ -437,7 +439,7 @@ def run_auto(
             if not queue and len(trials[name]) < planned:
                 keys, best_so_far = ranked_keys(trials[name], floor, lambda t: t.primary)
                 tried = [t.settings for t in trials[name]]
-                following = auto.next_settings(name, ctx.labelled, tried, keys, best_so_far)
+                following = auto.next_settings(name, ctx.labelled, tried, keys, best_so_far, dims)
                 if following is None:
                     progress.skip(params.epochs, planned - len(trials[name]))
                 else:
