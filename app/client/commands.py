@@ -32,6 +32,20 @@ def load_npy(path: str | None, option: str) -> np.ndarray | None:
     if path is None:
         return None
     try:
+        with open(path, "rb") as fh:
+            magic = fh.read(6)
+    except FileNotFoundError as exc:
+        raise CommandError(f"{option} {path}: no such file") from exc
+    except OSError as exc:
+        raise CommandError(f"{option} {path}: {exc.strerror or exc}") from exc
+    if magic != b"\x93NUMPY":
+        # np.load reads any other file as a pickle, and then says only that pickles are
+        # refused: name what the file is not (a .csv gave "pickled (object) data…").
+        raise CommandError(
+            f"{option} {path}: not a .npy file (save the array with numpy.save; CSV, text "
+            "and pickle files are not read)"
+        )
+    try:
         return np.load(path, mmap_mode="r", allow_pickle=False)
     except FileNotFoundError as exc:
         raise CommandError(f"{option} {path}: no such file") from exc

@@ -311,9 +311,15 @@ def test_bad_input_fails_readably_and_changes_nothing(
         ),
         "not .npy": (
             ("--ids", ids, "--vectors", str(tmp_path / "text.npy")),
-            "not a readable .npy array",
+            "not a .npy file (save the array with numpy.save",
+        ),
+        # Issue 44 item 6: a CSV said "pickled (object) data … allow_pickle".
+        "csv": (
+            ("--ids", ids, "--vectors", str(tmp_path / "vectors.csv")),
+            "vectors.csv: not a .npy file",
         ),
     }
+    (tmp_path / "vectors.csv").write_text("0.1,0.2,0.3,0.4\n" * 3)
     np.save(tmp_path / "object.npy", np.array([{"a": 1}] * 3, dtype=object), allow_pickle=True)
     (tmp_path / "text.npy").write_text("1,2,3,4\n")
     for name, (options, message) in cases.items():
