@@ -365,3 +365,14 @@ def test_qdrant_allowed_urls_read_from_a_comma_list_or_json(
         "http://a:6333",
         "https://b.example/qdrant",
     ]
+
+
+def test_the_api_host_port_comes_from_a_variable() -> None:
+    """Issue 44 item 8: the API port was fixed at 8000 in the file and collided with an existing
+    service. NOBACKFILL_API_PORT picks the host port (8000 by default); the container listens
+    on 8000 as its command says."""
+    api = compose()["services"]["api"]
+    (port,) = api["ports"]
+    assert port == "127.0.0.1:${NOBACKFILL_API_PORT:-8000}:8000"
+    assert interpolate(port) == "127.0.0.1:8000:8000"
+    assert api["command"][-1] == "8000"
