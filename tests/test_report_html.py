@@ -16,15 +16,35 @@ def _metrics(values: dict[str, float]) -> dict:
     return {name: {"instance": {"recall@1": v}} for name, v in values.items()}
 
 
-def test_the_value_axis_follows_the_figures() -> None:
-    # Own-item recall near 1 for every map: not a flat line on a 0–1 axis.
-    low, high = _value_axis(_metrics({"a": 0.97, "b": 0.99}), ["a", "b"], ["recall@1"], "instance")
-    assert 0.9 < low < 0.97 and 0.99 < high <= 1.05
-    low, high = _value_axis(_metrics({"a": 0.2, "b": 0.6}), ["a", "b"], ["recall@1"], "instance")
-    assert abs(low) < 1e-9 and 0.6 < high <= 1.05
+def test_the_value_axis_starts_at_zero() -> None:
+    """Issue 44 item 7: own-item recall near 1 for every map was drawn on an axis from 0.95, so
+    a 2-point gap looked like 20. Every axis starts at 0 and reaches past the largest figure."""
+    assert _value_axis(_metrics({"a": 0.97, "b": 0.99}), ["a", "b"], ["recall@1"], "instance") == (
+        0.0,
+        1.05,
+    )
+    assert _value_axis(_metrics({"a": 0.2, "b": 0.6}), ["a", "b"], ["recall@1"], "instance")[0] == 0
     assert _value_axis(_metrics({"a": float("nan")}), ["a"], ["recall@1"], "instance") == (0, 1.05)
-    low, high = _value_axis(_metrics({"a": 0.5}), ["a"], ["recall@1"], "instance")
-    assert high - low >= 0.02
+    low, high = _value_axis(_metrics({"a": 1.8}), ["a"], ["recall@1"], "instance")
+    assert low == 0 and high > 1.8
+
+
+def test_the_instance_view_has_no_stay_row_the_verdict_calls_n_a() -> None:
+    from app.upgrades.report_html import render_report_html
+
+    metrics = {
+        "stay": {"instance": {"recall@1": 0.999}},
+        "procrustes": {"instance": {"recall@1": 0.97}},
+        "reindex": {"instance": {"recall@1": 1.0}},
+    }
+    job = {
+        "id": "upg_1",
+        "status": "succeeded",
+        "method": "procrustes",
+        "report": {"metrics": metrics, "views": ["instance"], "chosen_method": "procrustes"},
+    }
+    page = render_report_html(job)
+    assert "0.999" not in page and "<td>procrustes</td>" in page
 
 
 def test_a_degenerate_calibration_is_said_not_plotted() -> None:

@@ -88,19 +88,16 @@ def _view_metrics(metrics: dict[str, Any], view: str, names: list[str]) -> list[
 
 
 def _value_axis(metrics: dict, names: list[str], keys: list[str], view: str) -> tuple[float, float]:
-    """The value axis scaled to the figures shown (0.97–1.00 on a 0–1 axis is a flat line), never
-    past [0, 1.05]; at least 0.02 tall so that equal figures still show."""
+    """The value axis from 0 (issue 44: an axis from 0.95 made a 2-point gap look like 20) to
+    a little above the largest figure shown, at least 1.05 for recalls and shares."""
     values = [
         v
         for name in names
         for k in keys
         if isinstance(v := metrics[name][view].get(k), int | float) and math.isfinite(v)
     ]
-    if not values:
-        return 0.0, 1.05
-    low, high = min(values), max(values)
-    span = max(high - low, 0.02)
-    return max(0.0, low - 0.5 * span), min(1.05, high + 0.5 * span)
+    top = max(values, default=1.0)
+    return 0.0, max(1.05, top * 1.05)
 
 
 def _bars(title: str, names: list[str], keys: list[str], metrics: dict, view: str, served: str):
@@ -394,6 +391,10 @@ def render_report_html(job: dict[str, Any]) -> str:
         v for v in VIEW_TITLES if any(v in m for m in metrics.values())
     ]:
         names = _alternatives(metrics, view)
+        if view == "instance":
+            # Staying finds each item's own old vector by construction: the verdict calls its
+            # own-item figure n/a, and no bar or row stands for it.
+            names = [n for n in names if n != "stay"]
         keys = _view_metrics(metrics, view, names)
         if not names or not keys:
             continue
