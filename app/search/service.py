@@ -425,6 +425,7 @@ def search_two_stage(
         if request.old_vectors is not None:
             check_count(len(request.old_vectors), "old_vectors", n, "texts")
             as_matrix(request.old_vectors, "old_vectors", dim=gallery.dim, max_dim=settings.max_dim)
+        session.commit()  # no pooled connection waits on the embedder
         try:
             features = two_stage.guarded_embed(
                 settings, guards, tenant_id, spec, list(texts), "query"

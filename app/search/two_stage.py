@@ -114,7 +114,8 @@ def guarded_embed(
     kind: str,
 ) -> np.ndarray:
     """The embedder's vectors of ``texts``, through the tenant's budget (429 with Retry-After
-    when spent) and the embedder's circuit; raises ``Degraded`` on any failure."""
+    when spent) and the embedder's circuit; raises ``Degraded`` on any failure. The caller has
+    ended its transaction: no pooled connection waits on the embedder."""
     if guards.circuits.is_open(spec.id):
         raise Degraded("embedder-circuit-open")
     wait = guards.budgets.take(tenant_id, len(texts))
@@ -163,6 +164,9 @@ def new_vectors(
         wanted = [v for v in missing.tolist() if v in texts]
         if not wanted:
             return have, 0
+        # End the read transaction first: a slow or hung embedder must not hold a pooled
+        # connection (with the pool taken, every tenant's request would answer 503).
+        session.commit()
         vectors = guarded_embed(
             settings, guards, tenant_id, spec, [texts[v] for v in wanted], "document"
         )

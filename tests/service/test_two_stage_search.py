@@ -87,6 +87,11 @@ def setup(make_client, wordnet_small: dict, embedder: str, request) -> dict:
         embedder_circuit_failures=overrides.get("failures", 100),
         embedder_timeout_s=overrides.get("timeout", 5.0),
         embed_items_per_minute=overrides.get("budget", 20_000),
+        **(
+            {"db_pool_size": 1, "db_pool_overflow": 0, "db_pool_timeout_s": 1.0}
+            if overrides.get("pool")
+            else {}
+        ),
     )
     state = upgraded(client, wordnet_small)
     with_texts(client, wordnet_small, state["gallery_id"])
@@ -408,3 +413,25 @@ def test_the_served_search_fuses_with_the_weight_its_upgrade_fitted(
     assert agree > 0.97 and got != top_ids(search(setup, wordnet_small, old_vectors=None))
     # Bridged candidates (no old vectors): no fusion.
     assert search(setup, wordnet_small, old_vectors=None).json()["rerank"]["fusion_weight"] == 0.0
+
+
+@pytest.mark.parametrize("setup", [{"timeout": 3.0, "pool": True}], indirect=True)
+def test_a_hung_embedder_holds_no_database_connection(setup: dict, wordnet_small: dict) -> None:
+    """The search waiting on the embedder has ended its transaction: with one pooled connection
+    (PostgreSQL), another request is answered meanwhile instead of waiting out the pool."""
+    import threading
+
+    client = setup["client"]
+    control(setup["embedder"], "hang")
+    hung: dict = {}
+    worker = threading.Thread(target=lambda: hung.update(r=search(setup, wordnet_small)))
+    worker.start()
+    try:
+        import time
+
+        time.sleep(1.0)  # the search is now waiting on the embedder
+        other = client.get(f"/v1/galleries/{setup['gallery_id']}")
+        assert other.status_code == 200, other.text
+    finally:
+        worker.join(timeout=30)
+    assert hung["r"].json()["rerank"]["degraded"] == "embedder-timeout"
