@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv test lint serve clean data
+.PHONY: venv test lint bench-check serve clean data
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -21,7 +21,12 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/lint-imports
 
-test: $(STAMP) lint
+# Every BENCHMARKS.md section re-rendered from its bench/results file (issue 42 item 8): a typed
+# or stale figure fails here. Seconds; reruns no benchmark and reads no ../shared data.
+bench-check: $(STAMP)
+	$(BIN)/python -m bench.common.report --check
+
+test: $(STAMP) lint bench-check
 	$(BIN)/python -m pytest
 
 # Rebuild the WordNet benchmark data into data/wordnet from public sources (bench/README.md).

@@ -62,6 +62,7 @@ from bench.quality.querydoc import load_arrays
 
 RESULTS = REPO_ROOT / "bench/results/transition.json"
 SECTION = "bench.quality.transition"
+TITLE = "Transition search (bench.quality.transition)"
 TRAIN_FRACTION = 0.6
 VALIDATION_TRAIN_FRACTION = 0.8
 SEARCHES = ("transition", "bridged")
@@ -276,6 +277,25 @@ def render_markdown(payload: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def section_markdown(payload: dict[str, Any], validation: dict[str, Any] | None) -> str:
+    """The BENCHMARKS section: ``render_markdown`` of the evaluation run, then the calibration's
+    choice from the validation run when there is one. A function of the two results files
+    alone, so that ``python -m bench.common.report --check`` can render it again."""
+    markdown = render_markdown(payload)
+    if validation is None:
+        return markdown
+    return (
+        markdown
+        + f"\n\nChosen on validation (`{validation['command']}`, training synsets only), by the "
+        "area under R@10 over the fractions summed over both searches: "
+        + ", ".join(
+            f"`{c}` {a['transition']:.4f} + {a['bridged']:.4f}"
+            for c, a in validation["area_r10"].items()
+        )
+        + f"; the service serves `{CALIBRATION}`."
+    )
+
+
 def targets(payload: dict[str, Any]) -> list[str]:
     s = payload["summary"]
     served = f"transition ({payload['served_calibration']})"
@@ -366,18 +386,8 @@ def main(argv: list[str] | None = None) -> Path:
     print("area under the R@10 curves by calibration:", areas)
     if not args.quick and not args.validation and args.out is None:
         validation = RESULTS.with_name("transition-validation.json")
-        if validation.exists():
-            v = json.loads(validation.read_text())
-            markdown += (
-                f"\n\nChosen on validation (`{v['command']}`, training synsets only), by the "
-                "area under R@10 over the fractions summed over both searches: "
-                + ", ".join(
-                    f"`{c}` {a['transition']:.4f} + {a['bridged']:.4f}"
-                    for c, a in v["area_r10"].items()
-                )
-                + f"; the service serves `{CALIBRATION}`."
-            )
-        replace_section(SECTION, "Transition search (bench.quality.transition)", markdown)
+        v = json.loads(validation.read_text()) if validation.exists() else None
+        replace_section(SECTION, TITLE, section_markdown(payload, v))
     print(out)
     return out
 
