@@ -298,7 +298,34 @@ def build_parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="run the HTTP API (settings from NOBACKFILL_*)")
     serve.add_argument("--host", help="default: NOBACKFILL_HOST (127.0.0.1)")
     serve.add_argument("--port", type=int, help="default: NOBACKFILL_PORT (8000)")
-    sub.add_parser("migrate", help="apply the database migrations (alembic upgrade head)")
+    conn, out = _client_parents()
+    migrate = sub.add_parser(
+        "migrate",
+        parents=[conn, out],
+        help="without GALLERY: apply the database migrations (alembic upgrade head); with "
+        "GALLERY: re-embed its stored texts on the server with the model's embedder",
+        description="`nobackfill migrate` (no GALLERY), on the server: apply the database "
+        "migrations. `nobackfill migrate GALLERY --model M [--auto | --fraction F]`, a client "
+        "command: a re-embed job sends the gallery's stored texts through the model's embedder "
+        "and stores the new vectors, in the backfill plan's order, with a progress bar.",
+    )
+    migrate.add_argument("gallery", nargs="?", help="the gallery to migrate (client command)")
+    migrate.add_argument("--model", help="the upgrade's model, with an embedder (PATCH models)")
+    migrate.add_argument(
+        "--auto",
+        action="store_true",
+        help="follow the model's verdict: transition → its suggested share, reindex → all; "
+        "refused (exit 1) where the verdict advises no re-embedding",
+    )
+    migrate.add_argument("--fraction", type=float, help="share of the gallery to re-embed (0–1]")
+    migrate.add_argument("--order", choices=["plan", "gallery"], help="default: plan")
+    migrate.add_argument("--batch", dest="batch_size", type=int, help="texts per embedder call")
+    migrate.add_argument("--rate", dest="items_per_minute", type=int, help="items per minute")
+    migrate.add_argument("--no-wait", action="store_true", help="queue the job and return")
+    migrate.add_argument("--timeout", type=float, help="give up waiting after this many s")
+    migrate.add_argument("--poll", type=float, default=1.0, help="seconds per poll")
+    migrate.add_argument("--idempotency-key", help="retrying with the same key queues one job")
+    migrate.set_defaults(handler="migrate_gallery")
     create = sub.add_parser(
         "create-key", help="print a new admin API key (creates the tenant if new)"
     )
@@ -374,7 +401,10 @@ def _server_command(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.command in SERVER_COMMANDS:
+    if args.command == "migrate" and args.gallery is not None:
+        if not args.model:
+            parser.error("migrate GALLERY: the following arguments are required: --model")
+    elif args.command in SERVER_COMMANDS:
         return _server_command(args)
     if args.handler == "upgrade_create" and args.dataset is None:
         parser.error("upgrade: the following arguments are required: --dataset (or: upgrade list)")

@@ -20,6 +20,7 @@ from app.api.galleries import router as galleries_router
 from app.api.keys import router as keys_router
 from app.api.models import router as models_router
 from app.api.observability import install_observability
+from app.api.reembed import router as reembed_router
 from app.api.search import router as search_router
 from app.api.upgrades import router as upgrades_router
 from app.auth.service import ensure_local_key
@@ -154,6 +155,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         upgrades_router,
         models_router,
         embedders_router,
+        reembed_router,
         keys_router,
     ):
         app.include_router(router)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from functools import lru_cache
 
 import app.db_models
+import app.migration.reembed_job
 from app.core.db import Database
 from app.core.settings import get_settings
 from app.upgrades.executor import Claim, execute, worker_name

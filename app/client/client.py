@@ -371,11 +371,71 @@ class Client(Transport):
                 )
             time.sleep(poll_s)
 
+    def reembed(
+        self,
+        gallery_id: str,
+        model_id: str,
+        *,
+        fraction: float | None = None,
+        order: str | None = None,
+        batch_size: int | None = None,
+        items_per_minute: int | None = None,
+        idempotency_key: str | None = None,
+    ) -> dict[str, Any]:
+        """Queue a re-embed job: the server sends the gallery's stored texts through the
+        model's embedder and stores them, up to ``fraction`` of the gallery (default all), in
+        the plan's order. Returns the job; follow it with ``wait_upgrade`` (jobs of every kind
+        are read and cancelled as upgrades are)."""
+        body = drop_none(
+            {
+                "model_id": model_id,
+                "fraction": fraction,
+                "order": order,
+                "batch_size": batch_size,
+                "items_per_minute": items_per_minute,
+            }
+        )
+        return self._create(f"/v1/galleries/{gallery_id}/reembed", body, idempotency_key)
+
     def report_html(self, upgrade_id: str, path: str | Path | None = None) -> bytes | Path:
         """The upgrade's self-contained HTML report: bytes, or written to ``path``."""
         return self._download(f"/v1/upgrades/{upgrade_id}/report.html", None, path)
 
     # -- models ---------------------------------------------------------------------------------
+    def create_embedder(
+        self,
+        name: str,
+        url: str,
+        model: str,
+        dimension: int,
+        *,
+        api_key_env: str | None = None,
+        query_prefix: str | None = None,
+        document_prefix: str | None = None,
+        max_batch: int | None = None,
+        idempotency_key: str | None = None,
+    ) -> dict[str, Any]:
+        """Register the new backbone's embedding endpoint (OpenAI-compatible embeddings
+        protocol; the URL must match the server's NOBACKFILL_EMBEDDER_ALLOWED_URLS)."""
+        body = drop_none(
+            {
+                "name": name,
+                "url": url,
+                "model": model,
+                "dimension": dimension,
+                "api_key_env": api_key_env,
+                "query_prefix": query_prefix,
+                "document_prefix": document_prefix,
+                "max_batch": max_batch,
+            }
+        )
+        return self._create("/v1/embedders", body, idempotency_key)
+
+    def set_model_embedder(self, model_id: str, embedder_id: str | None) -> dict[str, Any]:
+        """Give the model its embedder (None: clear it); two-stage search and re-embed jobs
+        embed texts with it."""
+        return self._json("PATCH", f"/v1/models/{model_id}", json={"embedder_id": embedder_id})
+
     def get_model(self, model_id: str) -> dict[str, Any]:
         return self._json("GET", f"/v1/models/{model_id}")
 

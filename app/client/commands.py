@@ -360,6 +360,8 @@ def progress_text(progress: dict[str, Any]) -> str:
     """The job's ``progress`` in words: phase, candidate, epoch/epochs, loss, ETA (each when
     the server reports it)."""
     parts = [str(progress[k]) for k in ("phase", "candidate") if progress.get(k)]
+    if isinstance(progress.get("total"), int) and "done" in progress:
+        parts.append(f"{progress['done']}/{progress['total']} items")
     if progress.get("epochs"):
         parts.append(f"epoch {progress.get('epoch', 0)}/{progress['epochs']}")
     if isinstance(progress.get("loss"), int | float):
@@ -369,7 +371,9 @@ def progress_text(progress: dict[str, Any]) -> str:
     return ", ".join(parts)
 
 
-def follow(client: Client, args: argparse.Namespace, upgrade_id: str) -> int:
+def follow(
+    client: Client, args: argparse.Namespace, upgrade_id: str, label: str = "upgrade"
+) -> int:
     """Wait for the job with a progress bar on stderr; exit 1 unless it succeeded."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -380,13 +384,17 @@ def follow(client: Client, args: argparse.Namespace, upgrade_id: str) -> int:
         TimeElapsedColumn(),
         console=stderr_console(),
     ) as bar:
-        task = bar.add_task(f"upgrade {upgrade_id}", total=None, info="queued")
+        task = bar.add_task(f"{label} {upgrade_id}", total=None, info="queued")
 
         def update(job: dict[str, Any]) -> None:
             progress = job.get("progress") or {}
-            epochs = progress.get("epochs") or None
             info = progress_text(progress) or job["status"]
-            bar.update(task, total=epochs, completed=progress.get("epoch", 0), info=info)
+            if isinstance(progress.get("total"), int) and "done" in progress:  # items
+                bar.update(task, total=progress["total"] or None, completed=progress["done"])
+            else:  # epochs of the trial in training
+                bar.update(task, total=progress.get("epochs") or None)
+                bar.update(task, completed=progress.get("epoch", 0))
+            bar.update(task, info=info)
 
         job = client.wait_upgrade(
             upgrade_id, poll_s=args.poll, timeout_s=args.timeout, on_progress=update
@@ -396,19 +404,29 @@ def follow(client: Client, args: argparse.Namespace, upgrade_id: str) -> int:
     emit(args, job, describe_job(job))
     if job["status"] != "succeeded":
         reason = job.get("error") or "no reason given"
-        sys.stderr.write(f"error: upgrade {upgrade_id} {job['status']}: {reason}\n")
+        sys.stderr.write(f"error: {label} {upgrade_id} {job['status']}: {reason}\n")
         return EXIT_FAILED
     return 0
 
 
 def describe_job(job: dict[str, Any]) -> str:
-    lines = [f"{job['id']}\tupgrade {job['method']}: {job['status']}"]
+    kind = "re-embed job" if job["method"] == "reembed" else f"upgrade {job['method']}"
+    lines = [f"{job['id']}\t{kind}: {job['status']}"]
     if job.get("progress") and job["status"] in ("queued", "running"):
         lines.append(f"  progress: {progress_text(job['progress'])}")
     if job.get("model_id"):
         lines.append(f"  model: {job['model_id']}")
     if job.get("error"):
         lines.append(f"  error: {job['error']}")
+    moved = (job.get("report") or {}).get("reembed")
+    if moved:
+        lines.append(
+            f"  embedded {moved['embedded']} items ({moved['order']} order), skipped "
+            f"{moved['skipped']}; re-embedded now {moved['reembedded']}/{moved['total']} "
+            f"({moved['fraction_reembedded']:.0%})"
+        )
+        if moved.get("order_note"):
+            lines.append(f"  note: {moved['order_note']}")
     verdict = (job.get("report") or {}).get("recommendation")
     if verdict:
         lines.append(f"  verdict: {verdict['action']} — {verdict['why']}")

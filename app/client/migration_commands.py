@@ -170,7 +170,56 @@ def upgrade_list(client: Client, args: argparse.Namespace) -> int:
     return 0
 
 
+# -- migrate GALLERY ------------------------------------------------------------------------------
+def auto_fraction(report: dict[str, Any] | None) -> float:
+    """The share ``--auto`` re-embeds, from the model's verdict: a transition's suggested share,
+    a reindex's whole gallery; any other verdict advises no re-embed job (CommandError)."""
+    verdict = (report or {}).get("recommendation") or {}
+    action = verdict.get("action")
+    if action == "transition" and isinstance(verdict.get("suggested_fraction"), int | float):
+        return float(verdict["suggested_fraction"])
+    if action == "reindex":
+        return 1.0
+    why = verdict.get("why") or "the upgrade has no verdict"
+    advice = {
+        "two-stage": "search with rerank: the migration then advances with traffic",
+        "bridge": "search the old gallery with the bridge: nothing needs re-embedding",
+        "stay": "keep the old model",
+        "measure": "measure first: upload held-out queries and run the upgrade again",
+    }.get(str(action), "see the upgrade's report")
+    raise CommandError(
+        f"--auto: the verdict is {action or 'missing'} ({why}); it advises no re-embed job "
+        f"({advice}). Give --fraction to migrate anyway."
+    )
+
+
+def migrate_gallery(client: Client, args: argparse.Namespace) -> int:
+    from app.client.commands import follow
+
+    fraction = args.fraction
+    if args.auto and fraction is None:
+        model = client.get_model(args.model)
+        report = (
+            client.get_upgrade(model["upgrade_id"])["report"] if model.get("upgrade_id") else None
+        )
+        fraction = auto_fraction(report)
+    job = client.reembed(
+        args.gallery,
+        args.model,
+        fraction=fraction,
+        order=args.order,
+        batch_size=args.batch_size,
+        items_per_minute=args.items_per_minute,
+        idempotency_key=args.idempotency_key,
+    )
+    if args.no_wait:
+        emit(args, job, f"{job['id']}\treembed {args.gallery} → {args.model}: {job['status']}")
+        return 0
+    return follow(client, args, job["id"], label="re-embed")
+
+
 HANDLERS: dict[str, Callable[[Client, argparse.Namespace], int]] = {
+    "migrate_gallery": migrate_gallery,
     "backfill_plan": backfill_plan,
     "backfill_upload": backfill_upload,
     "upgrade_list": upgrade_list,

@@ -153,6 +153,18 @@ class Settings(BaseSettings):
     max_text_length: int = Field(
         default=8192, ge=1, description="characters of one document text stored with an item"
     )
+    reembed_max_items_per_minute: int = Field(
+        default=6_000,
+        ge=1,
+        description="the fastest a re-embed job may send texts to an embedder (items per "
+        "minute; a job's `items_per_minute` may ask for less, not more)",
+    )
+    reembed_retries: int = Field(
+        default=4,
+        ge=0,
+        description="retries of one failed embedder call in a re-embed job (backoff 1, 2, 4 … s) "
+        "before the job fails; what it stored stays, and posting the job again resumes",
+    )
     rerank_default_depth: int = Field(
         default=200,
         ge=1,

@@ -59,3 +59,34 @@ ACCESS_MULTIPART = {
         },
     },
 }
+
+
+class ReembedCreate(StrictModel):
+    """A job that embeds the gallery's stored texts with the model's embedder and stores them as
+    re-embedded items of the model (``app.migration.reembed_job``)."""
+
+    model_id: str = Field(description="a backbone model of this gallery's space, with an embedder")
+    fraction: float = Field(
+        default=1.0,
+        gt=0.0,
+        le=1.0,
+        description="the share of the gallery re-embedded when the job ends (items already "
+        "re-embedded count); 1: the whole migration",
+    )
+    order: Literal["plan", "gallery"] = Field(
+        default="plan",
+        description="`plan`: the backfill plan's order (traffic × expected gain; the gallery's "
+        "order when the plan cannot be fitted, said in the report); `gallery`: the gallery's "
+        "own order",
+    )
+    batch_size: int | None = Field(
+        default=None,
+        ge=1,
+        description="texts per embedder call (at most the embedder's `max_batch`, its default)",
+    )
+    items_per_minute: int | None = Field(
+        default=None,
+        ge=1,
+        description="the job's rate limit (default and maximum: the server's "
+        "NOBACKFILL_REEMBED_MAX_ITEMS_PER_MINUTE)",
+    )

@@ -16,6 +16,7 @@ import socket
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import replace
 from datetime import timedelta
 from enum import Enum
@@ -40,6 +41,17 @@ from app.upgrades.trained import TrainedOutput
 log = logging.getLogger(__name__)
 # How often the cancel flag is read from the database at most (the trainer polls per epoch).
 CANCEL_POLL_S = 1.0
+
+
+# Job kinds other than training, by ``method``: run(db, settings, job, hooks) → the job's report.
+# Registered by the layer that implements them (``app.migration.reembed_job``), so that the same
+# claim, heartbeat, cancel, retry and transport serve every kind of job.
+JobKind = Callable[[Database, Settings, UpgradeJob, TrainingHooks], dict[str, Any]]
+JOB_KINDS: dict[str, JobKind] = {}
+
+
+def register_kind(method: str, run: JobKind) -> None:
+    JOB_KINDS[method] = run
 
 
 class Claim(Enum):
@@ -332,6 +344,20 @@ def execute(
     log.info("upgrade %s (%s): attempt %d on %s", job_id, job.method, job.attempts, worker)
     monitor = _JobHooks(db, settings, job_id, worker, stop)
     try:
+        kind = JOB_KINDS.get(job.method)
+        if kind is not None:
+            with monitor as hooks:
+                report = kind(db, settings, job, hooks)
+            _finish(
+                db,
+                job_id,
+                worker,
+                status=SUCCEEDED,
+                report=json_safe(report),
+                finished_at=utcnow(),
+            )
+            log.info("%s %s succeeded", job.method, job_id)
+            return Claim.CLAIMED
         with monitor as hooks:
             out = _train(db, settings, job, hooks)
             hooks.check()

@@ -129,6 +129,12 @@ def _check_quotas(
                 f"params.{name}",
                 f"must be ≤ {cap} on this server (NOBACKFILL_{setting.upper()})",
             )
+    check_job_quota(session, settings, tenant_id)
+
+
+def check_job_quota(session: Session, settings: Settings, tenant_id: str) -> None:
+    """429 when the tenant already has its most jobs queued or running (jobs of every kind:
+    upgrades and re-embed jobs share the workers)."""
     active = session.scalar(
         select(func.count())
         .select_from(UpgradeJob)
@@ -138,7 +144,7 @@ def _check_quotas(
         raise Problem(
             429,
             "Too many requests",
-            f"this tenant has {active} upgrades queued or running, the most it may have "
+            f"this tenant has {active} jobs queued or running, the most it may have "
             f"(NOBACKFILL_MAX_ACTIVE_JOBS_PER_TENANT={settings.max_active_jobs_per_tenant}); "
             "wait for one to finish or cancel one",
             slug="too-many-jobs",
