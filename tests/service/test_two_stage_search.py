@@ -13,8 +13,6 @@ as a numpy two-stage on the same vectors. Faults of the embedder answer the sing
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -25,8 +23,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
 from app.vectors.tables import ReembeddedVector
-from bench.common.service import free_port, stop_process
-from bench.perf.api_memory import wait_for_port
+from bench.common.embedder_server import running
 from tests.service.conftest import problem, snapshot
 from tests.service.test_backfill_api import N_GALLERY, upgraded
 from tests.service.test_galleries_api import other_tenant
@@ -40,20 +37,8 @@ Q = np.arange(40)  # queries: the lemmas of the first 40 synsets (relevant: thei
 @pytest.fixture
 def embedder(tmp_path: Path) -> Iterator[str]:
     """The embedder server process; its embeddings URL."""
-    port = free_port()
-    log = tmp_path / "embedder.log"
-    with log.open("wb") as out:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "bench.common.embedder_server", "--port", str(port)],
-            cwd=REPO,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-    try:
-        wait_for_port(port, process, log, timeout=60)
-        yield f"http://127.0.0.1:{port}/v1/embeddings"
-    finally:
-        stop_process(process, timeout=10)
+    with running(tmp_path / "embedder.log") as url:
+        yield url
 
 
 def control(url: str, mode: str) -> None:
