@@ -306,8 +306,12 @@ def _metrics(bridge: float, stay: float | None, reindex: float, view: str = "que
 
 
 def test_recommendation_rule() -> None:
+    """The rule's branches on bare figures: without the report's paired per-query differences
+    every standard error is taken as 0 and the verdict says so (``evidence`` "point"); the
+    paired rule itself (issue 42 item 5) is tested in tests/test_verdict_paired.py."""
     # The new model beats the old one and no bridge does: re-embed while the old model serves.
     transition = recommend(_metrics(0.44, 0.49, 0.57), "served", "query")
+    assert transition["evidence"] == "point" and "point figures" in transition["why"]
     assert transition["action"] == "transition" and transition["endpoints"] == {
         "at_0": 0.49,
         "at_100": 0.57,

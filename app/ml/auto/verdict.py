@@ -7,21 +7,31 @@ Rule, on the held-out figures of the objective's primary metric (``PRIMARY_METRI
    running a query view without the old model's query vectors cannot measure staying. The best
    bridge found is still served; ``missing`` names what to upload.
 2. With the old model available (the default):
-   - **bridge** only when the served bridge beats the old model on held-out data and keeps at
-     least ``REINDEX_BELOW_ARR`` of the new model's quality (ARR = bridged / reindex);
+   - **bridge** only when the served bridge beats the old model on held-out data and keeps
+     ``REINDEX_BELOW_ARR`` of the new model's quality (ARR = bridged / reindex);
    - **transition** when the new model beats the old one but the bridge does not (or keeps too
      little of it): re-embed part of the gallery while the old model serves the rest (transition
      search sends both models' query vectors) and switch at 100 %;
    - **stay** when neither the bridge nor the new model beats the old one.
 3. With the old model gone (``old_model_available`` false) there is no stay and no transition:
-   **reindex** when the bridge's ARR is below ``REINDEX_BELOW_ARR``, else **bridge**.
+   **reindex** when the bridge keeps less than ``REINDEX_BELOW_ARR`` of the reindex, else
+   **bridge**.
 4. **two-stage** first, on the query view, when the upgrade measured it (``two_stage``, the
    report's depth curve, at ``DEFAULT_DEPTH``): candidates from the old index ranked by the new
    model beat the single-stage search they stand for — stay's (old model running) or the
-   bridge's (old model gone) — by more than ``SIGNIFICANCE`` standard errors of the paired
-   per-query difference, and reach at least the bridge's recall@10 (old model running) or
+   bridge's (old model gone) — and reach the bridge's recall@10 (old model running) or
    ``REINDEX_BELOW_ARR`` of the reindex's (old model gone). Its cost is an embedder the service
    calls for the candidates it has no new vector of; what it embeds is kept.
+
+Every comparison above is one rule (issue 42 item 5): the paired per-query difference of the two
+alternatives on the same held-out queries (``paired``: the report's ``paired_gains``, built by
+``app.ml.upgrade.paired_gains``; the two-stage curve carries its own). A verdict moves to the
+costlier option — stay → bridge → transition or reindex — only on evidence: "beats" means the
+mean difference is above ``SIGNIFICANCE`` standard errors, and a share or a level the option must
+keep ("keeps ``REINDEX_BELOW_ARR``", "reaches the bridge's recall@10") is missed only when the
+shortfall is above ``SIGNIFICANCE`` standard errors. Without per-query figures (a caller that
+passes bare metrics) every standard error is taken as 0, i.e. the point figures decide, and the
+verdict says so (``evidence``: "point").
 """
 
 from __future__ import annotations
@@ -35,19 +45,22 @@ from app.ml.auto.candidates import PRIMARY_METRIC
 # gallery would give: the measured Procrustes bridge keeps 0.77 of R@10 on public text search
 # (data README), a level users accept as "most of the gain"; 0.75 leaves that just inside.
 REINDEX_BELOW_ARR = 0.75
-# Standard errors of the paired per-query gain a two-stage verdict needs (the transition
-# outlook's rule, ``app.ml.upgrade.outlook.SIGNIFICANCE``): below it a user's own measurement
-# could not tell the gain from noise.
+# Standard errors of the paired per-query difference every comparison of the verdict needs,
+# fixed a priori, never fitted to a report: 2 ≈ a 95 % two-sided paired interval (the transition
+# outlook's rule, ``app.ml.upgrade.outlook.SIGNIFICANCE``). Below it a user's own measurement on
+# queries like these could not tell the difference from noise.
 SIGNIFICANCE = 2.0
 RULE = (
     "measure when the objective's view cannot compare the options (own-item recall, or no old "
     "query vectors while the old model runs); with the old model: bridge when the bridge beats "
-    f"it and keeps ≥ {REINDEX_BELOW_ARR} of reindex, transition when the new model beats it "
-    f"otherwise, else stay; without it: reindex when the bridge keeps < {REINDEX_BELOW_ARR}, "
-    "else bridge; before these, two-stage when reranking the old index's candidates by the new "
-    f"model beats stay's search (or, the old model gone, the bridge's) by > {SIGNIFICANCE} "
-    "standard errors of the paired per-query gain and reaches the bridge's recall@10 (or, the "
-    f"old model gone, {REINDEX_BELOW_ARR} of reindex)"
+    f"it and keeps {REINDEX_BELOW_ARR} of reindex, transition when the new model beats it "
+    f"otherwise, else stay; without it: reindex when the bridge keeps less than "
+    f"{REINDEX_BELOW_ARR} of reindex, else bridge; before these, two-stage when reranking the old "
+    "index's candidates by the new model beats stay's search (or, the old model gone, the "
+    "bridge's) and reaches the bridge's recall@10 (or, the old model gone, "
+    f"{REINDEX_BELOW_ARR} of reindex). Every comparison is paired per held-out query: 'beats' "
+    f"means a mean difference above {SIGNIFICANCE:g} standard errors, and a share or level to "
+    f"keep is missed only by a shortfall above {SIGNIFICANCE:g} standard errors"
 )
 # What to upload so that the next upgrade can answer, by the view that was missing.
 MISSING = {
@@ -110,6 +123,46 @@ def _below_sentence(below: list[dict[str, Any]], served: str) -> str:
     )
 
 
+def clears(gain: dict[str, Any] | None) -> bool:
+    """The paired rule: a mean per-query difference above ``SIGNIFICANCE`` standard errors (a
+    finite one; 0 for point figures). None — nothing measured — clears nothing."""
+    if gain is None:
+        return False
+    mean, se = gain.get("mean"), gain.get("se")
+    if mean is None or se is None or not (math.isfinite(mean) and math.isfinite(se)):
+        return False
+    return mean > SIGNIFICANCE * se
+
+
+def falls_short(gain: dict[str, Any] | None) -> bool:
+    """A level to keep is missed: the difference (option − level) is below 0 by more than
+    ``SIGNIFICANCE`` standard errors."""
+    if gain is None:
+        return False
+    mean = gain.get("mean")
+    return mean is not None and clears({**gain, "mean": -mean})
+
+
+def _point(a: float | None, b: float | None) -> dict[str, Any] | None:
+    """A point difference a − b as a gain with standard error 0 (no per-query figures)."""
+    if a is None or b is None or not (math.isfinite(a) and math.isfinite(b)):
+        return None
+    return {"mean": a - b, "se": 0.0}
+
+
+def _given(
+    paired: dict[str, Any] | None, key: str, point: dict[str, Any] | None
+) -> dict[str, Any] | None:
+    """The paired difference ``key`` when per-query figures were given, else the point one."""
+    return point if paired is None else paired.get(key)
+
+
+def _fmt_gain(gain: dict[str, Any] | None) -> str:
+    if gain is None or not math.isfinite(gain["mean"]):
+        return "n/a"
+    return f"{gain['mean']:+.3f} ± {gain['se']:.3f}"
+
+
 def _two_stage_pick(
     two_stage: dict[str, Any] | None,
     view: str,
@@ -117,7 +170,10 @@ def _two_stage_pick(
     bridge: float | None,
     reindex: float | None,
 ) -> dict[str, Any] | None:
-    """The two-stage option the rule allows (rule 4 of the module docstring), or None."""
+    """The two-stage option the rule allows (rule 4 of the module docstring), or None. Its
+    floors (the bridge's recall@10; ``REINDEX_BELOW_ARR`` of the reindex's) are judged on the
+    curve's paired differences (``vs_bridge``, ``vs_reindex_share``) where it carries them, as
+    point figures otherwise."""
     if two_stage is None or view != "query":
         return None
     source = "old" if old_model_available else "bridge"
@@ -126,13 +182,20 @@ def _two_stage_pick(
     if entry is None:
         return None
     gain = entry["gain"]
-    if not (math.isfinite(gain["se"]) and gain["mean"] > SIGNIFICANCE * gain["se"]):
+    if not clears(gain):
         return None
     value = entry["recall@10"]
-    if old_model_available and bridge is not None and value < bridge:
+    if (
+        old_model_available
+        and bridge is not None
+        and falls_short(entry.get("vs_bridge", _point(value, bridge)))
+    ):
         return None
-    if not old_model_available and (reindex is None or value < REINDEX_BELOW_ARR * reindex):
-        return None
+    if not old_model_available:
+        share = None if reindex is None else REINDEX_BELOW_ARR * reindex
+        floor = entry.get("vs_reindex_share", _point(value, share))
+        if floor is None or falls_short(floor):
+            return None
     return {
         "depth": int(depth),
         "candidates_from": "the old model's query vectors" if source == "old" else "the bridge",
@@ -152,27 +215,60 @@ def recommend(
     old_model_available: bool = True,
     outlook: dict[str, Any] | None = None,
     two_stage: dict[str, Any] | None = None,
+    paired: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """``metrics`` as ``alternatives.assemble`` returns it; ``served`` the bridge's name there.
     ``view`` overrides the objective's view when that view was not measurable. ``outlook``: the
     transition search's measured curve (``app.ml.upgrade.outlook``), which a transition verdict
-    quotes: the suggested share re-embedded and the figure expected there."""
+    quotes: the suggested share re-embedded and the figure expected there. ``paired``: the
+    paired per-query differences on the same view and metric (``app.ml.upgrade.paired_gains``);
+    None compares the point figures (standard error 0) and says so."""
     pview, metric = PRIMARY_METRIC[objective]
     view = view or pview
     if view != pview:
         metric = PRIMARY_METRIC["instance"][1] if view == "instance" else metric
+    if paired is not None and (paired.get("view"), paired.get("metric")) != (view, metric):
+        raise ValueError(
+            f"paired differences on {paired.get('view')} {paired.get('metric')} cannot judge "
+            f"a verdict on {view} {metric}"
+        )
     label = f"{view} {metric}"
     bridge = metrics[served].get(view, {}).get(metric)
     reindex = metrics["reindex"].get(view, {}).get(metric)
     # Own-item recall's "stay" is 1 by construction: not a figure, so it is shown as n/a.
     stay = metrics["stay"].get(view, {}).get(metric) if view != "instance" else None
     ratio = metrics[served].get("arr", {}).get(view, {}).get(metric)
-    keeps_enough = ratio is not None and math.isfinite(ratio) and ratio >= REINDEX_BELOW_ARR
+    # The three comparisons of rules 2 and 3, paired per query where the report measured them.
+    beats = _given(paired, "bridge_vs_stay", _point(bridge, stay))
+    new_beats = _given(paired, "reindex_vs_stay", _point(reindex, stay))
+    # ARR ≥ REINDEX_BELOW_ARR ⇔ bridge − REINDEX_BELOW_ARR × reindex ≥ 0 (reindex > 0).
+    share = _given(
+        paired,
+        "bridge_vs_reindex_share",
+        None if ratio is None else _point(ratio, REINDEX_BELOW_ARR),
+    )
+    keeps_enough = share is not None and not falls_short(share)
     numbers = (
         f"on held-out data, {label}: bridge ({served}) {_fmt(bridge)}, "
         f"stay {_fmt(stay) if old_model_available else 'not an option'}, "
         f"reindex {_fmt(reindex)}, ARR {_fmt(ratio)}"
     )
+    if paired is None:
+        evidence = " (point figures: no per-query differences were given)"
+    else:
+        # With the old model gone staying is no option: only the share the bridge keeps counts.
+        compared = (
+            [("bridge − stay", beats), ("reindex − stay", new_beats)] if old_model_available else []
+        )
+        compared.append((f"bridge − {REINDEX_BELOW_ARR} × reindex", share))
+        evidence = (
+            f"; paired per query over {paired.get('queries')} held-out "
+            f"{'queries' if view == 'query' else 'items'}: "
+            + ", ".join(f"{name} {_fmt_gain(gain)}" for name, gain in compared)
+            + f" (mean ± standard error; a difference counts beyond {SIGNIFICANCE:g} standard "
+            "errors)"
+        )
+    numbers += evidence
     out: dict[str, Any] = {}
     if view == "instance" or (old_model_available and stay is None):
         action = "measure"
@@ -224,17 +320,19 @@ def recommend(
                 f"model's quality (below {REINDEX_BELOW_ARR}): {numbers}. Re-embed the gallery."
             )
             next_step = "re-embed every item with the new backbone"
-    elif bridge is not None and bridge > stay and keeps_enough:
+    elif clears(beats) and (keeps_enough or not clears(new_beats)):
+        # A bridge that beats staying but keeps too little of the reindex gives way to a
+        # transition only where the new model's own gain over staying is measurable too.
         action = "bridge"
         why = f"The bridge beats the old model on held-out data: {numbers}." + _worse_than_stay(
             metrics, served, view
         )
         next_step = "search the gallery with the model (features)"
-    elif reindex is not None and reindex > stay:
+    elif clears(new_beats):
         action = "transition"
         why = (
             "The new model beats the old one, the bridge "
-            + ("does not" if bridge is None or not bridge > stay else "keeps too little of it")
+            + ("does not" if not clears(beats) else "keeps too little of it")
             + f": {numbers}. Re-embed the gallery step by step while the old model serves the "
             "rest: a transition search (both models' query vectors) is exactly the old model's "
             "search at 0 % and exactly a reindex at 100 %."
@@ -265,6 +363,13 @@ def recommend(
     else:
         action = "stay"
         why = f"Neither a bridge nor the new model beats the old one: {numbers}. Keep it."
+        if paired is not None and any(
+            g is not None and g["mean"] > 0 and not clears(g) for g in (beats, new_beats)
+        ):
+            why += (
+                f" A higher figure within {SIGNIFICANCE:g} standard errors of the paired "
+                "difference is not evidence that switching pays off."
+            )
         next_step = "keep searching with the old model"
     below = below_old_model(metrics, served)
     if action != "bridge":  # a bridge's own shortfalls are named by ``_worse_than_stay``
@@ -279,5 +384,7 @@ def recommend(
         "next_step": next_step,
         **out,
         "below_old_model": below,
+        "evidence": "point" if paired is None else "paired",
+        **({} if paired is None else {"paired": paired}),
         "rule": RULE,
     }

@@ -21,6 +21,8 @@ from app.ml.auto.candidates import (
     AUTO_CANDIDATES,
     INSTANCE_FLOOR,
     METHOD_OF,
+    MIN_FIT_ITEMS,
+    MIN_VALIDATION_ITEMS,
     PRIMARY_METRIC,
     AutoParams,
     Trial,
@@ -51,6 +53,7 @@ from app.ml.upgrade.alternatives import (
 )
 from app.ml.upgrade.data import QueryLog, UpgradeData, UpgradeOutcome, split_queries
 from app.ml.upgrade.outlook import transition_outlook
+from app.ml.upgrade.paired_gains import paired_gains
 from app.ml.upgrade.two_stage_curve import two_stage_curve
 
 
@@ -293,15 +296,18 @@ def _verdict(
     view: str | None,
     old_model_available: bool,
     two_stage: dict[str, Any] | None = None,
+    paired: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The recommendation (``two_stage``: the report's two-stage curve, for rule 4 of
-    ``app.ml.auto.verdict``); a transition verdict also measures the transition search's curve
+    ``app.ml.auto.verdict``; ``paired``: the report's paired per-query differences, which every
+    other rule compares by); a transition verdict also measures the transition search's curve
     on the held-out queries (``app.ml.upgrade.outlook``) to say how much to re-embed first."""
-    verdict = recommend(metrics, served, objective, view, old_model_available, None, two_stage)
+    args = (metrics, served, objective, view, old_model_available)
+    verdict = recommend(*args, None, two_stage, paired)
     if verdict["action"] != "transition":
         return verdict
     outlook = transition_outlook(ev, ctx.seed)
-    return recommend(metrics, served, objective, view, old_model_available, outlook, two_stage)
+    return recommend(*args, outlook, two_stage, paired)
 
 
 def run_explicit(
@@ -347,6 +353,7 @@ def run_explicit(
     report = _report_base(ctx, objective, train_idx, eval_idx, train_q, eval_q)
     view, _ = _selection_view(ev, objective)
     curve = two_stage_curve(ev, model, ctx.seed)
+    paired = paired_gains(ev, model, view)
     report.update(
         method=method,
         requested_method=method,
@@ -355,8 +362,9 @@ def run_explicit(
         views=list(ev.views),
         metrics=metrics,
         history=history,
+        paired_gains=paired,
         recommendation=_verdict(
-            ctx, ev, metrics, method, objective, view, old_model_available, curve
+            ctx, ev, metrics, method, objective, view, old_model_available, curve, paired
         ),
         calibration=_calibration(ev, model),
         two_stage=curve,
@@ -375,9 +383,20 @@ def run_auto(
     train_q: np.ndarray,
     eval_q: np.ndarray,
     old_model_available: bool = True,
+    validation: np.ndarray | None = None,
 ) -> UpgradeOutcome:
-    """Tune every candidate on validation (same number of trials each), serve the best."""
-    split = split_for_validation(train_idx, ctx.seed)
+    """Tune every candidate on validation (same number of trials each), serve the best.
+
+    ``validation``: the items of ``train_idx`` to validate on (the rest fit); None — the service's
+    case — carves them here (``split_for_validation``). A caller comparing auto with models tuned
+    on its own carve passes that carve, so that both validate on the same items
+    (``bench.quality.compat``: its old heads are trained on its fit part only, and a carve of
+    auto's own put most of auto's validation items there — issue 42 item 2)."""
+    split = (
+        split_for_validation(train_idx, ctx.seed)
+        if validation is None
+        else _given_split(train_idx, validation)
+    )
     names = auto.applicable(ctx.labelled) if split is not None else ("procrustes",)
     if split is None:
         fit_idx, val_idx = train_idx, np.zeros(0, dtype=np.int64)
@@ -502,6 +521,7 @@ def run_auto(
     # parameters (class-map-mlp: class-map with map_hidden), so the stored method is one an
     # explicit request accepts; the report names the candidate too.
     curve = two_stage_curve(ev, bridges[chosen], ctx.seed)
+    paired = paired_gains(ev, bridges[chosen], view)
     report.update(
         method=METHOD_OF[chosen],
         requested_method="auto",
@@ -515,6 +535,7 @@ def run_auto(
             **auto.to_dict(),
             "n_fit": int(fit_idx.size),
             "n_validation": int(val_idx.size),
+            "validation_given": validation is not None,
             "n_fit_queries": int(fit_q.size),
             "n_validation_queries": int(val_q.size),
             "selection_metric": None
@@ -524,8 +545,9 @@ def run_auto(
             "skipped_candidates": {n: "needs labels" for n in auto.skipped(ctx.labelled)},
             "note": note,
         },
+        paired_gains=paired,
         recommendation=_verdict(
-            ctx, ev, metrics, chosen, objective, view, old_model_available, curve
+            ctx, ev, metrics, chosen, objective, view, old_model_available, curve, paired
         ),
         calibration=_calibration(ev, bridges[chosen]),
         two_stage=curve,
@@ -537,6 +559,25 @@ def run_auto(
     return UpgradeOutcome(
         model=served, report=json_safe(report), params=params, method=METHOD_OF[chosen]
     )
+
+
+def _given_split(train_idx: np.ndarray, validation: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(fit, validation), both sorted, from a caller's validation items: they must be distinct
+    training items and leave ``MIN_FIT_ITEMS`` to fit and ``MIN_VALIDATION_ITEMS`` to validate
+    (the bounds of auto's own carve); ValueError otherwise."""
+    val_idx = np.unique(np.asarray(validation, dtype=np.int64))
+    if val_idx.size != np.asarray(validation).size:
+        raise ValueError("validation items must be distinct")
+    outside = np.setdiff1d(val_idx, train_idx)
+    if outside.size:
+        raise ValueError(f"{outside.size} validation items are not training items")
+    fit_idx = np.setdiff1d(train_idx, val_idx)
+    if val_idx.size < MIN_VALIDATION_ITEMS or fit_idx.size < MIN_FIT_ITEMS:
+        raise ValueError(
+            f"a given validation carve needs ≥ {MIN_VALIDATION_ITEMS} validation and "
+            f"≥ {MIN_FIT_ITEMS} fit items, got {val_idx.size} and {fit_idx.size}"
+        )
+    return fit_idx, val_idx
 
 
 def _subset_queries(ctx: UpgradeContext, rows: np.ndarray):

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from app.ml.auto.verdict import REINDEX_BELOW_ARR
 from app.ml.backfill.two_stage import (
     Candidates,
     embedded_per_search,
@@ -63,9 +64,13 @@ def _curve(
     keep: list[int],
     depths: list[int],
     baseline: np.ndarray,
+    floors: dict[str, np.ndarray],
 ) -> dict[str, dict[str, Any]]:
     """The depth curve of one candidate source; ``baseline``: per-query recall@10 of the
-    single-stage search the source stands for (stay, or the bridge), for the paired gain."""
+    single-stage search the source stands for (stay, or the bridge), for the paired gain;
+    ``floors``: per-query recall@10 of what the verdict requires two stages to reach (the
+    bridge's search, ``REINDEX_BELOW_ARR`` × the reindex's), each a paired difference too, so
+    that the verdict's floors are judged by the same paired rule as its gains (issue 42 item 5)."""
     assert ev.query_features is not None and ev.query_relevant is not None
     ids = top_k(stage_queries, ev.old_points, max(depths), space="lorentz", curv=ev.curv)
     candidates = Candidates(ids, np.zeros(ids.shape, dtype=np.float32))
@@ -74,11 +79,13 @@ def _curve(
     for depth in depths:
         ranked, _ = rerank(candidates, ev.query_features[keep], ev.new_features, 10, depth=depth)
         metrics = query_metrics(ranked, relevant)
+        mine = per_query_recall10(ranked, relevant)
         out[str(depth)] = {
             "recall@1": metrics["recall@1"],
             "recall@10": metrics["recall@10"],
             "embedded_per_query": embedded_per_search(candidates, depth),
-            "gain": paired(per_query_recall10(ranked, relevant), baseline),
+            "gain": paired(mine, baseline),
+            **{name: paired(mine, floor) for name, floor in floors.items()},
         }
     return out
 
@@ -165,10 +172,17 @@ def two_stage_curve(ev: EvalSet, served: EmbeddingModel, seed: int = 0) -> dict[
         # What each source's paired gain is against: stay's own search, or the bridge's.
         "gain_against": {"old": "stay", "bridge": "bridge"},
     }
+    bridged = served.embed(ev.query_features[keep])
+    bridge_alone = _single_stage(ev, bridged, keep)
+    assert ev.query_relevant is not None
+    reindexed = top_k(ev.query_features[keep], ev.new_features, 10, space="cosine")
+    reindex = per_query_recall10(reindexed, [ev.query_relevant[q] for q in keep])
+    # Two stages − the bridge alone, and − REINDEX_BELOW_ARR × the reindex, per query.
+    floors = {"vs_bridge": bridge_alone, "vs_reindex_share": REINDEX_BELOW_ARR * reindex}
+    out["reindex_share"] = REINDEX_BELOW_ARR
     if ev.query_old_points is not None:
         stage = ev.query_old_points[keep]
-        out["old"] = _curve(ev, stage, keep, depths, _single_stage(ev, stage, keep))
+        out["old"] = _curve(ev, stage, keep, depths, _single_stage(ev, stage, keep), floors)
         out["fusion"] = _fusion(ev, keep, out["default_depth"], seed)
-    bridged = served.embed(ev.query_features[keep])
-    out["bridge"] = _curve(ev, bridged, keep, depths, _single_stage(ev, bridged, keep))
+    out["bridge"] = _curve(ev, bridged, keep, depths, bridge_alone, floors)
     return out
