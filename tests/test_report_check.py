@@ -69,6 +69,52 @@ def test_a_figure_in_a_prose_section_fails(copy: Path) -> None:
     assert result.typed == {"perf.notes": ["Ingest is now 1.4× faster."]}
 
 
+def test_a_figure_between_sections_fails(copy: Path) -> None:
+    """Text outside every section has no renderer to vouch for it: a figure typed there fails the
+    check (it used to be a warning), and the report names the stretch and the line."""
+    text = copy.read_text()
+    end, start = "<!-- bench.perf.ingest:end -->\n", "<!-- bench.perf.search:start -->"
+    assert end + "\n" + start in text
+    copy.write_text(text.replace(end + "\n", end + "\nIngest is now 1.4× faster.\n\n"))
+    result = check(copy)
+    assert not result.ok
+    assert not (result.diffs or result.typed or result.unregistered or result.missing)
+    assert len(result.unmarked) == 2
+    assert "outside every section" in result.unmarked[0]
+    assert result.unmarked[1].strip() == "Ingest is now 1.4× faster."
+    assert "Ingest is now 1.4× faster." in result.report()
+    assert main(["--check", "--path", str(copy)]) == 1
+
+
+def test_prose_between_sections_without_figures_passes(copy: Path) -> None:
+    text = copy.read_text()
+    end = "<!-- bench.perf.ingest:end -->\n"
+    copy.write_text(text.replace(end, end + "\nThe `http_npy` row is the one to read; see R@10.\n"))
+    assert check(copy).ok
+
+
+def test_served_defaults_render_writes_its_section(
+    copy: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``python -m bench.quality.served_defaults --render`` puts its section back from the
+    results file alone, so rerunning it keeps BENCHMARKS.md what the check expects."""
+    from bench.common.report import replace_section
+    from bench.quality import served_defaults
+
+    text = copy.read_text()
+    section = sections_of(text)[served_defaults.SECTION]
+    assert "| 10 | 14/15 |" in section
+    copy.write_text(text.replace(section, section.replace("| 10 | 14/15 |", "| 10 | 15/15 |")))
+    assert set(check(copy).diffs) == {served_defaults.SECTION}
+    monkeypatch.setattr(
+        served_defaults,
+        "replace_section",
+        lambda name, title, body: replace_section(name, title, body, copy),
+    )
+    served_defaults.main(["--render"])
+    assert copy.read_text() == text
+
+
 def test_a_registered_section_gone_fails(copy: Path) -> None:
     text = copy.read_text()
     copy.write_text(text.replace(sections_of(text)["two-stage"], ""))
@@ -84,6 +130,14 @@ def test_figure_lines_allows_references_code_and_list_markers() -> None:
         "A flat gallery's file is 2× smaller."
     )
     assert figure_lines(prose) == ["A flat gallery's file is 2× smaller."]
+
+
+def test_figure_lines_allows_metric_names_not_their_values() -> None:
+    """`R@10`, `CMC@1`, `P_com(CMC@1)`, `mAP@100` name a metric; a value beside one is a figure."""
+    assert figure_lines("auto leads on R@10 and P_com(CMC@1), level on mAP@100 and MRR@100.") == []
+    assert figure_lines("auto's R@10 is 0.451.") == ["auto's R@10 is 0.451."]
+    assert figure_lines("recall@10 ten points up") == []
+    assert figure_lines("the 1M-row gallery") == ["the 1M-row gallery"]
 
 
 def test_unbalanced_markers_raise() -> None:

@@ -1,7 +1,8 @@
 """Write one benchmark's section of BENCHMARKS.md, leaving every other section as it is; check
-that every section is what its renderer makes of its results file (issue 42 item 8).
+that every section is what its renderer makes of its results file and that no figure stands
+outside a section (issue 42 item 8).
 
-    python -m bench.common.report --check   # exit 1, with a diff, where a section was typed
+    python -m bench.common.report --check   # exit 1, with a diff, where a figure was typed
     python -m bench.common.report --write   # every registered section from its results files
 
 The table of sections, results files and renderers is ``bench.common.sections``.
@@ -104,11 +105,19 @@ class CheckResult:
     unregistered: list[str] = field(default_factory=list)  # in the file, in no table
     missing: list[str] = field(default_factory=list)  # registered, not in the file
     typed: dict[str, list[str]] = field(default_factory=dict)  # prose-only name → figure lines
+    unmarked: list[str] = field(default_factory=list)  # stretches outside every section
     warnings: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
-        return not (self.diffs or self.errors or self.unregistered or self.missing or self.typed)
+        return not (
+            self.diffs
+            or self.errors
+            or self.unregistered
+            or self.missing
+            or self.typed
+            or self.unmarked
+        )
 
     def report(self) -> str:
         """One line per problem (diffs in full), for the terminal and for CI's log."""
@@ -128,6 +137,7 @@ class CheckResult:
         for name, found in self.typed.items():
             lines.append(f"{name}: prose-only section holds figures:")
             lines += [f"    {line}" for line in found]
+        lines += self.unmarked
         lines.append("BENCHMARKS.md matches its results files." if self.ok else "FAILED")
         return "\n".join(lines)
 
@@ -141,12 +151,12 @@ def check(path: Path = BENCHMARKS) -> CheckResult:
     result = CheckResult()
     text = path.read_text()
     present = sections_of(text)
-    result.warnings += unmarked_figures(text)
+    result.unmarked += unmarked_figures(text, path.name)
     for name, section_text in present.items():
         if name in registry.UNRENDERABLE:
             result.warnings.append(f"{name}: not checked: {registry.UNRENDERABLE[name]}")
         elif name in registry.PROSE_ONLY:
-            found = registry.figure_lines(section_text)
+            found = registry.figure_lines(_MARKER.sub("", section_text))  # a name is no figure
             if found:
                 result.typed[name] = found
         elif name not in registry.SECTIONS:
@@ -174,10 +184,11 @@ def check(path: Path = BENCHMARKS) -> CheckResult:
     return result
 
 
-def unmarked_figures(text: str) -> list[str]:
-    """One line per stretch of text outside every section that holds figures. No renderer
-    writes those stretches, so the check cannot trace them; it names them so that they are
-    moved into a section or stripped of figures, rather than pass unseen."""
+def unmarked_figures(text: str, name: str = BENCHMARKS.name) -> list[str]:
+    """Per stretch of text outside every section that holds figures, a line naming it and then
+    its figure lines. No renderer writes those stretches, so no results file can vouch for a
+    figure there: it fails the check, to be moved into a rendered section or rewritten to point
+    at one (prose that needs a heading of its own goes in a prose-only section)."""
     from bench.common.sections import figure_lines
 
     found, position = [], 0
@@ -188,15 +199,16 @@ def unmarked_figures(text: str) -> list[str]:
     found.append((position, len(text)))
     lines = []
     for start, end in found:
-        count = len(figure_lines(text[start:end]))
-        if count:
+        found_lines = figure_lines(text[start:end])
+        if found_lines:
             # From the line after an end marker to the line before the next start marker.
             first = text.count("\n", 0, start) + (2 if start else 1)
             last = text.count("\n", 0, end) + (0 if end < len(text) else 1)
             lines.append(
-                f"lines {first}-{last} of BENCHMARKS.md are outside every section: "
-                f"{count} lines with figures that no results file checks"
+                f"lines {first}-{last} of {name} are outside every section and hold figures "
+                "that no results file checks:"
             )
+            lines += [f"    {line}" for line in found_lines]
     return lines
 
 

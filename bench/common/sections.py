@@ -4,7 +4,8 @@ Every figure in BENCHMARKS.md must come from a results file under ``bench/result
 renderer of the benchmark that wrote it, never be typed. ``python -m bench.common.report --check``
 renders every section listed here again from its results files and compares; ``--write`` puts the
 renders in place. A section of BENCHMARKS.md that is in none of the three tables below fails the
-check, so a hand-written section cannot slip in unnoticed.
+check, so a hand-written section cannot slip in unnoticed; so does a figure in the text between
+sections, which no renderer writes.
 
 Renderers are named as ``"module:function"`` and imported only when a section is rendered: the
 benchmark modules import torch, FAISS, FastAPI and the like, and this table must stay cheap to
@@ -89,6 +90,13 @@ REGISTRY: tuple[Section, ...] = (
         "bench.quality.compat_report:render_markdown",
         "compat.json",
     ),
+    # Written by ``python -m bench.quality.served_defaults`` (``--render``: from the file alone).
+    _section(
+        "bench.quality.served_defaults",
+        "Served defaults against old→old on validation (bench.quality.served_defaults)",
+        "bench.quality.served_defaults:render",
+        "served_defaults.json",
+    ),
     _section(
         "bench.quality.bt2_probe",
         "BT²-style extra dimensions against class-map (`bench.quality.bt2_probe`)",
@@ -125,6 +133,31 @@ REGISTRY: tuple[Section, ...] = (
         "Vector engines (bench.perf.engines)",
         "bench.perf.engines:render_markdown",
         "engines.json",
+    ),
+    # The next three are rendered from files their commands write without a section
+    # (``bench.perf.milvus_layouts``, ``bench.perf.engines --validate``, a 1M-row run killed
+    # before its FAISS stage); ``python -m bench.common.report --write`` puts them in place.
+    _section(
+        "bench.perf.milvus_layouts",
+        "Milvus layouts: ordering and search cost (bench.perf.milvus_layouts)",
+        "bench.perf.engines_report:render_layouts",
+        "milvus_layouts.json",
+        "engines.json",
+    ),
+    _section(
+        "bench.perf.engines.validation",
+        "Poincaré layout's k′ and ef on validation galleries (bench.perf.engines --validate)",
+        "bench.perf.engines_report:render_validation",
+        "engines_validation_poincare_seed7.json",
+        "engines_validation_poincare_seed7_r1.json",
+        "engines_validation_poincare_seed8.json",
+        "engines_validation_poincare_seed8_r1.json",
+    ),
+    _section(
+        "bench.perf.engines.1m",
+        "Vector engines at 1M rows, Milvus only (bench.perf.engines --rows 1000000)",
+        "bench.perf.engines_report:render_1m",
+        "engines_1m.json",
     ),
     _section(
         "bench.perf.api_memory",
@@ -200,8 +233,16 @@ SECTIONS: dict[str, Section] = {s.name: s for s in REGISTRY}
 # (``figure_lines`` enforces it), so there is nothing to render; a measurement belongs in a
 # results file and its benchmark's section, and these point at it.
 PROSE_ONLY: dict[str, str] = {
+    "continual.notes": "how to read the continual tables: how the settings grid moved",
     "perf.notes": "how the perf sections were taken and what issue 6 changed; figures live in "
     "the sections it names",
+    "compat.notes": "how to read the compatibility tables: the runs behind them, what changed "
+    "and what the figures say",
+    "querydoc.notes": "how to read the query → document tables: which runs, what changed",
+    "engines.notes": "the Milvus engine's layout and search cost, read from the engines, "
+    "layouts and validation sections",
+    "engines.1m.notes": "what the 1M-row Milvus run says",
+    "access_upload.notes": "what the access-count upload figures say and what bounds them",
 }
 
 # Sections that no results file can render (the file is missing, or the renderer needs data that
@@ -209,16 +250,31 @@ PROSE_ONLY: dict[str, str] = {
 UNRENDERABLE: dict[str, str] = {}
 
 # What a digit may be in a prose-only section: a code span (a command, a path, a commit), an
-# issue or item number, a numbered list's marker. Anything else is taken for a figure.
+# issue or item number, a numbered list's marker, a metric's cut-off (`R@10`, `CMC@1`, `mAP@100`:
+# part of the metric's name, not a value of it). Anything else is taken for a figure.
 _CODE_SPAN = re.compile(r"`[^`]*`")
 _REFERENCE = re.compile(r"\b(?:issues?|items?)\s+\d+(?:\s*(?:,|and)\s*\d+)*\b", re.IGNORECASE)
 _LIST_MARKER = re.compile(r"^\s*\d+\.\s", re.MULTILINE)
+_METRIC = re.compile(r"\b[A-Za-z][A-Za-z_]*@\d+\b")
 
 
 def figure_lines(text: str) -> list[str]:
-    """The lines of ``text`` (code spans blanked) that hold a figure: a digit outside a code
-    span, an issue or item reference and a list marker. A prose-only section must have none: a typed figure is
-    exactly what the check exists to keep out, and prose is where it would hide."""
-    # Code spans first, over the whole text: a command may wrap onto the next line.
-    bare = _LIST_MARKER.sub("", _REFERENCE.sub("", _CODE_SPAN.sub("‹code›", text)))
-    return [line for line in bare.splitlines() if re.search(r"\d", line)]
+    """The lines of ``text`` that hold a figure: a digit outside a code span, an issue or item
+    reference, a list marker and a metric's name. Prose (a prose-only section, or text outside
+    every section) must have none: a typed figure is exactly what the check exists to keep out,
+    and prose is where it would hide."""
+    # Code spans first, over the whole text (a command may wrap onto the next line); every
+    # blanking keeps its match's line breaks, so that the lines found are the text's own.
+    bare = text
+    for pattern, blank in (
+        (_CODE_SPAN, "‹code›"),
+        (_REFERENCE, ""),
+        (_METRIC, "‹metric›"),
+        (_LIST_MARKER, ""),
+    ):
+        bare = pattern.sub(lambda m, blank=blank: blank + "\n" * m.group().count("\n"), bare)
+    return [
+        line
+        for line, blanked in zip(text.splitlines(), bare.splitlines(), strict=True)
+        if re.search(r"\d", blanked)
+    ]

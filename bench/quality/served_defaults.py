@@ -18,8 +18,9 @@ The rule, one for every method (settings tried on every carve only):
 
 Validation only: no evaluation or held-back figure is read. ``python -m
 bench.quality.served_defaults`` writes ``bench/results/served_defaults.json`` (the old→old
-figures and each method's table); ``tests/test_method_defaults.py`` applies the rule to that file
-and checks ``METHOD_DEFAULTS``.
+figures and each method's table) and its section of BENCHMARKS.md; ``--render`` rewrites the
+section from that file alone (``python -m bench.common.report --check`` compares the two).
+``tests/test_method_defaults.py`` applies the rule to that file and checks ``METHOD_DEFAULTS``.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from app.ml.upgrade.alternatives import measure_stay
+from bench.common.report import replace_section
 from bench.common.wordnet import REPO_ROOT
 from bench.quality.compat import FULL, ScenarioRun
 from bench.quality.compat_grid import INSTANCE_FLOOR
@@ -49,6 +51,8 @@ SOURCES = {
 }
 METHODS = ("hbct", "l2")
 KNOBS = {"hbct": "old_proto_weight", "l2": "compat_weight"}
+SECTION = "bench.quality.served_defaults"
+TITLE = "Served defaults against old→old on validation (bench.quality.served_defaults)"
 
 
 def recorded_selections(results: Path = RESULTS) -> dict[tuple[str, int], dict[str, Any]]:
@@ -157,8 +161,29 @@ def build(results: Path = RESULTS) -> dict[str, Any]:
 
 
 def render(payload: dict[str, Any]) -> str:
-    """Each method's settings against old→old on validation, best first (markdown)."""
-    lines = []
+    """The section of BENCHMARKS.md: the rule, then each method's settings against old→old on
+    validation, best first (markdown)."""
+    by_file: dict[str, list[str]] = {}
+    for name, file in payload["sources"].items():
+        by_file.setdefault(file, []).append(name)
+    sources = "; ".join(
+        f"{', '.join(names)} from `bench/results/{file}`" for file, names in by_file.items()
+    )
+    carves = payload["stay_cmc1"]
+    scenarios = {carve.split("/")[0] for carve in carves}
+    seeds = sorted({carve.split("/")[1] for carve in carves}, key=int)
+    lines = [
+        f"Command: `{payload['command']}` — old→old measured on each seed's validation carve "
+        f"({len(carves)} carves: {len(scenarios)} scenarios, seeds {', '.join(seeds)}) with the "
+        "selection's own code, and every recorded validation trial of the "
+        f"per-seed compat runs read against it ({sources}). A setting *passes* a carve when its "
+        "new→old CMC@1 is above old→old's there and its own-item R@1 keeps the instance floor "
+        f"(≥ {payload['instance_floor']} × procrustes's, auto's floor); the served default passes "
+        "the most carves, ties going to the larger mean class gain (new→old − old→old) / "
+        "old→old. Settings tried on some carves only are left out. Validation only: no "
+        "evaluation or held-back item is read.",
+        "",
+    ]
     for method in METHODS:
         rows = table(method, payload["selections"][method], payload["stay_cmc1"])
         n = len(payload["stay_cmc1"])
@@ -188,15 +213,26 @@ def render(payload: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, default=OUT)
-    parser.add_argument("--render", action="store_true", help="print the tables of --out")
-    args = parser.parse_args()
+    parser.add_argument(
+        "--render",
+        action="store_true",
+        help="no measuring: print the section of --out and write it into BENCHMARKS.md",
+    )
+    parser.add_argument(
+        "--no-markdown", action="store_true", help="print only (so does an --out of its own)"
+    )
+    args = parser.parse_args(argv)
     if not args.render:
         payload = build()
         args.out.write_text(json.dumps(payload, indent=1) + "\n")
-    print(render(json.loads(args.out.read_text())))
+    markdown = render(json.loads(args.out.read_text()))
+    print(markdown)
+    # The section is the committed results file's (the check renders it from OUT).
+    if not args.no_markdown and args.out.resolve() == OUT.resolve():
+        replace_section(SECTION, TITLE, markdown)
 
 
 if __name__ == "__main__":
