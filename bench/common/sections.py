@@ -226,6 +226,12 @@ REGISTRY: tuple[Section, ...] = (
         "bench.quality.two_stage:render",
         "two_stage.json",
     ),
+    _section(
+        "bench.quality.two_stage_traffic",
+        "Two-stage search under traffic: what it embeds (issue 43)",
+        "bench.quality.two_stage_traffic:render",
+        "two_stage_traffic.json",
+    ),
 )
 SECTIONS: dict[str, Section] = {s.name: s for s in REGISTRY}
 
