@@ -9,10 +9,15 @@ every tenant for 30 s (issue 24). Now:
 - **deadlines**: each chunk of a body must arrive within ``body_idle_timeout_s`` of the previous
   one and the whole body within ``body_timeout_s``; past either, 408 problem+json and the
   connection is closed (what was sent is discarded: nothing is written from a partial body);
+- **identify before reading** (issue 45, item 2): the API key is checked — and failures counted
+  by the failed-auth throttle — when the headers arrive, before a byte of the body is read: a
+  missing, unknown or revoked key answers 401 (429 while throttled) at once, so neither junk
+  keys nor unauthenticated clients ever hold an upload slot, and a 60 MB body sent without a
+  key is never parsed;
 - **caps**: at most ``max_concurrent_uploads`` requests with a body are in progress at once, and
-  at most ``max_concurrent_uploads_per_key`` per API key (the ``Authorization`` header as sent,
-  or the client's address without one: the key is checked later, by the route); past either,
-  429 with ``Retry-After`` before any of the body is read. A request counts from its first byte
+  at most ``max_concurrent_uploads_per_key`` per tenant (its identity, not the header's
+  spelling: one key sent with "Bearer" in 64 letter cases is one tenant); past either, 429 with
+  ``Retry-After`` before any of the body is read. A request counts from its first byte
   until its answer is sent (so the parsed bodies held in memory are bounded too), not until its
   handler returns: teardown after the response would otherwise count against a client that
   already has its answer.
@@ -24,16 +29,18 @@ go) pass through untouched.
 from __future__ import annotations
 
 import asyncio
-import hashlib
+import logging
 import time
 from collections import Counter
 
+from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.core.errors import Problem, send_problem
 
 BODY_METHODS = {"POST", "PUT", "PATCH"}
+log = logging.getLogger(__name__)
 
 
 class BodyTimeout(HTTPException):
@@ -52,14 +59,55 @@ def _has_body(scope: Scope) -> bool:
     return False
 
 
-def _client_key(scope: Scope) -> str:
-    """Who the cap counts against: the API key as sent (hashed: never kept in clear), or the
-    client's address for requests without one."""
+def _client_address(scope: Scope) -> str:
+    # The connection's peer, as uvicorn set it (from X-Forwarded-For only for trusted proxies).
+    client = scope.get("client") or ("unknown", 0)
+    return str(client[0])
+
+
+def _presented_key(scope: Scope) -> str | None:
+    """The bearer token of the ``Authorization`` header, parsed as the route's ``HTTPBearer``
+    parses it (the scheme in any letter case), or None."""
     for name, value in scope.get("headers", []):
         if name == b"authorization":
-            return "key:" + hashlib.sha256(value).hexdigest()
-    client = scope.get("client") or ("unknown", 0)
-    return f"addr:{client[0]}"
+            scheme, _, token = value.decode("latin-1").partition(" ")
+            return token if scheme.lower() == "bearer" and token else None
+    return None
+
+
+async def identify(scope: Scope) -> str:
+    """Who the caps count against — ``tenant:<id>`` — or a ``Problem`` raised (401, or 429 while
+    the address or key prefix is throttled), from the headers alone. Without the service's
+    state (the app used without its lifespan) or when the key cannot be looked up now (the
+    database is down), the client's address: the route then answers as it would."""
+    from app.api.deps import authenticate, count_auth_failure
+    from app.auth.service import tenant_for_key
+
+    app = scope.get("app")
+    state = getattr(getattr(app, "state", None), "service", None)
+    address = _client_address(scope)
+    if state is None:
+        return f"addr:{address}"
+
+    def lookup(key: str) -> str | None:
+        with state.db.sessions() as session:
+            return tenant_for_key(session, key)
+
+    try:
+        tenant_id = await run_in_threadpool(
+            authenticate,
+            state,
+            address,
+            _presented_key(scope),
+            lookup,
+            lambda reason: count_auth_failure(app, reason),
+        )
+    except Problem:
+        raise
+    except Exception:
+        log.warning("body guard: the key could not be checked now; the route will", exc_info=True)
+        return f"addr:{address}"
+    return f"tenant:{tenant_id}"
 
 
 class BodyGuardMiddleware:
@@ -84,7 +132,11 @@ class BodyGuardMiddleware:
         if scope["type"] != "http" or not _has_body(scope):
             await self.app(scope, receive, send)
             return
-        key = _client_key(scope)
+        try:
+            key = await identify(scope)
+        except Problem as problem:
+            await send_problem(send, problem)
+            return
         # One event loop: the check and the increments below cannot interleave with another's.
         if self.active >= self.max_uploads:
             await _refuse(
@@ -96,7 +148,7 @@ class BodyGuardMiddleware:
         if self.per_key[key] >= self.max_uploads_per_key:
             await _refuse(
                 send,
-                "this API key is already sending "
+                "this tenant is already sending "
                 f"{self.max_uploads_per_key} request bodies at once "
                 "(NOBACKFILL_MAX_CONCURRENT_UPLOADS_PER_KEY); retry shortly",
             )

@@ -3,9 +3,9 @@ Idempotency-Key."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 from fastapi import Depends, Header, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
@@ -65,26 +65,20 @@ KEY_PREFIX_CHARS = 12
 _bearer = HTTPBearer(auto_error=False, description="an API key: `Authorization: Bearer <key>`")
 
 
-def get_tenant_id(
-    request: Request,
-    state: StateDep,
-    session: SessionDep,
-    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+def authenticate(
+    state: ServiceState,
+    client: str,
+    presented: str | None,
+    lookup: Callable[[str], str | None],
+    count_failure: Callable[[str], None],
 ) -> str:
-    from app.auth.service import tenant_for_key
-
+    """The tenant of a presented key, or a Problem (401, or 429 while its address or its key
+    prefix is throttled). ``lookup`` finds a key's tenant (``tenant_for_key`` in a short
+    session); ``count_failure`` counts a failure's reason for /metrics. Shared by the route
+    dependency and the body guard, which calls it before reading any body."""
     unauthorized = {"WWW-Authenticate": "Bearer"}
-    # The connection's peer (uvicorn rewrites it from X-Forwarded-For only for the proxies in
-    # NOBACKFILL_TRUSTED_PROXIES): a client cannot pick the address it is throttled by.
-    client = request.client.host if request.client else "unknown"
-    presented = None
-    if credentials is not None and credentials.scheme.lower() == "bearer":
-        presented = credentials.credentials
-        tenant_id = tenant_for_key(session, presented)
-        # End the key lookup's transaction: its connection goes back to the pool now, not when
-        # the request ends — a request still waiting for its body (or a slow client) must hold
-        # none. Nothing loaded is expired (expire_on_commit=False).
-        session.commit()
+    if presented is not None:
+        tenant_id = lookup(presented)
         if tenant_id is not None:
             # A valid key is never refused because others failed from its address (behind a
             # proxy or NAT, every tenant shares one).
@@ -96,7 +90,7 @@ def get_tenant_id(
         default=None,
     )
     if wait is not None:
-        _count_auth_failure(request, "throttled")
+        count_failure("throttled")
         raise Problem(
             429,
             "Too many requests",
@@ -109,19 +103,50 @@ def get_tenant_id(
     if presented:
         state.throttle.failed(prefix)
     if presented is None:
-        _count_auth_failure(request, "missing")
+        count_failure("missing")
         raise Problem(
             401,
             "Unauthorized",
             "send an API key as `Authorization: Bearer <key>`",
             headers=unauthorized,
         )
-    _count_auth_failure(request, "unknown key")
+    count_failure("unknown key")
     raise Problem(401, "Unauthorized", "unknown or revoked API key", headers=unauthorized)
 
 
+def get_tenant_id(
+    request: Request,
+    state: StateDep,
+    session: SessionDep,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+) -> str:
+    from app.auth.service import tenant_for_key
+
+    def lookup(key: str) -> str | None:
+        tenant_id = tenant_for_key(session, key)
+        # End the key lookup's transaction: its connection goes back to the pool now, not when
+        # the request ends — a request still waiting for its body (or a slow client) must hold
+        # none. Nothing loaded is expired (expire_on_commit=False).
+        session.commit()
+        return tenant_id
+
+    # The connection's peer (uvicorn rewrites it from X-Forwarded-For only for the proxies in
+    # NOBACKFILL_TRUSTED_PROXIES): a client cannot pick the address it is throttled by.
+    client = request.client.host if request.client else "unknown"
+    presented = None
+    if credentials is not None and credentials.scheme.lower() == "bearer":
+        presented = credentials.credentials
+    return authenticate(
+        state, client, presented, lookup, lambda reason: _count_auth_failure(request, reason)
+    )
+
+
 def _count_auth_failure(request: Request, reason: str) -> None:
-    metrics = getattr(request.app.state, "metrics", None)
+    count_auth_failure(request.app, reason)
+
+
+def count_auth_failure(app: Any, reason: str) -> None:
+    metrics = getattr(app.state, "metrics", None)
     if metrics is not None:
         metrics.auth_failures.labels(reason).inc()
 
