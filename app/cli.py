@@ -348,7 +348,8 @@ def _record_url(path: Path, host: str, port: int) -> None:
 
 
 def uvicorn_options(settings: Any) -> dict[str, Any]:
-    """How ``nobackfill serve`` runs uvicorn: bounded request headers (size and time), and
+    """How ``nobackfill serve`` runs uvicorn: bounded request headers (size and time) and
+    connections per client address (trusted proxies exempt), and
     X-Forwarded-For believed only from the configured proxies (uvicorn's own default trusts
     127.0.0.1, which let a local client choose the address its failed keys were counted
     under)."""
@@ -357,7 +358,12 @@ def uvicorn_options(settings: Any) -> dict[str, Any]:
     proxies = list(settings.trusted_proxies)
     return {
         # httptools with bounds on headers' size and time (app.api.http_protocol).
-        "http": bounded_protocol(settings.max_header_bytes, settings.header_timeout_s),
+        "http": bounded_protocol(
+            settings.max_header_bytes,
+            settings.header_timeout_s,
+            settings.max_connections_per_address,
+            proxies,
+        ),
         "log_level": settings.log_level,
         "proxy_headers": bool(proxies),
         "forwarded_allow_ips": ",".join(proxies) if proxies else "",

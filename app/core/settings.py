@@ -193,6 +193,12 @@ class Settings(BaseSettings):
         description="request line and headers of one request at most (431 and the connection "
         "closed beyond; nobackfill serve)",
     )
+    max_connections_per_address: int = Field(
+        default=256,
+        ge=0,
+        description="connections one client address may hold open at once (429 and closed "
+        "beyond; 0: no bound; the TRUSTED_PROXIES are exempt; nobackfill serve)",
+    )
     header_timeout_s: float = Field(
         default=10.0,
         gt=0,

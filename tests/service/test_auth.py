@@ -161,32 +161,14 @@ def test_serve_believes_x_forwarded_for_only_from_configured_proxies(tmp_path) -
     trusts 127.0.0.1's forwarded headers by default). ``nobackfill serve`` now uses the peer
     address unless NOBACKFILL_TRUSTED_PROXIES names the proxy."""
     from app.cli import uvicorn_options
-    from bench.common.service import free_port
-    from tests.service.test_installed_stack import stop, wait_ready
+    from tests.service.serve_process import nobackfill_serve
 
     assert uvicorn_options(Settings(_env_file=None))["proxy_headers"] is False
     trusted = uvicorn_options(Settings(_env_file=None, trusted_proxies="10.1.2.3,10.1.2.4"))
     assert trusted["proxy_headers"] is True
     assert trusted["forwarded_allow_ips"] == "10.1.2.3,10.1.2.4"
-    port = free_port()
-    env = {
-        **os.environ,
-        "NOBACKFILL_DATA_DIR": str(tmp_path / "data"),
-        "NOBACKFILL_BOOTSTRAP_KEY": "nbk_proxy_test_" + "b" * 32,
-        "NOBACKFILL_AUTH_FAILURE_LIMIT": "5",
-        "NOBACKFILL_LOG_LEVEL": "warning",
-    }
-    log = tmp_path / "serve.log"
-    with log.open("wb") as out:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "app.cli", "serve", "--port", str(port)],
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_ready(url, process, log)
+    key = "nbk_proxy_test_" + "b" * 32
+    with nobackfill_serve(tmp_path / "data", key, auth_failure_limit="5") as (url, _):
         statuses = [
             httpx.get(
                 f"{url}/v1/galleries",
@@ -195,10 +177,8 @@ def test_serve_believes_x_forwarded_for_only_from_configured_proxies(tmp_path) -
             for i in range(8)
         ]
         assert statuses[:5] == [401] * 5 and statuses[5:] == [429] * 3, statuses
-        good = {"Authorization": f"Bearer {env['NOBACKFILL_BOOTSTRAP_KEY']}"}
+        good = {"Authorization": f"Bearer {key}"}
         assert httpx.get(f"{url}/v1/galleries", headers=good).status_code == 200
-    finally:
-        stop(process)
 
 
 def test_the_throttle_forgets_failures_outside_its_window() -> None:

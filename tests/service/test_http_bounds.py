@@ -6,10 +6,7 @@ bodies are untouched."""
 
 from __future__ import annotations
 
-import os
 import socket
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,36 +14,17 @@ from pathlib import Path
 import httpx
 import pytest
 
-from bench.common.service import free_port
-from tests.service.test_installed_stack import stop, wait_ready
+from tests.service.serve_process import nobackfill_serve
 
 KEY = "nbk_bounds_test_" + "c" * 32
 
 
 @pytest.fixture
 def served(tmp_path: Path) -> Iterator[tuple[str, int]]:
-    port = free_port()
-    env = {
-        **os.environ,
-        "NOBACKFILL_DATA_DIR": str(tmp_path / "data"),
-        "NOBACKFILL_BOOTSTRAP_KEY": KEY,
-        "NOBACKFILL_MAX_HEADER_BYTES": "8192",
-        "NOBACKFILL_HEADER_TIMEOUT_S": "1.0",
-        "NOBACKFILL_LOG_LEVEL": "warning",
-    }
-    log = tmp_path / "serve.log"
-    with log.open("wb") as out:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "app.cli", "serve", "--port", str(port)],
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-    try:
-        wait_ready(f"http://127.0.0.1:{port}", process, log)
-        yield f"http://127.0.0.1:{port}", port
-    finally:
-        stop(process)
+    with nobackfill_serve(
+        tmp_path / "data", KEY, max_header_bytes="8192", header_timeout_s="1.0"
+    ) as running:
+        yield running
 
 
 def _read_all(sock: socket.socket, limit_s: float = 5.0) -> bytes:
@@ -117,3 +95,27 @@ def test_ordinary_requests_and_large_bodies_are_untouched(served: tuple[str, int
         f"{url}/v1/galleries", json=body, headers={"Authorization": f"Bearer {KEY}"}, timeout=10
     )
     assert big.status_code == 422 and "pad" in big.text  # the body's own problem, not 431
+
+
+def test_connections_per_address_are_bounded(tmp_path: Path) -> None:
+    """Issue 45 item 3's last part: one address may hold MAX_CONNECTIONS_PER_ADDRESS connections
+    at once; the next is answered 429 with Retry-After and closed before anything is read, and a
+    slot frees when a connection closes."""
+    with nobackfill_serve(
+        tmp_path / "data", KEY, max_connections_per_address="4", header_timeout_s="30"
+    ) as (url, port):
+        idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(4)]
+        try:
+            with socket.create_connection(("127.0.0.1", port)) as extra:
+                answer = _read_all(extra, 3.0)
+            assert answer.startswith(b"HTTP/1.1 429"), answer[:80]
+            assert b"MAX_CONNECTIONS_PER_ADDRESS" in answer and b"retry-after: 1" in answer
+            idle.pop().close()
+            time.sleep(0.3)
+            assert httpx.get(f"{url}/healthz", timeout=5).status_code == 200
+        finally:
+            for sock in idle:
+                sock.close()
+        # Every slot free again: a client pool of 4 keeps working.
+        with httpx.Client(base_url=url, limits=httpx.Limits(max_connections=4)) as client:
+            assert all(client.get("/healthz").status_code == 200 for _ in range(20))
