@@ -28,6 +28,8 @@ window.addEventListener('load', () => {
     images: images.length,
     decoded: images.filter(i => i.complete && i.naturalWidth > 0).length,
     text: document.body.innerText,
+    width: document.documentElement.scrollWidth,
+    viewport: window.innerWidth,
   }));
 });
 </script>"""
@@ -43,7 +45,8 @@ def chromium() -> str:
 
 
 def render(page: str, tmp_path: Path, screenshot: Path | None = None) -> dict:
-    """What headless Chromium made of ``page``: errors, images, decoded, text."""
+    """What headless Chromium made of ``page`` in a 1,280-pixel window: errors, images,
+    decoded, text, and the page's width against the window's (``width``, ``viewport``)."""
     probed = tmp_path / "probed.html"
     probed.write_text(page.replace("</body>", PROBE + "</body>"), encoding="utf-8")
     command = [
@@ -52,6 +55,8 @@ def render(page: str, tmp_path: Path, screenshot: Path | None = None) -> dict:
         "--no-sandbox",
         "--disable-gpu",
         "--virtual-time-budget=10000",
+        # A common laptop window: the page must fit it without scrolling sideways.
+        "--window-size=1280,2000",
         "--dump-dom",
         probed.as_uri(),
     ]

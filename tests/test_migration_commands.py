@@ -36,11 +36,35 @@ def test_summary_of_a_plan_without_signals() -> None:
     lines = text.splitlines()
     assert lines[0] == "3 items to re-embed for mdl_x, most valuable first → plan.npy"
     assert lines[1] == "gallery gal_x: 10/100 re-embedded now, 13/100 (13%) once these are"
-    assert lines[2] == "expected recall@1: 0.510 at 10% → 0.520 at 13% → 0.600 at 100%"
-    assert lines[3] == "expected recall@10: 0.810 at 10% → 0.820 at 13% → 0.900 at 100%"
+    label = "(bridged search, features only)"
+    assert lines[2] == f"expected recall@1 {label}: 0.510 at 10% → 0.520 at 13% → 0.600 at 100%"
+    assert lines[3] == f"expected recall@10 {label}: 0.810 at 10% → 0.820 at 13% → 0.900 at 100%"
     assert "gain_correlation 0.0123" in lines[4] and "area 0.51" in lines[4]
     assert "signals" not in text and "warning" not in text
     assert "give -o FILE" in describe_plan(PLAN | {"expected": None}, "gal_x", None)
+
+
+def test_the_plan_prints_the_transition_curve_gallery_get_quotes() -> None:
+    """With the old model running the README's search is the transition search: the plan prints
+    its curve, labelled, at the same shares and by the same interpolation as ``gallery get``'s
+    "now" (app.migration.progress.expected_quality)."""
+    from app.migration.progress import expected_quality
+    from app.ml.backfill.plan import PlannerFit
+
+    transition = [
+        {"fraction": f, "metric": "recall@10", "value": v}
+        for f, v in ((0.0, 0.49), (0.25, 0.51), (0.5, 0.53), (1.0, 0.57))
+    ]
+    text = describe_plan(PLAN | {"transition_expected": transition}, "gal_x", None)
+    line = next(x for x in text.splitlines() if x.startswith("expected recall@10"))
+    assert line.startswith("expected recall@10 (transition search): ")
+    fit = PlannerFit("random", None, "query", "recall@10", [], {}, {}, transition)
+    now = expected_quality(fit, 0.10)
+    after = expected_quality(fit, 0.13)
+    assert line.endswith(f"{now['now']:.3f} at 10% → {after['now']:.3f} at 13% → 0.570 at 100%"), (
+        line
+    )
+    assert "bridged" not in text
 
 
 @pytest.mark.parametrize(

@@ -121,3 +121,28 @@ def test_the_two_stage_curve_is_a_table_of_every_depth() -> None:
     assert _two_stage(None, metrics) == ""
     without_old = {k: v for k, v in curve.items() if k != "old"}
     assert "old query vectors" not in _two_stage(without_old, metrics)
+
+
+def test_a_wide_candidates_table_scrolls_in_its_box_not_the_page(tmp_path) -> None:
+    from app.upgrades.report_html import render_report_html
+    from tests.chromium import render
+
+    # A setting whose value has no space to break at (a grid written out, say).
+    settings = {"weights": ";".join(f"{w / 100:.2f}" for w in range(80))}
+    candidates = [
+        {
+            "name": f"candidate-{n}",
+            "validation": {"query": {f"recall@{k}": 0.4 for k in (1, 5, 10, 20, 50, 100)}},
+            "chosen_settings": settings,
+            "eligible": True,
+        }
+        for n in range(3)
+    ]
+    job = {"id": "upg_x", "method": "auto", "report": {"candidates": candidates}}
+    page = render_report_html(job)
+    seen = render(page, tmp_path)
+    assert seen["errors"] == [] and seen["width"] <= seen["viewport"] == 1280
+    # The same page without the boxes and the wrapping is wider than the window: the check can
+    # fail (it did, before both).
+    bare = page.replace('<div class="scroll">', "<div>").replace("td{overflow-wrap:anywhere}", "")
+    assert render(bare, tmp_path)["width"] > 1280

@@ -409,6 +409,18 @@ def follow(
     return 0
 
 
+def with_ids(step: str, job: dict[str, Any]) -> str:
+    """The verdict's next step with this job's ids for GALLERY, MODEL and DATASET."""
+    for placeholder, key in (
+        ("GALLERY", "gallery_id"),
+        ("MODEL", "model_id"),
+        ("DATASET", "dataset_id"),
+    ):
+        if job.get(key):
+            step = step.replace(placeholder, str(job[key]))
+    return step
+
+
 def describe_job(job: dict[str, Any]) -> str:
     kind = "re-embed job" if job["method"] == "reembed" else f"upgrade {job['method']}"
     lines = [f"{job['id']}\t{kind}: {job['status']}"]
@@ -431,7 +443,9 @@ def describe_job(job: dict[str, Any]) -> str:
     if verdict:
         lines.append(f"  verdict: {verdict['action']} — {verdict['why']}")
         if verdict.get("next_step"):
-            lines.append(f"  next step: {verdict['next_step']}")
+            lines.append(f"  next step: {with_ids(verdict['next_step'], job)}")
+        if verdict.get("next_step_http"):
+            lines.append(f"  over HTTP: {with_ids(verdict['next_step_http'], job)}")
     metrics = (job.get("report") or {}).get("metrics") or {}
     lines += [f"  {name}: {numbers}" for name, numbers in metric_lines(metrics)]
     return "\n".join(lines)

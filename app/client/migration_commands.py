@@ -53,10 +53,20 @@ def percent(fraction: float) -> str:
 
 
 def expected_lines(plan: dict[str, Any]) -> list[str]:
-    """``expected recall@10: 0.610 at 0% → 0.640 at 10% → 0.700 at 100%`` per metric: the
-    curve's value now, once the planned items are re-embedded, and with everything re-embedded."""
+    """The expected curve of the search the user runs, per metric and labelled: the transition
+    search's (both models' query vectors) where the plan has one — the README's workflow while
+    the old model runs, and the figure ``gallery get`` quotes, interpolated the same way — else
+    the bridged search's (features only). ``expected recall@10 (transition search): 0.610 at 10%
+    → 0.640 at 13% → 0.700 at 100%``: now, once the planned items are re-embedded, and with
+    everything re-embedded."""
     keys = {"metric", "fraction", "value"}
-    points = [p for p in plan.get("expected") or [] if isinstance(p, dict) and keys <= p.keys()]
+    transition = plan.get("transition_expected") or []
+    source, label = (
+        (transition, "transition search")
+        if transition
+        else (plan.get("expected") or [], "bridged search, features only")
+    )
+    points = [p for p in source if isinstance(p, dict) and keys <= p.keys()]
     if not points:
         return []
     now = plan.get("reembedded", 0) / plan["total"] if plan.get("total") else 0.0
@@ -64,13 +74,22 @@ def expected_lines(plan: dict[str, Any]) -> list[str]:
     parts = []
     for metric in dict.fromkeys(p["metric"] for p in points):
         curve = sorted((p["fraction"], p["value"]) for p in points if p["metric"] == metric)
+        if transition:
+            # Measured at a random share: read at the shares themselves, as gallery get does.
+            xs, ys = zip(*curve, strict=True)
+            shown = dict.fromkeys(
+                (f, float(np.interp(f, xs, ys))) for f in (now, after, curve[-1][0])
+            )
+        else:
 
-        def at(fraction: float, curve: list[tuple[float, float]] = curve) -> tuple[float, float]:
-            return min(curve, key=lambda point: abs(point[0] - fraction))
+            def at(
+                fraction: float, curve: list[tuple[float, float]] = curve
+            ) -> tuple[float, float]:
+                return min(curve, key=lambda point: abs(point[0] - fraction))
 
-        shown = dict.fromkeys([at(now), at(after), curve[-1]])
+            shown = dict.fromkeys([at(now), at(after), curve[-1]])
         steps = [f"{value:.3f} at {percent(fraction)}" for fraction, value in shown]
-        parts.append(f"expected {metric}: " + " → ".join(steps))
+        parts.append(f"expected {metric} ({label}): " + " → ".join(steps))
     return parts
 
 

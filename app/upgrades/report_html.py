@@ -40,6 +40,7 @@ text-align:right}th:first-child,td:first-child{text-align:left}
 .warning{background:#fff4f2;border-left:4px solid #d93025;padding:.5em 1em;margin:.8em 0}
 .verdict.stay{border-color:#999}.verdict.reindex{border-color:#d93025}
 .served{font-weight:600}img{max-width:100%}dt{font-weight:600}small{color:#555}
+.scroll{overflow-x:auto;max-width:100%}td{overflow-wrap:anywhere}code{overflow-wrap:anywhere}
 """
 
 
@@ -337,6 +338,22 @@ def _flat_rows(value: Any, prefix: str = "") -> list[tuple[str, Any]]:
     return []
 
 
+def with_ids(step: Any, job: dict[str, Any]) -> str | None:
+    """A verdict's next step with this job's ids in place of GALLERY, MODEL and DATASET (the
+    verdict is written without them), so the command can be pasted as it is."""
+    if not step:
+        return None
+    text = str(step)
+    for placeholder, key in (
+        ("GALLERY", "gallery_id"),
+        ("MODEL", "model_id"),
+        ("DATASET", "dataset_id"),
+    ):
+        if job.get(key):
+            text = text.replace(placeholder, str(job[key]))
+    return text
+
+
 def render_report_html(job: dict[str, Any]) -> str:
     """The page for an upgrade job as ``GET /v1/upgrades/{id}`` returns it (a finished one)."""
     report = job.get("report") or {}
@@ -348,12 +365,22 @@ def render_report_html(job: dict[str, Any]) -> str:
     verdict = report.get("recommendation")
     if isinstance(verdict, dict):
         action = str(verdict.get("action", ""))
-        next_step = verdict.get("next_step")
+        next_step = with_ids(verdict.get("next_step"), job)
+        over_http = with_ids(verdict.get("next_step_http"), job)
         parts.append(
             f'<div class="verdict {html.escape(action)}"><h2>Verdict: '
             f"{html.escape(ACTION_WORDS.get(action, action))}</h2>"
             f"<p>{html.escape(str(verdict.get('why', '')))}</p>"
-            + (f"<p><b>Next step:</b> {html.escape(str(next_step))}</p>" if next_step else "")
+            + (
+                f"<p><b>Next step:</b> <code>{html.escape(next_step)}</code></p>"
+                if next_step
+                else ""
+            )
+            + (
+                f"<p><small>over HTTP: <code>{html.escape(over_http)}</code></small></p>"
+                if over_http
+                else ""
+            )
             + f"<p><small>Rule: {html.escape(str(verdict.get('rule', '')))}</small></p></div>"
         )
         below = verdict.get("below_old_model") or []
@@ -422,6 +449,11 @@ def render_report_html(job: dict[str, Any]) -> str:
     parts.append(_two_stage(report.get("two_stage"), metrics))
     parts.append(_meanings(measured_meanings(report.get("metric_meanings") or {}, metrics)))
     body = "\n".join(p for p in parts if p)
+    # Every table scrolls inside its own box: a wide one (the candidates' settings) never
+    # widens the page past the window (it overflowed at 1,280 px).
+    body = body.replace("<table>", '<div class="scroll"><table>').replace(
+        "</table>", "</table></div>"
+    )
     return (
         '<!doctype html><html lang="en"><head><meta charset="utf-8">'
         f"<title>{html.escape(title)}</title><style>{STYLE}</style></head>"

@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 from app.cli import main
+from app.client.commands import with_ids
 from bench.common.service import BENCH_KEY, RunningService, start_service
 from bench.common.wordnet import REPO_ROOT
 
@@ -202,7 +203,10 @@ def test_walkthrough_on_wordnet(
     code, out, _ = cli(capsys, "status", job["id"])
     assert code == 0 and job["model_id"] in out and "procrustes" in out
     verdict = job["report"]["recommendation"]
-    assert f"verdict: {verdict['action']}" in out and f"next step: {verdict['next_step']}" in out
+    # The next step is a command to paste: this job's ids stand for GALLERY / MODEL / DATASET.
+    step = with_ids(verdict["next_step"], job)
+    assert f"verdict: {verdict['action']}" in out and f"next step: {step}" in out
+    assert "GALLERY" not in step and "MODEL " not in step and "DATASET" not in step
     code, out, _ = cli(capsys, "methods")
     assert code == 0 and "hbct" in out and "procrustes" in out
 

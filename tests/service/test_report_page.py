@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
-from app.upgrades.report_html import measured_meanings
+from app.upgrades.report_html import measured_meanings, with_ids
 from tests.chromium import render
 from tests.service.conftest import problem
 
@@ -82,7 +82,12 @@ def test_auto_report_page_reads_in_chromium(client: TestClient, tmp_path: Path) 
     text = seen["text"]
     assert "Verdict" in text and report["recommendation"]["why"] in text
     # The verdict comes first, with the next step, before the facts and figures.
-    assert "Next step: " + report["recommendation"]["next_step"] in text
+    step = with_ids(report["recommendation"]["next_step"], job)
+    assert "Next step: " + step in text
+    over_http = report["recommendation"]["next_step_http"]
+    assert over_http is None or "over HTTP: " + with_ids(over_http, job) in text
+    # Nothing wider than the window: wide tables scroll in their own box.
+    assert seen["width"] <= seen["viewport"] == 1280
     assert text.index("Verdict") < text.index("method requested")
     for name in ("stay", "reindex", "procrustes", report["chosen_method"]):
         assert name in text

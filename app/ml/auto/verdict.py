@@ -285,7 +285,12 @@ def recommend(
             + f"The bridge ({served}) is served meanwhile. Upload {missing}, then train again."
         )
         out["missing"] = [missing]
-        next_step = f"upload {missing}"
+        next_step = (
+            "nobackfill dataset queries DATASET --ids q_ids.npy --features new_q.npy "
+            "--old-vectors old_q.npy --relevant relevant.json, then nobackfill upgrade "
+            f"--dataset DATASET --wait (upload {missing})"
+        )
+        curl = "POST /v1/datasets/DATASET/queries (ids, features, old_vectors, relevant_ids)"
     elif (
         pick := _two_stage_pick(two_stage, view, old_model_available, bridge, reindex)
     ) is not None:
@@ -299,27 +304,36 @@ def recommend(
             "held-out queries; the dataset's new features stood in for the embedder)."
         )
         next_step = (
-            "register the new backbone's embedding endpoint and give it to the model "
-            "(POST /v1/embedders, PATCH /v1/models/{id} with embedder_id), upload the items' "
-            "texts with their vectors, then search with rerank: nobackfill search GALLERY "
-            "--model MODEL --queries new_q.npy"
+            "nobackfill search GALLERY --model MODEL --queries new_q.npy"
             + (" --old-queries old_q.npy" if old_model_available else "")
-            + f" --rerank-depth {pick['depth']} — the candidates it embeds are kept, so the "
-            "migration advances with traffic"
+            + f" --rerank-depth {pick['depth']} (first register the new backbone's embedding "
+            "endpoint, give it to the model and upload the items' texts: README, two-stage "
+            "search) — the candidates it embeds are kept, so the migration advances with traffic"
+        )
+        curl = (
+            'POST /v1/galleries/GALLERY/search {"model_id": "MODEL", "features": [...]'
+            + (', "old_vectors": [...]' if old_model_available else "")
+            + f', "rerank": {{"depth": {pick["depth"]}}}}}'
         )
         out["two_stage"] = pick
     elif not old_model_available:
         if keeps_enough:
             action = "bridge"
             why = f"The old model is gone; the bridge keeps enough of a reindex: {numbers}."
-            next_step = "search the gallery with the model (features)"
+            next_step = "nobackfill search GALLERY --model MODEL --queries new_q.npy"
+            curl = 'POST /v1/galleries/GALLERY/search {"model_id": "MODEL", "features": [...]}'
         else:
             action = "reindex"
             why = (
                 f"The old model is gone and the bridge keeps only {_fmt(ratio)} of the new "
                 f"model's quality (below {REINDEX_BELOW_ARR}): {numbers}. Re-embed the gallery."
             )
-            next_step = "re-embed every item with the new backbone"
+            next_step = (
+                "nobackfill migrate GALLERY --model MODEL --fraction 1 (the server embeds the "
+                "stored texts with the model's embedder), or nobackfill backfill upload GALLERY "
+                "--model MODEL --ids ids.npy --features new.npy"
+            )
+            curl = 'POST /v1/galleries/GALLERY/reembed {"model_id": "MODEL", "fraction": 1.0}'
     elif clears(beats) and (keeps_enough or not clears(new_beats)):
         # A bridge that beats staying but keeps too little of the reindex gives way to a
         # transition only where the new model's own gain over staying is measurable too.
@@ -327,7 +341,8 @@ def recommend(
         why = f"The bridge beats the old model on held-out data: {numbers}." + _worse_than_stay(
             metrics, served, view
         )
-        next_step = "search the gallery with the model (features)"
+        next_step = "nobackfill search GALLERY --model MODEL --queries new_q.npy"
+        curl = 'POST /v1/galleries/GALLERY/search {"model_id": "MODEL", "features": [...]}'
     elif clears(new_beats):
         action = "transition"
         why = (
@@ -353,11 +368,18 @@ def recommend(
                 expected_at_suggested=outlook["expected_at_suggested"],
                 expected=outlook["expected"],
             )
+        share_arg = f"{out['suggested_fraction']:g}" if "suggested_fraction" in out else "0.1"
         next_step = (
-            "POST /v1/galleries/{id}/backfill-plan for the items to re-embed first"
+            f"nobackfill backfill plan GALLERY --model MODEL --fraction {share_arg} -o ids.npy"
             + first
-            + ", upload their new features with model_id, search with features and old_vectors, "
-            "switch at 100 %"
+            + ", then nobackfill backfill upload GALLERY --model MODEL --ids ids.npy --features "
+            "new.npy (or nobackfill migrate GALLERY --model MODEL --auto, with an embedder); "
+            "search with --queries new_q.npy --old-queries old_q.npy (old_vectors) and switch "
+            "at 100 %"
+        )
+        curl = (
+            f'POST /v1/galleries/GALLERY/backfill-plan {{"model_id": "MODEL", "fraction": '
+            f"{share_arg}}}"
         )
         out["endpoints"] = {"at_0": stay, "at_100": reindex}
     else:
@@ -371,6 +393,7 @@ def recommend(
                 "difference is not evidence that switching pays off."
             )
         next_step = "keep searching with the old model"
+        curl = None
     below = below_old_model(metrics, served)
     if action != "bridge":  # a bridge's own shortfalls are named by ``_worse_than_stay``
         why += _below_sentence(below, served)
@@ -382,6 +405,7 @@ def recommend(
         "old_model_available": old_model_available,
         "why": why,
         "next_step": next_step,
+        "next_step_http": curl,
         **out,
         "below_old_model": below,
         "evidence": "point" if paired is None else "paired",
