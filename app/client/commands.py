@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
+import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
@@ -374,7 +376,49 @@ def progress_text(progress: dict[str, Any]) -> str:
 def follow(
     client: Client, args: argparse.Namespace, upgrade_id: str, label: str = "upgrade"
 ) -> int:
-    """Wait for the job with a progress bar on stderr; exit 1 unless it succeeded."""
+    """Wait for the job with a progress bar on stderr — or, when stderr is not a terminal (a
+    log, CI, ``2>file``), a line each time the progress changes (at most one per
+    ``PROGRESS_LINE_S``: a bar there printed nothing until the end); exit 1 unless it
+    succeeded."""
+    console = stderr_console()
+    if console.is_terminal:
+        job = _follow_with_bar(client, args, upgrade_id, label, console)
+    else:
+        job = _follow_with_lines(client, args, upgrade_id, label)
+    emit(args, job, describe_job(job))
+    if job["status"] != "succeeded":
+        reason = job.get("error") or "no reason given"
+        sys.stderr.write(f"error: {label} {upgrade_id} {job['status']}: {reason}\n")
+        return EXIT_FAILED
+    return 0
+
+
+# Seconds between two progress lines when stderr is not a terminal.
+PROGRESS_LINE_S = 10.0
+
+
+def _follow_with_lines(
+    client: Client, args: argparse.Namespace, upgrade_id: str, label: str
+) -> dict[str, Any]:
+    last: dict[str, Any] = {"text": None, "at": -math.inf}
+
+    def update(job: dict[str, Any]) -> None:
+        detail = progress_text(job.get("progress") or {})
+        text = f"{job['status']}, {detail}" if detail else job["status"]
+        now = time.monotonic()
+        if text != last["text"] and now - last["at"] >= PROGRESS_LINE_S:
+            sys.stderr.write(f"{label} {upgrade_id}: {text}\n")
+            sys.stderr.flush()
+            last.update(text=text, at=now)
+
+    return client.wait_upgrade(
+        upgrade_id, poll_s=args.poll, timeout_s=args.timeout, on_progress=update
+    )
+
+
+def _follow_with_bar(
+    client: Client, args: argparse.Namespace, upgrade_id: str, label: str, console: Any
+) -> dict[str, Any]:
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     with Progress(
@@ -382,7 +426,7 @@ def follow(
         BarColumn(),
         TextColumn("{task.fields[info]}"),
         TimeElapsedColumn(),
-        console=stderr_console(),
+        console=console,
     ) as bar:
         task = bar.add_task(f"{label} {upgrade_id}", total=None, info="queued")
 
@@ -401,12 +445,7 @@ def follow(
         )
         if job["status"] == "succeeded":
             bar.update(task, total=1, completed=1, info="succeeded")
-    emit(args, job, describe_job(job))
-    if job["status"] != "succeeded":
-        reason = job.get("error") or "no reason given"
-        sys.stderr.write(f"error: {label} {upgrade_id} {job['status']}: {reason}\n")
-        return EXIT_FAILED
-    return 0
+    return job
 
 
 def with_ids(step: str, job: dict[str, Any]) -> str:
