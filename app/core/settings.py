@@ -228,8 +228,26 @@ class Settings(BaseSettings):
     max_active_jobs_per_tenant: int = Field(
         default=4, ge=1, description="queued and running upgrades per tenant (429 above)"
     )
+    # Fair queues (issue 45 item 5): a free slot goes to the tenant with the fewest running jobs
+    # and the oldest last start. One running job per tenant by default: with one slot (the
+    # embedded default, one GPU worker) it changes nothing; with more, a tenant flooding the
+    # queue holds one slot and another tenant's job starts on the next free one at once. The
+    # cap holds even when no one else waits: a server of one tenant with several slots raises it.
+    max_running_jobs_per_tenant: int = Field(
+        default=1, ge=1, description="jobs of one tenant running at once; the rest stay queued"
+    )
+    # Estimated as in app.upgrades.cost. Two upgrades at the largest epochs and batches per
+    # epoch (1000 × 1000 on ≥ 2,000 training items, with the reference model: 2,000,000 steps
+    # each) fit, a third waits: about 4 h at 3.6 ms a step, the cheapest step measured on 2 CPU
+    # cores (12–37 ms for wider heads and batches; no GPU figure measured).
+    max_queued_job_steps_per_tenant: int = Field(
+        default=4_000_000,
+        ge=1,
+        description="estimated optimiser steps of one tenant's queued and running jobs (429 above)",
+    )
+    # 2 h, not 6: four jobs of one tenant could hold a slot for a day.
     job_max_seconds: float = Field(
-        default=6 * 3600.0,
+        default=2 * 3600.0,
         gt=0,
         description="an upgrade running longer is stopped within one training step and fails",
     )

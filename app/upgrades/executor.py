@@ -5,6 +5,11 @@ A job whose worker died (no heartbeat for ``job_stale_after_s``) is taken over b
 delivery, up to ``job_max_attempts`` attempts, then failed with the reason — never left running.
 The model artifact is written (atomically, checksummed) before the row that names it commits, and
 removed again if that commit does not happen.
+
+Fairness (issue 45 item 5): a free slot runs ``run_next``, the fairest job a claim can start
+(``fair_order``: the tenant with the fewest running jobs, then the one whose last start is
+oldest, then its oldest job), whatever job a message named; and a claim never starts a job of a
+tenant that already runs ``max_running_jobs_per_tenant`` (checked in the claim's UPDATE itself).
 """
 
 from __future__ import annotations
@@ -16,15 +21,18 @@ import socket
 import threading
 import time
 import traceback
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import replace
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from enum import Enum
 from typing import Any
 
 import numpy as np
-from sqlalchemy import select, update
+from sqlalchemy import Select, func, select, update
+from sqlalchemy.orm import Session, aliased
 
+from app.auth.models import Tenant
 from app.core.db import Database, as_utc, new_id, utcnow
 from app.core.settings import Settings
 from app.datasets.models import Dataset
@@ -57,6 +65,7 @@ def register_kind(method: str, run: JobKind) -> None:
 class Claim(Enum):
     CLAIMED = "claimed"  # this call runs the job
     BUSY = "busy"  # another live worker runs it
+    WAITING = "waiting"  # its tenant runs its most jobs at once: it stays queued
     DONE = "done"  # nothing to do (finished, cancelled, failed, gone)
 
 
@@ -120,14 +129,19 @@ def claim(db: Database, settings: Settings, job_id: str, worker: str) -> Claim:
                     )
                 )
                 return Claim.DONE
-            log.warning("upgrade %s: worker %s stopped responding; retrying", job_id, job.worker)
-        # Conditional on what was read: of two concurrent claimers exactly one updates the row.
+        _hold_tenant(session, job.tenant_id)
+        # A takeover replaces the dead worker's slot, so the job itself is not counted.
+        others = _running_besides(job.tenant_id, job_id)
+        # Conditional on what was read: of two concurrent claimers exactly one updates the row;
+        # and on the tenant's running jobs, in the same statement, so that no transport (a
+        # duplicate message, a second worker) starts a job beyond the tenant's cap.
         result = session.execute(
             update(UpgradeJob)
             .where(
                 UpgradeJob.id == job_id,
                 UpgradeJob.status == job.status,
                 UpgradeJob.attempts == job.attempts,
+                others.scalar_subquery() < settings.max_running_jobs_per_tenant,
             )
             .values(
                 status=RUNNING,
@@ -137,8 +151,90 @@ def claim(db: Database, settings: Settings, job_id: str, worker: str) -> Claim:
                 heartbeat_at=now,
                 error=None,
             )
+            .execution_options(synchronize_session=False)
         )
-        return Claim.CLAIMED if result.rowcount == 1 else Claim.BUSY
+        if result.rowcount == 1:
+            if job.status == RUNNING:
+                log.warning(
+                    "upgrade %s: worker %s stopped responding; retrying", job_id, job.worker
+                )
+            return Claim.CLAIMED
+        if session.scalar(others) >= settings.max_running_jobs_per_tenant:
+            return Claim.WAITING
+        return Claim.BUSY
+
+
+def _running_besides(tenant_id: str, job_id: str) -> Select[tuple[int]]:
+    """How many other jobs of the tenant are running (a dead worker's included, until its job
+    is taken over or failed: the tenant's slot is not freed by a worker going quiet)."""
+    other = aliased(UpgradeJob)
+    return (
+        select(func.count())
+        .select_from(other)
+        .where(other.tenant_id == tenant_id, other.status == RUNNING, other.id != job_id)
+    )
+
+
+def _hold_tenant(session: Session, tenant_id: str) -> None:
+    """Serialise the claims of one tenant on PostgreSQL, so that the running count in the next
+    statement (a new snapshot under READ COMMITTED) includes any claim that committed while this
+    one waited: two claims of one tenant could each see the other's job still queued. NO KEY
+    UPDATE: it does not block rows being inserted that reference the tenant. SQLite runs the
+    UPDATE and its count under the database's one write lock, which is enough."""
+    if session.get_bind().dialect.name == "postgresql":
+        session.execute(
+            select(Tenant.id).where(Tenant.id == tenant_id).with_for_update(key_share=True)
+        )
+
+
+_NEVER = datetime.min.replace(tzinfo=UTC)
+
+
+def fair_order(session: Session, settings: Settings) -> list[str]:
+    """The jobs a free slot may start, fairest first: queued jobs of tenants below their running
+    cap and running jobs whose worker went quiet (a takeover), ordered by their tenant's
+    running jobs (fewest first), then its last start (oldest, or none, first: round-robin
+    across tenants), then the job's age (a tenant's own jobs run in the order it queued them).
+    Only ordering: the claim decides (a row may change meanwhile)."""
+    cap = settings.max_running_jobs_per_tenant
+    stale_before = utcnow() - timedelta(seconds=settings.job_stale_after_s)
+    rows = session.execute(
+        select(
+            UpgradeJob.id,
+            UpgradeJob.tenant_id,
+            UpgradeJob.status,
+            UpgradeJob.heartbeat_at,
+            UpgradeJob.created_at,
+        ).where(UpgradeJob.status.in_((QUEUED, RUNNING)))
+    ).all()
+    running = Counter(row.tenant_id for row in rows if row.status == RUNNING)
+
+    def quiet(row: Any) -> bool:  # claim()'s rule for a worker that stopped beating
+        return row.heartbeat_at is None or as_utc(row.heartbeat_at) <= stale_before
+
+    candidates = [
+        row
+        for row in rows
+        if (row.status == QUEUED and running[row.tenant_id] < cap)
+        or (row.status == RUNNING and quiet(row))
+    ]
+    if not candidates:
+        return []
+    tenants = {row.tenant_id for row in candidates}
+    last_start = dict(
+        session.execute(
+            select(UpgradeJob.tenant_id, func.max(UpgradeJob.started_at))
+            .where(UpgradeJob.tenant_id.in_(tenants))
+            .group_by(UpgradeJob.tenant_id)
+        ).all()
+    )
+
+    def key(row: Any) -> tuple[int, datetime, datetime, str]:
+        started = last_start.get(row.tenant_id)
+        own = running[row.tenant_id] - (row.status == RUNNING)
+        return (own, as_utc(started) if started else _NEVER, as_utc(row.created_at), row.id)
+
+    return [row.id for row in sorted(candidates, key=key)]
 
 
 class _JobHooks:
@@ -387,3 +483,32 @@ def execute(
         detail = "".join(traceback.format_exception_only(exc)).strip()
         _finish(db, job_id, worker, status=FAILED, error=detail, finished_at=utcnow())
     return Claim.CLAIMED
+
+
+def run_next(
+    db: Database,
+    settings: Settings,
+    *,
+    worker: str,
+    stop: threading.Event | None = None,
+    hint: str | None = None,
+) -> Claim:
+    """Run the fairest job this slot can start (``fair_order``) to its end. A message naming
+    ``hint`` only says a slot may have work: the job that runs is the fair one, so that the order
+    messages were sent in (one tenant's burst first) does not decide.
+
+    CLAIMED: a job ran. BUSY: none could start and ``hint`` runs on a live worker (the caller
+    may look again once that worker's heartbeat would be stale). DONE: none could start."""
+    with db.sessions() as session:
+        order = fair_order(session, settings)
+    for job_id in order:
+        if stop is not None and stop.is_set():
+            break
+        # Another slot may claim a job between the ordering and its claim: try the next one.
+        if execute(db, settings, job_id, worker=worker, stop=stop) is Claim.CLAIMED:
+            return Claim.CLAIMED
+    if hint is not None:
+        with db.sessions() as session:
+            if session.scalar(select(UpgradeJob.status).where(UpgradeJob.id == hint)) == RUNNING:
+                return Claim.BUSY
+    return Claim.DONE

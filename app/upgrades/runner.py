@@ -1,11 +1,13 @@
 """Job runners: where upgrade jobs execute. The job row is the truth; a runner is transport.
 
 - ``inline``: runs the job in the calling thread, after the creating request committed (tests).
-- ``thread``: a pool inside the API process (the embedded default), started in the lifespan.
-- ``celery``: a message per job to the Redis broker; ``worker/`` executes it.
+- ``thread``: ``job_threads`` slots inside the API process (the embedded default), started in
+  the lifespan; a free slot runs the fairest job (``executor.run_next``), not the oldest.
+- ``celery``: a message per job to the Redis broker; ``worker/`` runs the fairest job per message.
 
-Every runner also sweeps: jobs still queued (a lost message, a restart) are submitted again and
-jobs whose worker stopped beating are handed to ``execute``, which retries or fails them.
+Every runner also sweeps: jobs still queued (a lost message, a restart, a tenant at its running
+cap) are submitted again and jobs whose worker stopped beating are handed to ``execute`` (through
+``run_next``, which counts them among the jobs a slot may start), which retries or fails them.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from sqlalchemy import or_, select, update
 from app.core.db import Database, utcnow
 from app.core.settings import Settings
 from app.jobs.models import QUEUED, RUNNING, UpgradeJob
-from app.upgrades.executor import execute, worker_name
+from app.upgrades.executor import Claim, execute, run_next, worker_name
 
 log = logging.getLogger(__name__)
 
@@ -106,16 +108,22 @@ class InlineRunner(JobRunner):
 
 
 class ThreadRunner(JobRunner):
-    """A thread pool in the API process; shutdown asks running trainers to stop between epochs
-    and their jobs go back to the queue for the next start."""
+    """``job_threads`` slots in the API process. A submitted job is not queued in the pool (a
+    FIFO there let one tenant's burst run before everyone else's jobs): ``submit`` wakes a slot,
+    and a slot runs the fairest runnable job from the database until none is left. Shutdown asks
+    running trainers to stop between steps and their jobs go back to the queue for the next
+    start."""
 
     name = "thread"
 
     def __init__(self, db: Database, settings: Settings) -> None:
         super().__init__(db, settings)
         self._pool = ThreadPoolExecutor(settings.job_threads, thread_name_prefix="upgrade")
-        self._pending: set[str] = set()
         self._lock = threading.Lock()
+        self._slots = 0  # slots looking for or running jobs
+        # Set by every submit, cleared by a slot before it looks: a slot that found nothing
+        # looks again if a job came meanwhile (else that job would wait for the sweeper).
+        self._wake = False
 
     def recover(self) -> None:
         # This process is the only thread runner on its database: jobs left running by an
@@ -132,20 +140,30 @@ class ThreadRunner(JobRunner):
         super().recover()
 
     def submit(self, job_id: str) -> None:
+        """``job_id`` only says there is work: the slot runs whichever job is fairest."""
         with self._lock:
-            if job_id in self._pending or self._stop.is_set():
+            if self._stop.is_set():
                 return
-            self._pending.add(job_id)
-        self._pool.submit(self._run, job_id)
+            self._wake = True
+            if self._slots >= self.settings.job_threads:
+                return  # every slot is busy; the first to finish looks again
+            self._slots += 1
+        self._pool.submit(self._slot)
 
-    def _run(self, job_id: str) -> None:
-        try:
-            execute(self.db, self.settings, job_id, worker=worker_name(self.name), stop=self._stop)
-        except Exception:
-            log.exception("upgrade %s: runner error", job_id)
-        finally:
+    def _slot(self) -> None:
+        worker = worker_name(self.name)
+        while True:
             with self._lock:
-                self._pending.discard(job_id)
+                self._wake = False
+            try:
+                ran = run_next(self.db, self.settings, worker=worker, stop=self._stop)
+            except Exception:
+                log.exception("job slot: runner error")
+                ran = Claim.DONE
+            with self._lock:
+                if self._stop.is_set() or (ran is not Claim.CLAIMED and not self._wake):
+                    self._slots -= 1
+                    return
 
     def stop(self) -> None:
         super().stop()

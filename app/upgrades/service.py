@@ -14,11 +14,13 @@ from app.core.db import new_id, utcnow
 from app.core.errors import Problem, conflict, invalid
 from app.core.settings import Settings
 from app.core.tenancy import get_owned
+from app.datasets.models import Dataset
 from app.datasets.service import get_dataset
 from app.galleries.service import get_gallery
 from app.jobs.models import CANCELLED, QUEUED, RUNNING, TERMINAL, UpgradeJob
 from app.models.service import get_model
 from app.upgrades import backbone, catalogue, continual
+from app.upgrades.cost import estimated_steps
 from app.upgrades.schemas import UpgradeCreate
 
 DEFAULT_STALE_AFTER_S = Settings.model_fields["job_stale_after_s"].default
@@ -152,6 +154,46 @@ def check_job_quota(session: Session, settings: Settings, tenant_id: str) -> Non
         )
 
 
+def queued_steps(session: Session, tenant_id: str) -> int:
+    """Estimated optimiser steps of the tenant's queued and running jobs (a running job counts
+    whole: its progress is the trainer's, not an estimate's)."""
+    rows = session.execute(
+        select(UpgradeJob.method, UpgradeJob.params, UpgradeJob.eval_fraction, Dataset.count)
+        .outerjoin(Dataset, Dataset.id == UpgradeJob.dataset_id)
+        .where(UpgradeJob.tenant_id == tenant_id, UpgradeJob.status.in_((QUEUED, RUNNING)))
+    ).all()
+    return sum(
+        estimated_steps(method, params, count or 0, eval_fraction)
+        for method, params, eval_fraction, count in rows
+    )
+
+
+def check_steps_quota(session: Session, settings: Settings, tenant_id: str, steps: int) -> None:
+    """What one tenant may line up for the shared workers, in estimated optimiser steps
+    (``app.upgrades.cost``): the job count alone let four jobs of 1000 epochs × 1000 batches
+    hold the queue (issue 45 item 5). 422 for one job that can never fit, 429 while the
+    tenant's other jobs hold too much."""
+    cap = settings.max_queued_job_steps_per_tenant
+    setting = f"NOBACKFILL_MAX_QUEUED_JOB_STEPS_PER_TENANT={cap}"
+    if steps > cap:
+        raise invalid(
+            "params",
+            f"this upgrade is estimated at {steps:,} optimiser steps, more than one tenant may "
+            f"have queued or running ({setting}); fewer epochs or batches per epoch fit",
+        )
+    held = queued_steps(session, tenant_id)
+    if held + steps > cap:
+        raise Problem(
+            429,
+            "Too many requests",
+            f"this upgrade is estimated at {steps:,} optimiser steps and this tenant's queued "
+            f"and running jobs at {held:,}, more than it may have together ({setting}); wait "
+            "for one to finish or cancel one",
+            slug="too-many-job-steps",
+            headers={"Retry-After": "60"},
+        )
+
+
 def create_upgrade(
     session: Session, settings: Settings, tenant_id: str, request: UpgradeCreate
 ) -> UpgradeJob:
@@ -179,6 +221,9 @@ def create_upgrade(
     else:
         choices = [*backbone.METHODS, *continual.METHODS]
         raise invalid("method", f"unknown method {request.method!r}, expected one of {choices}")
+    # After validation: the estimate reads the parameters the trainer accepted.
+    steps = estimated_steps(request.method, params, dataset.count, request.eval_fraction)
+    check_steps_quota(session, settings, tenant_id, steps)
     job = UpgradeJob(
         id=new_id("upg"),
         tenant_id=tenant_id,

@@ -50,6 +50,8 @@ def worker_env(settings: Settings) -> dict[str, str]:
             "NOBACKFILL_JOB_HEARTBEAT_S": str(settings.job_heartbeat_s),
             "NOBACKFILL_JOB_STALE_AFTER_S": str(settings.job_stale_after_s),
             "NOBACKFILL_JOB_MAX_ATTEMPTS": str(settings.job_max_attempts),
+            # Claims are made (and the running cap checked) by the worker.
+            "NOBACKFILL_MAX_RUNNING_JOBS_PER_TENANT": str(settings.max_running_jobs_per_tenant),
             # The worker reads and writes the galleries' vectors where the API does.
             "NOBACKFILL_VECTOR_ENGINE": settings.vector_engine,
             "NOBACKFILL_MILVUS_URI": settings.resolved_milvus_uri,
