@@ -10,6 +10,7 @@ import json
 import numpy as np
 import pytest
 
+from bench.common.stats import t_interval, target_state
 from bench.quality import traffic
 
 
@@ -95,13 +96,24 @@ def test_quick_traffic_bench_measures_every_order_with_exact_ends(tmp_path) -> N
     assert diff == pytest.approx(plan - rand)
     lines = payload["targets"]
     assert len(lines) == 3
-    # Each line's state is the rule's on the summary's own figures.
+    # Intervals over the seeds' means (two seeds here): each seed's paired difference, then t.
+    assert len(payload["runs"]) == 2 and "t over 2 seed means" in summary["interval"]
     f = str(traffic.TARGET_FRACTION)
-    reindex = summary["baselines"]["reindex"]["R@10"][0]
-    plan = summary["curves"]["transition"]["plan"][f]["R@10"][0]
-    assert lines[0].endswith("met") == (plan >= traffic.TARGET_SHARE * reindex), lines[0]
-    diff = summary["plan_minus"]["transition"]["random"][f]["R@10"][0]
-    assert lines[1].endswith("met") == (diff >= traffic.TARGET_MARGIN), lines[1]
+    per_seed = summary["plan_minus_random_per_seed"]
+    assert len(per_seed) == 2
+    assert summary["plan_minus"]["transition"]["random"][f]["R@10"] == pytest.approx(
+        list(t_interval(per_seed))
+    )
+    # Each line's state is the rule's on the summary's own intervals: met only when the
+    # interval clears the target.
+    share = summary["plan_minus_share_of_reindex"]
+    diff = summary["plan_minus"]["transition"]["random"][f]["R@10"]
+    for line, interval, target in ((lines[0], share, 0.0), (lines[1], diff, traffic.TARGET_MARGIN)):
+        assert line.endswith(" — " + target_state(interval, target)), line
+        assert line.endswith("met") == (interval[1] >= target)
+    assert target_state((0.5, 0.4, 0.6), 0.45) == "not shown"
+    assert target_state((0.3, 0.2, 0.35), 0.45) == "missed by 0.150"
+    assert target_state((0.5, float("nan"), float("nan")), 0.0) == "not shown"
     assert lines[2].endswith("met")  # exact ends, checked above query by query
     assert traffic.render_markdown(payload).count("\n| transition |") >= 2 * len(traffic.ORDERS)
 

@@ -45,3 +45,15 @@ def t_interval(
     sd = math.sqrt(math.fsum((v - mean) ** 2 for v in values) / (n - 1))
     half = t_quantile(confidence, n - 1) * sd / math.sqrt(n)
     return mean, mean - half, mean + half
+
+
+def target_state(interval: Sequence[float], target: float) -> str:
+    """A target "at least ``target``" judged on ``(mean, low, high)``: "met" when the interval
+    clears it, "missed by" the mean's shortfall when the whole interval lies below it, else
+    "not shown" — also for one seed, which has no interval (NaN bounds)."""
+    mean, low, high = interval
+    if math.isfinite(low) and low >= target:
+        return "met"
+    if math.isfinite(high) and high < target:
+        return f"missed by {target - mean:.3f}"
+    return "not shown"
