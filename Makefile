@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv test lint bench-check serve clean data
+.PHONY: venv test lint bench-check serve clean data milvus-server
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -36,6 +36,13 @@ data: $(STAMP)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache
+
+# A real Milvus server on 127.0.0.1:19530 (Milvus 2.3.5 standalone with embedded etcd, from the
+# dev extra's `milvus` package; data in data/milvus-server), in the foreground until Ctrl+C. Use
+# it with NOBACKFILL_VECTOR_ENGINE=milvus NOBACKFILL_MILVUS_URI=http://127.0.0.1:19530. The
+# tests start their own on a free port: stop this one first (its etcd's port 2380 is fixed).
+milvus-server: $(STAMP)
+	$(BIN)/python -m tests.service.milvus_server --port 19530 --data data/milvus-server
 
 # Embedded defaults: SQLite and index files under ./data, in-process job runner, no Redis or
 # PostgreSQL. The first start creates an API key, prints it and keeps it in data/api_key.

@@ -1,5 +1,11 @@
-"""Galleries in Milvus (milvus-lite files under tmp_path), checked against the exact FAISS/float64
-search on the real WordNet fixture rows."""
+"""Galleries in Milvus, checked against the exact FAISS/float64 search on the real WordNet fixture
+rows, on milvus-lite files under tmp_path. A representative subset runs on a real Milvus server
+as well (Milvus 2.3.5 standalone, ``tests/service/milvus_server.py``): writes, reads and scans,
+a sealed HNSW search of a one-vector and of a two-vector layout, the schema and its reading back,
+the storage adapter and the read-only attach (``ON_BOTH``, ``ON_BOTH_TEAMS`` and the parameters
+naming ``server``). Every test on both would add about 3 minutes to the suite (each server
+collection takes ~3 s to load, each Strong read waits for a time tick); the others check the
+engine's arithmetic, which the server does not change."""
 
 from __future__ import annotations
 
@@ -9,6 +15,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -22,11 +29,15 @@ from app.vectors import milvus_search
 from app.vectors.engine import VectorStorage
 from app.vectors.faiss_index import LorentzIndex, exact_distances
 from app.vectors.milvus_attach import AttachedCollection, AttachError
-from app.vectors.milvus_engine import GalleryLayout, MilvusEngine
+from app.vectors.milvus_engine import CollectionFormat, GalleryLayout, MilvusEngine, MilvusGallery
 from app.vectors.milvus_math import choose_layout, cosine_lift, exact_top_k, recall_within
 from app.vectors.milvus_search import DEFAULT_OVERFETCH, POINCARE_OVERFETCH, SearchHits
 from app.vectors.milvus_storage import MilvusVectorStorage, collection_name, layout_of
 from bench.perf.engine_workload import spread_points
+from tests.service.milvus_server import (  # noqa: F401  (milvus_server_uri: the fixture)
+    dropped_after,
+    milvus_server_uri,
+)
 
 OLD = "all-MiniLM-L6-v2"
 NEW = "all-mpnet-base-v2"
@@ -34,10 +45,21 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
-def engine(tmp_path_factory: pytest.TempPathFactory) -> MilvusEngine:
-    engine = MilvusEngine(str(tmp_path_factory.mktemp("milvus") / "galleries.db"))
-    yield engine
-    engine.close()
+def engine(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[MilvusEngine]:
+    """An engine on a milvus-lite file, or, parametrized ``server``, on the shared Milvus server
+    (its collections dropped after the module)."""
+    if getattr(request, "param", "lite") == "lite":
+        engine = MilvusEngine(str(tmp_path_factory.mktemp("milvus") / "galleries.db"))
+        yield engine
+        engine.close()
+        return
+    uri = request.getfixturevalue("milvus_server_uri")
+    with dropped_after(uri):
+        engine = MilvusEngine(uri)
+        yield engine
+        engine.close()
 
 
 @pytest.fixture(scope="module")
@@ -52,6 +74,10 @@ def rows(wordnet_small: dict) -> dict[str, np.ndarray]:
         [wordnet_small[f"class_gloss.{OLD}"], wordnet_small[f"class_lemma.{OLD}"], noisy]
     )
     return {"gallery": gallery.astype(np.float32), "queries": queries.astype(np.float32)}
+
+
+# The tests of the real-server subset (see the module docstring).
+ON_BOTH = pytest.mark.parametrize("engine", ["lite", "server"], indirect=True)
 
 
 def item_ids(n: int) -> list[str]:
@@ -75,7 +101,14 @@ def lifted(vectors: np.ndarray, scale: float, metric: str = "cosine") -> np.ndar
 
 
 @pytest.mark.parametrize(
-    ("index_type", "lift_scale"), [("HNSW", 3.0), ("FLAT", 3.0), ("HNSW", None)]
+    ("engine", "index_type", "lift_scale"),
+    [
+        ("lite", "HNSW", 3.0),
+        ("lite", "FLAT", 3.0),
+        ("lite", "HNSW", None),
+        ("server", "HNSW", 3.0),
+    ],
+    indirect=["engine"],
 )
 def test_cosine_gallery_ranks_like_the_exact_lorentz_search(
     engine: MilvusEngine, rows: dict, index_type: str, lift_scale: float | None
@@ -114,7 +147,11 @@ def test_cosine_lift_is_the_gallery_lift(rows: dict) -> None:
         np.testing.assert_allclose(computed, expected.numpy(), rtol=1e-12, atol=1e-12)
 
 
-@pytest.mark.parametrize("radius", [1.0, 3.0, 6.0])
+@pytest.mark.parametrize(
+    ("engine", "radius"),
+    [("lite", 1.0), ("lite", 3.0), ("lite", 6.0), ("server", 3.0)],
+    indirect=["engine"],
+)
 def test_poincare_ann_recall_at_radii(engine: MilvusEngine, rows: dict, radius: float) -> None:
     """The L2 HNSW over Poincaré-ball coordinates with the engine's own k′ and ef (fewer
     candidates than the tangent layout's 300) and the float64 re-rank finds the exact top-10;
@@ -194,6 +231,7 @@ def test_lifted_flat_layout_is_exact_at_several_radii(
     np.testing.assert_array_equal(parts.row_ids[same], whole.row_ids[same])
 
 
+@ON_BOTH
 def test_upsert_replaces_and_delete_removes(engine: MilvusEngine, rows: dict) -> None:
     gallery = engine.create_gallery(GalleryLayout("writes", 384, 384, 1.0, "cosine", "HNSW"))
     vectors = rows["gallery"][:50]
@@ -242,11 +280,61 @@ def test_upsert_replaces_and_delete_removes(engine: MilvusEngine, rows: dict) ->
     np.testing.assert_array_equal(scanned, sorted(set(range(51)) - {0, 47}))
     every = gallery.names(scanned)
     assert [i for b in batches for i in b.item_ids] == [every[int(r)][0] for r in scanned]
+    # Each scanned row is its item's own (a server answers a range of row ids in item id order,
+    # "item-10" before "item-8": sorting the answer must keep each row's fields with it).
+    scanned_ids = [i for b in batches for i in b.item_ids]
+    again = gallery.fetch(scanned_ids)
+    np.testing.assert_array_equal(np.concatenate([b.vectors for b in batches]), again.vectors)
+    assert [label for b in batches for label in b.labels] == again.labels
+    assert [m for b in batches for m in b.metadata] == again.metadata
     # A deleted item that comes back gets a fresh internal id (ids are never reused).
     back = gallery.upsert([ids[0]], replaced[:1], lifted(replaced[:1], 1.0))
     np.testing.assert_array_equal(back, [51])
     assert gallery.delete([ids[0]]) == 1
     assert gallery.delete([ids[0]]) == 0
+    # No label and no metadata read back as none, on a server without nullable fields too (issue
+    # 46: a Milvus 2.3 server refused the nulls); there an empty label, which would read back as
+    # none, is refused.
+    gallery.upsert(["bare"], vectors[:1], lifted(vectors[:1], 1.0))
+    bare = gallery.fetch(["bare"])
+    assert (bare.labels, bare.metadata) == ([None], [None])
+    assert gallery.lookup(["bare"]) == {"bare": (52, None)}
+    assert gallery.names([52]) == {52: ("bare", None)}
+    if not gallery.form.nulls:
+        with pytest.raises(ValueError, match="must not be empty"):
+            gallery.upsert(["empty"], vectors[:1], lifted(vectors[:1], 1.0), labels=[""])
+        assert gallery.existing_ids(["empty"]) == set()
+
+
+def test_a_collection_without_nullable_fields_stores_absence_as_empty_and_null(
+    engine: MilvusEngine, rows: dict
+) -> None:
+    """The format a Milvus 2.3 server gives a collection (no nullable fields), on milvus-lite:
+    an absent label is stored as "" and absent metadata as JSON null, and both read back as
+    absent; an empty label is refused there, a given one kept."""
+    made = engine.create_gallery(GalleryLayout("no_nulls", 384, 384, 1.0, "cosine", "FLAT"))
+    gallery = MilvusGallery(engine, made.layout, CollectionFormat(nulls=False))
+    vectors = rows["gallery"][:3]
+    gallery.upsert(
+        item_ids(3),
+        vectors,
+        lifted(vectors, 1.0),
+        labels=[None, "cat", None],
+        metadata=[None, {}, {"n": 1}],
+    )
+    raw = engine.client.query(
+        "no_nulls", filter="row_id >= 0", output_fields=["item_id", "label", "metadata"]
+    )
+    stored = {row["item_id"]: (row["label"], row["metadata"]) for row in raw}
+    assert stored == {"item-0": ("", None), "item-1": ("cat", {}), "item-2": ("", {"n": 1})}
+    read = gallery.fetch(item_ids(3))
+    assert read.labels == [None, "cat", None] and read.metadata == [None, {}, {"n": 1}]
+    labels = {item: label for item, (_, label) in gallery.lookup(item_ids(3)).items()}
+    assert labels == {"item-0": None, "item-1": "cat", "item-2": None}
+    with pytest.raises(ValueError, match="must not be empty"):
+        gallery.upsert(["x"], vectors[:1], lifted(vectors[:1], 1.0), labels=[""])
+    assert gallery.count() == 3
+    engine.drop_gallery("no_nulls")
 
 
 def test_bad_writes_change_nothing(engine: MilvusEngine, rows: dict) -> None:
@@ -282,13 +370,17 @@ def test_search_width_below_the_candidates_is_refused(
     assert gallery.search(points[:2].astype(np.float64), 3).item_ids[0][0] == "item-0"
 
 
+@ON_BOTH
 def test_reopened_engine_reads_the_layout_back(engine: MilvusEngine, rows: dict) -> None:
     layout = GalleryLayout(
         "reopen", 384, 384, 2.0, "tangent", "HNSW", {"m": 8, "ef_construction": 40}
     )
-    engine.create_gallery(layout)
+    made = engine.create_gallery(layout)
     again = MilvusEngine(engine.uri)
     assert again.open_gallery("reopen").layout == layout
+    # The collection's format too, read from its schema (a 2.3 server: no nulls, one vector).
+    assert again.open_gallery("reopen").form == made.form
+    assert made.form.vector_array == (not engine.multi_vector())
     assert again.create_gallery(layout).layout == layout
     with pytest.raises(ValueError, match="another layout"):
         again.create_gallery(GalleryLayout("reopen", 384, 384, 1.0, "tangent", "HNSW"))
@@ -334,16 +426,36 @@ def test_acknowledged_writes_survive_kill_9(tmp_path: Path, rows: dict) -> None:
 
 # -- read-only attach -------------------------------------------------------------------------
 @pytest.fixture
-def team_collection(tmp_path: Path, wordnet_small: dict) -> tuple[MilvusClient, str]:
-    """A collection as a team would have it: INT64 ids, its own field names, a COSINE index."""
-    uri = str(tmp_path / "team.db")
-    client = MilvusClient(uri)
+def team_collection(
+    request: pytest.FixtureRequest, tmp_path: Path, wordnet_small: dict
+) -> Iterator[tuple[MilvusClient, str]]:
+    """A collection as a team would have it: INT64 ids, its own field names, a COSINE index; in
+    a milvus-lite file, or, parametrized ``server``, on the shared Milvus server (dropped after
+    the test)."""
+    if getattr(request, "param", "lite") == "lite":
+        uri = str(tmp_path / "team.db")
+        yield from _team_collection(MilvusClient(uri), uri, wordnet_small)
+        return
+    uri = request.getfixturevalue("milvus_server_uri")
+    with dropped_after(uri) as client:
+        yield from _team_collection(client, uri, wordnet_small)
+
+
+def _team_collection(
+    client: MilvusClient, uri: str, wordnet_small: dict
+) -> Iterator[tuple[MilvusClient, str]]:
     schema = client.create_schema(auto_id=False)
     schema.add_field("doc_id", DataType.INT64, is_primary=True)
     schema.add_field("title", DataType.VARCHAR, max_length=256)
     schema.add_field("embedding", DataType.FLOAT_VECTOR, dim=384)
     index = client.prepare_index_params()
-    index.add_index("embedding", index_type="HNSW", metric_type="COSINE", params={"M": 16})
+    # efConstruction given: a Milvus 2.3 server has no default for it (milvus-lite has).
+    index.add_index(
+        "embedding",
+        index_type="HNSW",
+        metric_type="COSINE",
+        params={"M": 16, "efConstruction": 64},
+    )
     client.create_collection("docs", schema=schema, index_params=index)
     old = wordnet_small[f"gloss.{OLD}"]
     client.insert(
@@ -353,12 +465,20 @@ def team_collection(tmp_path: Path, wordnet_small: dict) -> tuple[MilvusClient, 
             for i in range(len(old))
         ],
     )
-    return client, uri
+    yield client, uri
+
+
+ON_BOTH_TEAMS = pytest.mark.parametrize("team_collection", ["lite", "server"], indirect=True)
 
 
 def snapshot(client: MilvusClient) -> list[dict]:
+    # Strong: the team's collection has a server's default consistency (Bounded), under which a
+    # read right after the fixture's insert may not see it yet (milvus-lite always does).
     rows = client.query(
-        "docs", filter="doc_id >= 0", output_fields=["doc_id", "title", "embedding"]
+        "docs",
+        filter="doc_id >= 0",
+        output_fields=["doc_id", "title", "embedding"],
+        consistency_level="Strong",
     )
     return sorted(
         (
@@ -369,8 +489,9 @@ def snapshot(client: MilvusClient) -> list[dict]:
     )
 
 
+@ON_BOTH_TEAMS
 def test_attached_collection_reads_and_searches_without_writing(
-    team_collection: tuple[MilvusClient, str], wordnet_small: dict
+    team_collection: tuple[MilvusClient, str], wordnet_small: dict, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     client, uri = team_collection
     before = snapshot(client)
@@ -384,7 +505,20 @@ def test_attached_collection_reads_and_searches_without_writing(
     # A model transform: least squares from the new model's gloss rows to the old ones.
     new, old = wordnet_small[f"gloss.{NEW}"], wordnet_small[f"gloss.{OLD}"]
     weights = np.linalg.lstsq(new, old, rcond=None)[0]
+    levels: list[object] = []
+    search = client.search
+
+    def recording_search(*args: object, **kwargs: object) -> object:
+        levels.append(kwargs.get("consistency_level"))
+        return search(*args, **kwargs)
+
+    monkeypatch.setattr(client, "search", recording_search)
     hits, scores = reader.search(new[:20], 5, transform=lambda q: q @ weights)
+    monkeypatch.undo()
+    # Strong, as every read of an attached collection: on a server the owner's collection may
+    # have Bounded consistency (the default), under which a search can miss the owner's last
+    # writes (milvus-lite always sees them).
+    assert levels == ["Strong"]
     direct = client.search(
         "docs",
         data=(new[:20] @ weights).astype(np.float32),
@@ -402,10 +536,14 @@ def test_attached_collection_reads_and_searches_without_writing(
 
     for write in ("insert", "upsert", "delete", "create_index", "drop", "load", "flush"):
         assert not hasattr(reader, write)
-    assert client.query("docs", filter="", output_fields=["count(*)"])[0]["count(*)"] == 800
+    counted = client.query(
+        "docs", filter="", output_fields=["count(*)"], consistency_level="Strong"
+    )
+    assert counted[0]["count(*)"] == 800
     assert snapshot(client) == before
 
 
+@ON_BOTH_TEAMS
 def test_attach_refuses_what_it_cannot_read_as_described(
     team_collection: tuple[MilvusClient, str],
 ) -> None:
@@ -426,6 +564,7 @@ def test_attach_refuses_what_it_cannot_read_as_described(
 
 
 # -- behind the vector-storage interface -----------------------------------------------------
+@ON_BOTH
 def test_vector_storage_adapter_keeps_the_interface_contract(
     engine: MilvusEngine, rows: dict
 ) -> None:
@@ -551,18 +690,36 @@ def test_a_top_k_above_the_engines_cap_is_answered_by_an_exact_scan(
 
 
 @pytest.mark.parametrize(
-    ("layout", "index_type"), [("tangent", "HNSW"), ("poincare", "HNSW"), ("lifted", "FLAT")]
+    ("engine", "layout", "index_type"),
+    [
+        ("lite", "tangent", "HNSW"),
+        ("lite", "poincare", "HNSW"),
+        ("lite", "lifted", "FLAT"),
+        ("server", "poincare", "HNSW"),
+    ],
+    indirect=["engine"],
 )
 def test_every_vector_field_is_indexed(engine: MilvusEngine, layout: str, index_type: str) -> None:
     """A Milvus server loads only collections whose every vector field has an index (milvus-lite
-    does not check): beside its search row, each layout indexes the stored vector (FLAT)."""
+    does not check): beside its search row, each layout indexes the stored vector (FLAT). A
+    server with one vector field per collection (Milvus 2.3) keeps the stored vector in a float
+    array instead, which needs no index; its rows read back exactly all the same."""
     name = f"indexed_{layout}"
-    engine.create_gallery(GalleryLayout(name, 8, 8, 1.0, layout, index_type))
+    gallery = engine.create_gallery(GalleryLayout(name, 8, 8, 1.0, layout, index_type))
     indexed = {
         engine.client.describe_index(name, i)["field_name"]
         for i in engine.client.list_indexes(name)
     }
-    assert indexed == {"vector", "search"}, indexed
+    fields = {f["name"]: f["type"] for f in engine.client.describe_collection(name)["fields"]}
+    vector_fields = {name for name, kind in fields.items() if kind == DataType.FLOAT_VECTOR}
+    assert indexed == vector_fields, (indexed, fields)
+    if engine.multi_vector():
+        assert vector_fields == {"vector", "search"}
+    else:
+        assert fields["vector"] == DataType.ARRAY and gallery.form.vector_array
+    vectors = np.random.default_rng(1).normal(size=(5, 8)).astype(np.float32) / 4
+    gallery.upsert(item_ids(5), vectors, vectors)
+    np.testing.assert_array_equal(gallery.fetch(item_ids(5)).vectors, vectors)
     engine.drop_gallery(name)
 
 

@@ -231,6 +231,9 @@ class AttachedCollection:
             anns_field=self.vector_field,
             search_params={"metric_type": self.metric},
             output_fields=[self.id_field],
+            # As every read here (``STRONG``): a server searches at the collection's own level
+            # otherwise (Bounded by default), which may miss the owner's latest writes.
+            consistency_level=STRONG,
         )
         ids: list[list[Any]] = []
         scores = np.full((len(vectors), k), np.nan)

@@ -25,6 +25,26 @@ SQL-side record (a journal of item ids per write, replayed after a crash) would 
 and still not make a write to two stores atomic; the database keeps only gallery metadata.
 Collections are created with consistency level ``Strong``: a read after an acknowledged write sees
 it (read-your-writes across processes, not only in this client's session).
+
+Older servers (issue 46: Milvus 2.3.5, the ``milvus`` package's standalone, which ``make
+milvus-server`` and the tests' real server run). A collection's format (``CollectionFormat``) is
+read back from its own schema whenever the collection is opened, never assumed from the server's
+version: a collection keeps the format it was made with after its server is upgraded. Two
+differences from milvus-lite and current servers, each tested on 2.3.5:
+
+- No nullable fields (Milvus documents them from 2.5). A 2.3 server creates ``label`` and
+  ``metadata`` without the flag, without an error, then refuses every row with a null in them
+  ("varchar field 'label' is illegal … got nil": the first unlabelled upload answered 500).
+  Nothing to ask the version for: the collection's schema says it (``nulls``). In a collection
+  without them an absent label is stored as ``""`` (``NO_LABEL``; the service accepts only
+  non-empty labels, and the engine refuses ``""`` there rather than read it back as absent) and
+  absent metadata as the JSON value ``null`` (a JSON field holds any JSON value, and reads back
+  as None, as a null does).
+- One vector field per collection (before Milvus 2.4: "multiple vector fields is not
+  supported"). Asked of the server's version (``server_version``) before a collection with a
+  ``search`` row is created; there the stored vector is kept in a FLOAT array field instead
+  (float32 like a vector field, read back exactly; at most ``MAX_ARRAY`` values), never searched,
+  so nothing is lost but its unused FLAT index.
 """
 
 from __future__ import annotations
@@ -71,6 +91,15 @@ FIELDS = ("item_id", "row_id", "label", "metadata", "vector")
 # The poincare layout's per-row scalar δ = 1 − c‖p‖² (float64 → FLOAT: relative precision kept
 # where δ is tiny, which 1 − c‖p‖² from the float32 ball coordinates would not be).
 GAP_FIELD = "gap"
+# An absent label, in a collection whose label field takes no null (see the module docstring).
+NO_LABEL = ""
+# Absent metadata there: JSON text, which pymilvus sends as it is (``null``, not a missing value).
+NO_METADATA = "null"
+# The first Milvus server version holding several vector fields in one collection.
+MULTI_VECTOR_SINCE = (2, 4)
+# The most elements of a Milvus array field (its ``max_capacity`` limit).
+MAX_ARRAY = 4096
+SERVER_VERSION = re.compile(r"^v?(\d+)\.(\d+)\.")
 
 
 @dataclass(frozen=True)
@@ -182,6 +211,32 @@ def drop_collection(client: MilvusClient, name: str, attempts: int = DROP_ATTEMP
                 raise
 
 
+@dataclass(frozen=True)
+class CollectionFormat:
+    """How a gallery's collection holds its rows, as its schema says (see the module docstring):
+    ``nulls``, whether its label and metadata fields take nulls; ``vector_array``, whether the
+    stored vector is a FLOAT array field rather than a vector field."""
+
+    nulls: bool = True
+    vector_array: bool = False
+
+    @classmethod
+    def of(cls, described: dict[str, Any]) -> CollectionFormat:
+        fields = {f["name"]: f for f in described["fields"]}
+        return cls(
+            nulls=all(bool(fields[name].get("nullable")) for name in ("label", "metadata")),
+            vector_array=fields["vector"]["type"] == DataType.ARRAY,
+        )
+
+
+def server_version(client: MilvusClient) -> tuple[int, int] | None:
+    """(major, minor) of a Milvus server's version (``v2.3.5-lite`` → (2, 3)); None for
+    milvus-lite (``milvus_lite-3.2.2``, whose features follow pymilvus's) and for versions
+    spelt otherwise, taken as current."""
+    found = SERVER_VERSION.match(str(client.get_server_version()))
+    return None if found is None else (int(found[1]), int(found[2]))
+
+
 def is_remote(uri: str) -> bool:
     return uri.startswith(("http://", "https://", "tcp://", "grpc://"))
 
@@ -237,9 +292,18 @@ class MilvusEngine:
         self.ef_factor = ef_factor
         self.client = connect(uri, token)
         self._layouts: dict[str, GalleryLayout] = {}
+        self._formats: dict[str, CollectionFormat] = {}
+        self._multi_vector: bool | None = None
 
     def close(self) -> None:
         self.client.close()
+
+    def multi_vector(self) -> bool:
+        """Whether the server holds several vector fields in one collection (asked once)."""
+        if self._multi_vector is None:
+            version = server_version(self.client)
+            self._multi_vector = version is None or version >= MULTI_VECTOR_SINCE
+        return self._multi_vector
 
     # -- collections ----------------------------------------------------------------------------
     def create_gallery(self, layout: GalleryLayout) -> MilvusGallery:
@@ -254,13 +318,27 @@ class MilvusEngine:
         schema.add_field("row_id", DataType.INT64)
         schema.add_field("label", DataType.VARCHAR, max_length=MAX_LABEL, nullable=True)
         schema.add_field("metadata", DataType.JSON, nullable=True)
-        schema.add_field("vector", DataType.FLOAT_VECTOR, dim=layout.dim)
         index = self.client.prepare_index_params()
+        if layout.search_field == "search" and not self.multi_vector():
+            # One vector field per collection on this server: the stored vector, never searched,
+            # goes into a float32 array (see the module docstring).
+            if layout.dim > MAX_ARRAY:
+                raise ValueError(
+                    f"this Milvus server holds one vector field per collection; the stored "
+                    f"vector then takes an array field of at most {MAX_ARRAY} values, not "
+                    f"{layout.dim} (Milvus 2.4 and later have no such limit)"
+                )
+            schema.add_field(
+                "vector", DataType.ARRAY, element_type=DataType.FLOAT, max_capacity=layout.dim
+            )
+        else:
+            schema.add_field("vector", DataType.FLOAT_VECTOR, dim=layout.dim)
+            if layout.search_field == "search":
+                # Milvus loads only collections whose every vector field is indexed; this stored
+                # vector is never searched, so it gets the index without a build (FLAT).
+                index.add_index("vector", index_type="FLAT", metric_type="L2")
         if layout.search_field == "search":
             schema.add_field("search", DataType.FLOAT_VECTOR, dim=layout.search_width)
-            # Milvus loads only collections whose every vector field is indexed; this stored
-            # vector is never searched, so it gets the index without a build (FLAT).
-            index.add_index("vector", index_type="FLAT", metric_type="L2")
         if layout.gap_field is not None:
             schema.add_field(layout.gap_field, DataType.FLOAT)
         params = (
@@ -285,8 +363,11 @@ class MilvusEngine:
         # Rows written later are indexed as Milvus seals them (``seal`` waits for that).
         self.client.create_index(layout.collection, index, sync=False)
         self.client.load_collection(layout.collection)
+        # Read back: what the server made of ``nullable`` (a 2.3 server drops it silently).
+        form = CollectionFormat.of(self.client.describe_collection(layout.collection))
         self._layouts[layout.collection] = layout
-        return MilvusGallery(self, layout)
+        self._formats[layout.collection] = form
+        return MilvusGallery(self, layout, form)
 
     def open_gallery(self, collection: str) -> MilvusGallery:
         """The gallery of an existing collection (loaded if a restart released it)."""
@@ -299,7 +380,8 @@ class MilvusEngine:
             layout = GalleryLayout.from_json(text)
             self._ensure_loaded(collection)
             self._layouts[collection] = layout
-        return MilvusGallery(self, layout)
+            self._formats[collection] = CollectionFormat.of(described)
+        return MilvusGallery(self, layout, self._formats[collection])
 
     def _ensure_loaded(self, collection: str) -> None:
         state = str(self.client.get_load_state(collection).get("state"))
@@ -312,6 +394,7 @@ class MilvusEngine:
     def drop_gallery(self, collection: str) -> bool:
         """Drop the collection; False if it did not exist."""
         self._layouts.pop(collection, None)
+        self._formats.pop(collection, None)
         if not self.client.has_collection(collection):
             return False
         drop_collection(self.client, collection)
@@ -321,11 +404,31 @@ class MilvusEngine:
 class MilvusGallery:
     """Reads and writes of one gallery's collection (cheap to create; holds no rows)."""
 
-    def __init__(self, engine: MilvusEngine, layout: GalleryLayout) -> None:
+    def __init__(
+        self, engine: MilvusEngine, layout: GalleryLayout, form: CollectionFormat | None = None
+    ) -> None:
         self.engine = engine
         self.layout = layout
         self.client = engine.client
         self.name = layout.collection
+        self.form = form or CollectionFormat()
+
+    def _stored_label(self, label: str | None) -> str | None:
+        if self.form.nulls:
+            return label
+        if label == NO_LABEL:
+            # It would read back as absent: refused rather than changed.
+            raise ValueError(
+                f"collection {self.name} stores an absent label as an empty one (its server "
+                "has no nullable fields): a label must not be empty"
+            )
+        return NO_LABEL if label is None else label
+
+    def _label(self, stored: str | None) -> str | None:
+        return None if not self.form.nulls and stored == NO_LABEL else stored
+
+    def _stored_metadata(self, value: dict[str, Any] | None) -> dict[str, Any] | str | None:
+        return NO_METADATA if value is None and not self.form.nulls else value
 
     # -- writes ---------------------------------------------------------------------------------
     def upsert(
@@ -362,6 +465,8 @@ class MilvusGallery:
             raise ValueError("labels and metadata must have one entry per item")
         if not (np.isfinite(vectors).all() and np.isfinite(points).all()):
             raise ValueError("vectors must be finite")
+        stored_labels = [self._stored_label(label) for label in labels]
+        stored_metadata = [self._stored_metadata(value) for value in metadata]
         one_radius = lifted or at_one_radius(points, self.layout.curv)
         if self.layout.layout == "cosine" and not one_radius:
             # The cosine ranking equals the Lorentz ranking only at one radius.
@@ -380,9 +485,10 @@ class MilvusGallery:
                 {
                     "item_id": ids[i],
                     "row_id": int(row_ids[i]),
-                    "label": labels[i],
-                    "metadata": metadata[i],
-                    "vector": vectors[i],
+                    "label": stored_labels[i],
+                    "metadata": stored_metadata[i],
+                    # An array field takes a list (a vector field takes the array as it is).
+                    "vector": vectors[i].tolist() if self.form.vector_array else vectors[i],
                 }
                 for i in range(start, stop)
             ]
@@ -433,7 +539,9 @@ class MilvusGallery:
                 filter=ids_filter(ids[start : start + ID_BATCH]),
                 output_fields=["item_id", "row_id", "label"],
             )
-            found.update((r["item_id"], (int(r["row_id"]), r.get("label"))) for r in rows)
+            found.update(
+                (r["item_id"], (int(r["row_id"]), self._label(r.get("label")))) for r in rows
+            )
         return found
 
     def names(self, row_ids: Sequence[int] | np.ndarray) -> dict[int, tuple[str, str | None]]:
@@ -447,7 +555,9 @@ class MilvusGallery:
                 filter=f"row_id in [{', '.join(map(str, part))}]",
                 output_fields=["item_id", "row_id", "label"],
             )
-            found.update((int(r["row_id"]), (r["item_id"], r.get("label"))) for r in rows)
+            found.update(
+                (int(r["row_id"]), (r["item_id"], self._label(r.get("label")))) for r in rows
+            )
         return found
 
     def fetch(self, item_ids: Sequence[str]) -> StoredRows:
@@ -469,7 +579,7 @@ class MilvusGallery:
             item_ids=[row["item_id"] for row in rows],
             row_ids=np.array([row["row_id"] for row in rows], dtype=np.int64),
             vectors=vectors.reshape(len(rows), self.layout.dim),
-            labels=[row.get("label") for row in rows],
+            labels=[self._label(row.get("label")) for row in rows],
             metadata=[row.get("metadata") for row in rows],
         )
 
@@ -494,12 +604,16 @@ class MilvusGallery:
         row_ids = self.all_row_ids()
         for start in range(0, len(row_ids), batch_size):
             part = row_ids[start : start + batch_size]
-            rows = self.client.query(
+            page = self.client.query(
                 self.name,
                 filter=f"row_id >= {int(part[0])} and row_id <= {int(part[-1])}",
                 output_fields=fields,
             )
-            rows.sort(key=lambda row: row["row_id"])
+            # Each row read before sorting: pymilvus fills some of a query row's fields (vectors and
+            # JSON among them) on first access, from the row's position, so rows moved by an
+            # in-place sort got other rows' vectors and metadata. A Milvus 2.3 server answers in
+            # primary-key order, where that happened; milvus-lite answers in row order, which hid it.
+            rows = sorted((row for row in page), key=lambda row: row["row_id"])
             if rows:
                 yield rows
 

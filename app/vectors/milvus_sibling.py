@@ -5,12 +5,13 @@ deployment, keyed by the same primary keys — the Milvus twin of ``app.vectors.
 Why a sibling collection and not a second vector field of the owner's rows (what Qdrant gets):
 Milvus adds fields to a live collection only through ``add_collection_field``, which milvus-lite
 does not implement at all (it answers UNIMPLEMENTED, measured with milvus-lite 3.x and pymilvus
-3.0), and which Milvus 2.6's documentation allows for nullable scalar fields only (newer
-SDKs' references describe nullable vector fields; no server was tried here); and
-writing one field of an existing row needs a partial upsert that would re-send the owner's row.
-A sibling collection needs neither: the owner's collection is never written, its schema never
-changes, and everything the service wrote lies in collections whose names say so (dropping them
-undoes the migration).
+3.0), nor does a Milvus 2.3 server (UNIMPLEMENTED too, measured on 2.3.5 standalone: the RPC
+came with a later release), and which Milvus 2.6's documentation allows for nullable scalar
+fields only (newer SDKs' references describe nullable vector fields; no such server was tried
+here); and writing one field of an existing row needs a partial upsert that would re-send the
+owner's row. A sibling collection needs neither: the owner's collection is never written, its
+schema never changes, and everything the service wrote lies in collections whose names say so
+(dropping them undoes the migration).
 
 Each sibling row: ``id`` (the owner's primary key, same type), ``vector`` (the new model's
 features, FLAT-indexed for COSINE: exact, and the sibling holds only the re-embedded share),

@@ -2,11 +2,17 @@
 engines: a Milvus gallery answers searches like the FAISS one, holds nothing in the API process,
 drops its collection with the gallery, converges when a write's SQL commit failed after Milvus
 had it, keeps every acknowledged write through ``kill -9``, and a milvus-lite file is refused to
-a Celery deployment (another process could not open it)."""
+a Celery deployment (another process could not open it).
+
+The tests that start the app run twice: on the default milvus-lite file, and on a real Milvus
+server (``tests/service/milvus_server.py``: Milvus 2.3.5 standalone), where a gallery's
+collection is created and written as in production (``make_settings`` below).
+"""
 
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -22,10 +28,29 @@ from app.vectors.milvus_storage import collection_name, engine_for
 from app.vectors.tables import GalleryVector
 from bench.common.service import create_gallery, start_service
 from tests.service.conftest import problem, stop_client
+from tests.service.milvus_server import (  # noqa: F401  (milvus_server_uri: the fixture)
+    dropped_after,
+    milvus_server_uri,
+)
 from tests.service.test_crash import check_all_or_nothing, kill_mid_ingest, nearest
 from tests.service.test_galleries_api import make_gallery, seed_vectors
 
 pytestmark = pytest.mark.milvus_only("compares the Milvus engine with FAISS, or is about Milvus")
+
+
+@pytest.fixture(params=["lite", "server"])
+def make_settings(
+    request: pytest.FixtureRequest, make_settings: Callable[..., Settings]
+) -> Iterator[Callable[..., Settings]]:
+    """The conftest's settings, on milvus-lite or on the shared Milvus standalone server (the
+    collections a test made there are dropped after it)."""
+    if request.param == "lite":
+        yield make_settings
+        return
+    uri = request.getfixturevalue("milvus_server_uri")
+    with dropped_after(uri):
+        yield lambda **overrides: make_settings(**({"milvus_uri": uri} | overrides))
+
 
 GALLERIES = [
     {"name": "cosine", "dim": 8, "model_name": "m", "metric": "cosine"},
@@ -92,6 +117,44 @@ def test_milvus_galleries_answer_searches_like_faiss(make_client, tmp_path: Path
     assert {g.vector_storage for g in galleries} == {"milvus"}
     for gallery in galleries:
         assert engine.open_gallery(collection_name(gallery.id)).count() == n
+
+
+def test_unlabelled_items_read_back_without_a_label_or_metadata(make_client) -> None:
+    """Issue 46: on a Milvus 2.3 server the first upload without labels answered 500 (the
+    server has no nullable fields and refused the null label). Items uploaded without a label
+    or metadata read back without one, labelled ones with theirs, also after a restart (which
+    reads the collection's schema back), and searches name labels only where there are some."""
+    client = make_client()
+    gallery_id = make_gallery(client)
+    url = f"/v1/galleries/{gallery_id}/vectors"
+    bare = client.post(url, json={"ids": ["a", "b"], "vectors": [[1, 0, 0, 0], [0, 1, 0, 0]]})
+    assert bare.status_code == 200, bare.text
+    labelled = {
+        "ids": ["c", "d"],
+        "vectors": [[0, 0, 1, 0], [0, 0, 0, 1]],
+        "labels": ["cat", "dog"],
+        "metadata": [{"n": 1, "tags": ["x", None]}, {}],
+    }
+    assert client.post(url, json=labelled).status_code == 200
+    expected = {
+        "ids": ["a", "b", "c", "d"],
+        "labels": [None, None, "cat", "dog"],
+        "metadata": [None, None, {"n": 1, "tags": ["x", None]}, {}],
+    }
+    for app in (client, None):
+        if app is None:
+            stop_client(client)
+            app = make_client()
+        read = app.get(url, params={"ids": expected["ids"]})
+        assert read.status_code == 200, read.text
+        assert {key: read.json()[key] for key in expected} == expected
+        hits = search(app, gallery_id, np.eye(4)[[0, 2]], k=1)
+        assert [row[0]["id"] for row in hits] == ["a", "c"]
+        assert "label" not in hits[0][0] and hits[1][0]["label"] == "cat"
+    # A label given later replaces the absent one, and is read back.
+    relabel = {"ids": ["a"], "vectors": [[1, 0, 0, 0]], "labels": ["ant"]}
+    assert app.post(url, json=relabel).status_code == 200
+    assert app.get(url, params={"ids": ["a"]}).json()["labels"] == ["ant"]
 
 
 def test_deleting_a_gallery_drops_its_collection(client: TestClient) -> None:

@@ -1,4 +1,8 @@
-"""Attaching a Milvus collection as a gallery (issue 27, item 1, Milvus), on milvus-lite files.
+"""Attaching a Milvus collection as a gallery (issue 27, item 1, Milvus), on milvus-lite files, and
+for a representative subset (``ON_BOTH``: attach, reads, a search before and after an upgrade
+trained from the collection, the owner's changes seen) on a real Milvus server too (Milvus 2.3.5
+standalone, ``tests/service/milvus_server.py``; the collection is built there instead of in a
+file, and the settings allow the server's URL).
 
 The collection is built from real vectors (tests/fixtures/wordnet_small.npz: old = MiniLM
 glosses, new = mpnet glosses) by a client that is closed before the service opens the file
@@ -12,7 +16,7 @@ backends with FAISS only (``faiss_only``); the copied gallery they compare with 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -26,8 +30,13 @@ from app.core.errors import Problem
 from app.core.settings import Settings
 from app.galleries.attach import attach_gallery
 from app.galleries.schemas import GalleryCreate
+from app.vectors.milvus_engine import is_remote
 from app.vectors.milvus_source import MilvusSource, close_connections, connection
 from tests.service.conftest import problem, snapshot, stop_client
+from tests.service.milvus_server import (  # noqa: F401  (milvus_server_uri: the fixture)
+    dropped_after,
+    milvus_server_uri,
+)
 from tests.service.test_qdrant_attach import (
     attach,
     copied_gallery,
@@ -56,8 +65,51 @@ def milvus_root(tmp_path: Path, tenant: str = "local") -> Path:
     return tmp_path / "data" / "milvus-attach" / tenant
 
 
+# The tests of the real-server subset (see the module docstring).
+ON_BOTH = pytest.mark.parametrize("place", ["lite", "server"], indirect=True)
+
+
+@pytest.fixture
+def place(request: pytest.FixtureRequest) -> str:
+    """Where the owner's collections live: ``lite`` (milvus-lite files in the tenant's attach
+    folder) unless a test is parametrized ``server`` (the shared Milvus server)."""
+    return str(getattr(request, "param", "lite"))
+
+
+@pytest.fixture
+def attach_source(place: str, request: pytest.FixtureRequest) -> Iterator[dict]:
+    """``SOURCE`` where the place is: on the server its URI names it (the collections a test
+    made there are dropped after it). Not ``source``: tests take that name as a parameter."""
+    if place == "lite":
+        yield SOURCE
+        return
+    if request.getfixturevalue("backend") != "sqlite":
+        # The SQL backend changes nothing the server is asked; half the server time saved.
+        pytest.skip("the real-server variant runs on SQLite only")
+    uri = request.getfixturevalue("milvus_server_uri")
+    with dropped_after(uri):
+        yield {**SOURCE, "uri": uri}
+
+
+@pytest.fixture
+def make_settings(
+    make_settings: Callable[..., Settings], attach_source: dict
+) -> Callable[..., Settings]:
+    """The conftest's settings, allowing the server the source names, if any."""
+    if not is_remote(attach_source["uri"]):
+        return make_settings
+    allowed = {"milvus_allowed_urls": [attach_source["uri"]]}
+    return lambda **overrides: make_settings(**(allowed | overrides))
+
+
+def built_at(tmp_path: Path, source: dict, file: str) -> Path | str:
+    """Where ``build_collection`` makes a collection ``source`` attaches: the server, or the
+    tenant's ``file``."""
+    return source["uri"] if is_remote(source["uri"]) else milvus_root(tmp_path) / file
+
+
 def build_collection(
-    file: Path,
+    where: Path | str,
     name: str,
     vectors: np.ndarray,
     ids: list[int] | list[str],
@@ -65,9 +117,13 @@ def build_collection(
     metric: str = "COSINE",
 ) -> None:
     """A collection of ``vectors`` as a team would make it (its own field names, a title, a
-    FLAT index), closed again: the service opens the file next."""
-    file.parent.mkdir(parents=True, exist_ok=True)
-    client = MilvusClient(str(file))
+    FLAT index, the default consistency), closed again: the service opens the file next. On a
+    server URI, there."""
+    if isinstance(where, Path):
+        where.parent.mkdir(parents=True, exist_ok=True)
+        client = MilvusClient(str(where))
+    else:
+        client = MilvusClient(uri=where)
     schema = client.create_schema(auto_id=False)
     if isinstance(ids[0], str):
         schema.add_field("doc_id", DataType.VARCHAR, is_primary=True, max_length=64)
@@ -90,36 +146,46 @@ def build_collection(
 
 @contextmanager
 def owner(client: TestClient, source: dict = SOURCE) -> Iterator[MilvusClient]:
-    """The service's own client of the file (milvus-lite: one process), standing in for the
-    collection's owner."""
+    """The service's own client of the file (milvus-lite: one process) or server, standing in
+    for the collection's owner."""
     settings = client.app.state.service.settings
     with connection(settings, MilvusSource.of({**source, "folder": "local"})).use() as milvus:
         yield milvus
 
 
 def rows_of(milvus: MilvusClient, name: str) -> list[tuple]:
-    rows = milvus.query(name, filter="", output_fields=["doc_id", "title", "embedding"], limit=9999)
+    # Strong: on a server the collection's default (Bounded) may not show the latest writes yet.
+    rows = milvus.query(
+        name,
+        filter="",
+        output_fields=["doc_id", "title", "embedding"],
+        limit=9999,
+        consistency_level="Strong",
+    )
     return sorted((r["doc_id"], r["title"], tuple(r["embedding"])) for r in rows)
 
 
 @pytest.fixture
-def nouns(tmp_path: Path, wordnet_small: dict) -> dict:
-    """A collection ``nouns`` of N old vectors with INT64 keys 0…N−1 (item ids "0"…)."""
+def nouns(tmp_path: Path, wordnet_small: dict, attach_source: dict) -> dict:
+    """A collection ``nouns`` of N old vectors with INT64 keys 0…N−1 (item ids "0"…), where
+    ``attach_source`` attaches it."""
     old = wordnet_small[OLD][:N]
-    build_collection(milvus_root(tmp_path) / "nouns.db", "nouns", old, list(range(N)))
+    build_collection(built_at(tmp_path, attach_source, "nouns.db"), "nouns", old, list(range(N)))
     return {"old": old, "new": wordnet_small[NEW][:N], "ids": [str(i) for i in range(N)]}
 
 
+@ON_BOTH
 def test_attach_takes_dimension_metric_and_count_from_the_collection(
-    client: TestClient, nouns: dict
+    client: TestClient, nouns: dict, attach_source: dict
 ) -> None:
-    gallery = attach(client, SOURCE)
+    gallery = attach(client, attach_source)
     assert (gallery["dim"], gallery["metric"], gallery["count"]) == (384, "cosine", N)
+    # A milvus-lite file is recorded with the tenant's folder it lies in; a server is not.
     assert gallery["source"] == {
-        **SOURCE,
+        **attach_source,
         "metric": "COSINE",
         "id_type": "INT64",
-        "folder": "local",
+        **({} if is_remote(attach_source["uri"]) else {"folder": "local"}),
     }
     assert client.get(f"/v1/galleries/{gallery['id']}").json()["count"] == N
     found = client.get(f"/v1/galleries/{gallery['id']}/vectors", params={"ids": ["7", "3"]})
@@ -234,12 +300,13 @@ def test_varchar_and_negative_keys_are_item_ids(
     problem(client.get(f"/v1/galleries/{gallery['id']}/vectors", params={"ids": ["-05"]}), 404)
 
 
+@ON_BOTH
 def test_attached_search_equals_the_copied_gallery_old_and_bridged(
-    client: TestClient, nouns: dict
+    client: TestClient, nouns: dict, attach_source: dict
 ) -> None:
     """attach → dataset paired by primary keys → upgrade trained on the collection's vectors →
     search in the collection: the same top-10 as the same vectors uploaded as a gallery."""
-    searches_like_the_copied_gallery(client, SOURCE, nouns)
+    searches_like_the_copied_gallery(client, attach_source, nouns)
 
 
 def test_milvus_unreachable_mid_search_is_a_503_and_writes_nothing(
@@ -270,16 +337,18 @@ def test_milvus_unreachable_mid_search_is_a_503_and_writes_nothing(
     assert top_ids(client.post(url, json={"vectors": nouns["old"][:1].tolist(), "k": 3}))
 
 
+@ON_BOTH
 def test_the_collection_changed_under_the_service(
-    make_client, nouns: dict, wordnet_small: dict
+    make_client, nouns: dict, wordnet_small: dict, attach_source: dict
 ) -> None:
     """The owner adds and deletes rows after attach: reads and searches see the collection as
-    it is now (a row added later is named in answers), and the next start recounts it."""
+    it is now (a row added later is named in answers; on a server whatever consistency level
+    the owner's collection has), and the next start recounts it."""
     client = make_client()
-    gallery = attach(client, SOURCE)
+    gallery = attach(client, attach_source)
     url = f"/v1/galleries/{gallery['id']}"
     extra = wordnet_small[OLD][N : N + 2]
-    with owner(client) as milvus:
+    with owner(client, attach_source) as milvus:
         milvus.delete("nouns", filter="doc_id in [5, 6]")
         milvus.insert(
             "nouns",
@@ -301,7 +370,7 @@ def test_the_collection_changed_under_the_service(
     close_connections()
     restarted = make_client()
     assert restarted.get(url).json()["count"] == N
-    with owner(restarted) as milvus:
+    with owner(restarted, attach_source) as milvus:
         milvus.delete("nouns", filter="doc_id in [7]")
     stop_client(restarted)
     assert make_client().get(url).json()["count"] == N - 1

@@ -1,4 +1,7 @@
-"""Migrating an attached Milvus collection in place (issue 27, item 2, Milvus), on milvus-lite.
+"""Migrating an attached Milvus collection in place (issue 27, item 2, Milvus), on milvus-lite,
+and for a representative subset (``ON_BOTH``: the migration and its searches, a row deleted under
+it, the cascaded drop) on a real Milvus server too (Milvus 2.3.5 standalone; the fixtures of
+``tests/service/test_milvus_attach.py`` put the owner's collection there).
 
 attach → upgrade (procrustes, query objective) → plan → re-embedded items uploaded: they go into
 the sibling collection ``<collection>__nobackfill_<model id>`` of the same file, keyed by the same
@@ -24,7 +27,18 @@ from sqlalchemy import func, select
 
 from app.vectors.tables import ReembeddedVector
 from tests.service.conftest import problem, snapshot
-from tests.service.test_milvus_attach import SOURCE, build_collection, milvus_root, owner, rows_of
+from tests.service.milvus_server import milvus_server_uri  # noqa: F401  (the fixture)
+from tests.service.test_milvus_attach import (  # noqa: F401  (attach_source … place: fixtures)
+    ON_BOTH,
+    SOURCE,
+    attach_source,
+    build_collection,
+    built_at,
+    make_settings,
+    owner,
+    place,
+    rows_of,
+)
 from tests.service.test_qdrant_migrate import (
     attached_and_upgraded,
     hits,
@@ -41,27 +55,40 @@ N = 400  # rows in the collection
 
 @pytest.fixture
 def migration(
-    client: TestClient, tmp_path: Path, wordnet_small: dict, monkeypatch: pytest.MonkeyPatch
+    client: TestClient,
+    tmp_path: Path,
+    wordnet_small: dict,
+    monkeypatch: pytest.MonkeyPatch,
+    attach_source: dict,  # noqa: F811  (the imported fixture)
 ) -> dict:
     """The collection attached, the same vectors copied into a gallery, and a backbone model
     upgraded on the attached gallery (relevance maps forced on, as test_qdrant_migrate's)."""
     old = wordnet_small[f"gloss.{OLD}"][:N]
-    build_collection(milvus_root(tmp_path) / "nouns.db", "nouns", old, list(range(N)))
-    found = attached_and_upgraded(client, SOURCE, old, wordnet_small, monkeypatch)
-    return found | {"sibling": f"nouns__nobackfill_{found['model_id']}"}
+    where = built_at(tmp_path, attach_source, "nouns.db")
+    build_collection(where, "nouns", old, list(range(N)))
+    found = attached_and_upgraded(client, attach_source, old, wordnet_small, monkeypatch)
+    return found | {
+        "sibling": f"nouns__nobackfill_{found['model_id']}",
+        "source": attach_source,
+    }
 
 
-def sibling_rows(client: TestClient, name: str) -> dict[int, dict]:
-    with owner(client) as milvus:
-        rows = milvus.query(name, filter="", output_fields=["*"], limit=9999)
+def sibling_rows(client: TestClient, name: str, source: dict = SOURCE) -> dict[int, dict]:
+    with owner(client, source) as milvus:
+        # Strong, as the service's own reads (the test's read may follow a write at once).
+        rows = milvus.query(
+            name, filter="", output_fields=["*"], limit=9999, consistency_level="Strong"
+        )
     return {int(r["id"]): r for r in rows}
 
 
+@ON_BOTH
 def test_in_place_migration_fills_a_sibling_collection_and_searches_like_the_copied_gallery(
     client: TestClient, migration: dict, wordnet_small: dict
 ) -> None:
     attached, copied, model_id = migration["attached"], migration["copied"], migration["model_id"]
-    with owner(client) as milvus:
+    source = migration["source"]
+    with owner(client, source) as milvus:
         before = rows_of(milvus, "nouns")
         schema_before = milvus.describe_collection("nouns")["fields"]
     planned = client.post(
@@ -78,13 +105,13 @@ def test_in_place_migration_fills_a_sibling_collection_and_searches_like_the_cop
 
     # The sibling: exactly the re-embedded keys, their features and the model id beside them;
     # the owner's collection row for row and field for field as it was.
-    written = sibling_rows(client, migration["sibling"])
+    written = sibling_rows(client, migration["sibling"], source)
     assert set(written) == {int(i) for i in plan["ids"]}
     for key, row in written.items():
         assert row["model_id"] == model_id and row["written_at"]
         expected = wordnet_small[f"gloss.{NEW}"][key]
         np.testing.assert_allclose(row["vector"], expected, rtol=1e-5, atol=1e-6)
-    with owner(client) as milvus:
+    with owner(client, source) as milvus:
         assert rows_of(milvus, "nouns") == before
         assert milvus.describe_collection("nouns")["fields"] == schema_before
         assert sorted(milvus.list_collections()) == sorted(["nouns", migration["sibling"]])
@@ -109,20 +136,22 @@ def test_in_place_migration_fills_a_sibling_collection_and_searches_like_the_cop
     searches_match(client, migration, wordnet_small, plan["ids"])
 
 
+@ON_BOTH
 def test_a_row_deleted_after_the_plan_is_skipped_and_reported(
     client: TestClient, migration: dict, wordnet_small: dict, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     attached, model_id, sibling = migration["attached"], migration["model_id"], migration["sibling"]
+    source = migration["source"]
     plan = client.post(
         f"/v1/galleries/{attached}/backfill-plan", json={"model_id": model_id, "count": 10}
     ).json()
     gone = plan["ids"][3]
-    with owner(client) as milvus:
+    with owner(client, source) as milvus:
         milvus.delete("nouns", filter=f"doc_id in [{gone}]")
     stored = reembed(client, attached, model_id, wordnet_small, plan["ids"])
     assert stored.status_code == 200, stored.text
     assert stored.json() == {"upserted": 9, "count": N, "reembedded": 9, "skipped": [gone]}
-    assert set(sibling_rows(client, sibling)) == {int(i) for i in plan["ids"]} - {int(gone)}
+    assert set(sibling_rows(client, sibling, source)) == {int(i) for i in plan["ids"]} - {int(gone)}
     assert client.get(f"/v1/galleries/{attached}").json()["reembedded"][0]["reembedded"] == 9
 
     # Deleted between the service's look-up and its write: the write lands in the sibling, the
@@ -140,10 +169,10 @@ def test_a_row_deleted_after_the_plan_is_skipped_and_reported(
     monkeypatch.setattr(MilvusClient, "upsert", deleted_first)
     raced = reembed(client, attached, model_id, wordnet_small, more)
     assert raced.json() == {"upserted": 4, "count": N, "reembedded": 13, "skipped": [more[0]]}
-    assert int(more[0]) not in sibling_rows(client, sibling)
+    assert int(more[0]) not in sibling_rows(client, sibling, source)
 
     # A deleted row's sibling row is never a hit: the owner deletes a re-embedded row.
-    with owner(client) as milvus:
+    with owner(client, source) as milvus:
         milvus.delete("nouns", filter=f"doc_id in [{plan['ids'][0]}]")
     rows = np.r_[[int(i) for i in plan["ids"][:4]]]
     found = hits(transition(client, attached, model_id, wordnet_small, rows))
@@ -212,7 +241,11 @@ def test_searching_the_spaces_unmerged_is_refused(
     assert snapshot(client) == before
 
 
-@pytest.mark.parametrize("deleted", ["model", "gallery"])
+@pytest.mark.parametrize(
+    ("place", "deleted"),
+    [("lite", "model"), ("lite", "gallery"), ("server", "gallery")],
+    indirect=["place"],
+)
 def test_a_cascaded_delete_drops_the_sibling_collection(
     client: TestClient, migration: dict, wordnet_small: dict, deleted: str
 ) -> None:
@@ -221,7 +254,8 @@ def test_a_cascaded_delete_drops_the_sibling_collection(
     stays as it was."""
     attached, model_id, sibling = migration["attached"], migration["model_id"], migration["sibling"]
     assert reembed(client, attached, model_id, wordnet_small, migration["ids"][:40]).status_code
-    with owner(client) as milvus:
+    source = migration["source"]
+    with owner(client, source) as milvus:
         assert milvus.has_collection(sibling)
         before = rows_of(milvus, "nouns")
     if deleted == "model":
@@ -233,6 +267,6 @@ def test_a_cascaded_delete_drops_the_sibling_collection(
                 assert client.delete(f"/v1/datasets/{dataset['id']}").status_code == 204
         gone = client.delete(f"/v1/galleries/{attached}", params={"cascade": "true"})
     assert gone.status_code == 200, gone.text
-    with owner(client) as milvus:
+    with owner(client, source) as milvus:
         assert not milvus.has_collection(sibling)
         assert rows_of(milvus, "nouns") == before

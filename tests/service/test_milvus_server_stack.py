@@ -1,6 +1,8 @@
-"""The production shape with a Milvus *server*: a milvus-lite gRPC server process (what the API and
-the worker reach as a remote Milvus at ``http://127.0.0.1:<port>``), ``nobackfill serve`` with the
-Celery runner on PostgreSQL and Redis, and a real Celery worker process. An upgrade trained by the
+"""The production shape with a Milvus *server*: a real Milvus server (Milvus 2.3.5 standalone, the
+tests' shared one from ``tests/service/milvus_server.py``; until issue 46 a milvus-lite gRPC
+server process stood in for it, and hid that the first unlabelled upload failed on a real one),
+``nobackfill serve`` with the Celery runner on PostgreSQL and Redis, and a real Celery worker
+process. An upgrade trained by the
 worker answers a search, and the gallery's vectors live in the Milvus server: a pymilvus client of
 its own sees the collection with every item, while the database and the data directory hold no
 vector (no SQL row, no segment file, no FAISS index file)."""
@@ -21,12 +23,15 @@ from app.galleries.models import Gallery
 from app.vectors.milvus_storage import collection_name
 from app.vectors.tables import GalleryVector
 from bench.common.service import free_port
-from bench.perf.api_memory import milvus_server
 from tests.service.celery_worker import (
     celery_overrides,
     celery_worker,
     require_redis,
     worker_env,
+)
+from tests.service.milvus_server import (  # noqa: F401  (milvus_server_uri: the fixture)
+    dropped_after,
+    milvus_server_uri,
 )
 from tests.service.test_installed_stack import KEY, stop, upgrade_through_the_api, wait_ready
 
@@ -37,10 +42,10 @@ ITEMS = 200  # the gallery ``upgrade_through_the_api`` uploads
 
 
 @pytest.fixture
-def milvus_uri(tmp_path: Path) -> Iterator[str]:
-    """A milvus-lite server process on a free port, stopped (and its port freed) afterwards."""
-    with milvus_server(tmp_path / "milvus") as (uri, _process):
-        yield uri
+def milvus_uri(milvus_server_uri: str) -> Iterator[str]:  # noqa: F811
+    """The shared Milvus server; the collections the test made there are dropped after it."""
+    with dropped_after(milvus_server_uri):
+        yield milvus_server_uri
 
 
 @pytest.fixture
@@ -106,7 +111,9 @@ def test_an_upgrade_runs_through_celery_on_a_milvus_server(
     try:
         name = collection_name(gallery_id)
         assert name in milvus.list_collections()
-        [row] = milvus.query(name, filter="", output_fields=["count(*)"])
+        [row] = milvus.query(
+            name, filter="", output_fields=["count(*)"], consistency_level="Strong"
+        )
         assert row["count(*)"] == ITEMS
     finally:
         milvus.close()
