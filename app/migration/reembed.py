@@ -612,6 +612,9 @@ def plan(
                     "gain_correlation",
                     "area",
                     "chosen",
+                    # What the curves searched (the whole gallery, its unpaired items in the
+                    # old space); absent from a fit stored before it was recorded.
+                    "searched",
                 )
             },
             "vs_random": compared,

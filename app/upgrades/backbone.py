@@ -16,6 +16,7 @@ from app.datasets.queries import load_queries
 from app.datasets.service import load_items
 from app.galleries.models import Gallery
 from app.ml.methods.training import TrainingHooks
+from app.ml.upgrade.data import MAX_DISTRACTORS
 from app.ml.upgrade.run import (
     BACKBONE_METHODS,
     QueryLog,
@@ -33,6 +34,9 @@ METHODS: tuple[str, ...] = tuple(BACKBONE_METHODS)
 OBJECTIVE_PARAM = "objective"
 # Likewise the request's old_model_available, stored only when false.
 OLD_MODEL_PARAM = "old_model_available"
+# The seed of the distractor sample of a gallery with more than ``MAX_DISTRACTORS`` unpaired
+# items: fixed, so the upgrade and the backfill fit that re-reads its inputs see one sample.
+DISTRACTOR_SEED = 44
 QUERY_SUMMARY = (
     "queries",
     "queries_with_old_vectors",
@@ -133,14 +137,38 @@ def _query_log(
     return log, summary
 
 
+def _unpaired_vectors(
+    session: Session, gallery: Gallery, paired: np.ndarray
+) -> tuple[np.ndarray, int]:
+    """(old vectors of the gallery's items the dataset does not pair, how many there are),
+    ascending internal id: all of them up to ``MAX_DISTRACTORS``, a seeded sample beyond.
+    Read by one scan of the gallery (its batches bound the memory), skipped when the dataset
+    pairs every item."""
+    storage = storage_for(session, gallery)
+    others = np.setdiff1d(storage.all_ids(session, gallery), paired)
+    total = int(others.size)
+    if total == 0:
+        return np.zeros((0, gallery.dim), dtype=np.float32), 0
+    if total > MAX_DISTRACTORS:
+        rng = np.random.default_rng(DISTRACTOR_SEED)
+        others = np.sort(rng.choice(others, MAX_DISTRACTORS, replace=False))
+    parts = [
+        batch.vectors[keep]
+        for batch in storage.scan(session, gallery)
+        if (keep := np.isin(batch.ids, others)).any()
+    ]
+    return np.concatenate(parts).astype(np.float32, copy=False), total
+
+
 def load_inputs(
     session: Session, dataset: Dataset, gallery: Gallery
 ) -> tuple[UpgradeData, dict[str, int]]:
-    """Dataset rows paired with the gallery's stored old vectors by item id, and the dataset's
-    query log. Labels: the dataset's when every item has one, else the gallery's when every item
-    has one, else none. Also returns what was loaded, for the report (``paired_items``,
-    ``queries``, ``queries_with_old_vectors``, ``queries_with_relevance``,
-    ``queries_relevant_dropped``)."""
+    """Dataset rows paired with the gallery's stored old vectors by item id, the dataset's
+    query log, and the old vectors of the gallery's other items (``UpgradeData.distractors``:
+    the held-out figures search the whole gallery, as its users do). Labels: the dataset's when
+    every item has one, else the gallery's when every item has one, else none. Also returns
+    what was loaded, for the report (``paired_items``, ``queries``,
+    ``queries_with_old_vectors``, ``queries_with_relevance``, ``queries_relevant_dropped``)."""
     ids, arrays, item_labels = load_items(session, dataset)
     stored = storage_for(session, gallery).fetch(session, gallery, ids)
     row_of = {item_id: n for n, item_id in enumerate(ids)}
@@ -152,11 +180,14 @@ def load_inputs(
     if labels is None:
         labels = label_codes(stored.labels)
     queries, summary = _query_log(session, dataset, paired_ids)
+    distractors, unpaired = _unpaired_vectors(session, gallery, stored.ids)
     data = UpgradeData(
         new_features=np.array(features),
         old_vectors=np.array(old),
         labels=labels,
         queries=queries,
+        distractors=distractors,
+        unpaired_total=unpaired if unpaired > len(distractors) else None,
     )
     return data, {"paired_items": len(paired_ids), **summary}
 

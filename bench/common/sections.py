@@ -233,6 +233,12 @@ REGISTRY: tuple[Section, ...] = (
         "two_stage_traffic.json",
     ),
     _section(
+        "bench.quality.whole_gallery",
+        "The report's figures on the whole gallery (bench.quality.whole_gallery)",
+        "bench.quality.whole_gallery:render_markdown",
+        "whole_gallery.json",
+    ),
+    _section(
         "bench.perf.two_stage",
         "Two-stage search speed (bench.perf.two_stage)",
         "bench.perf.two_stage:render_markdown",

@@ -127,6 +127,16 @@ class FitView:
     # nq × n Lorentz scores of the lifted old queries against the old points, and its tail.
     old: np.ndarray | None = None
     old_fit: tuple[np.ndarray, ...] | None = None
+    # Columns before this one have new features and can be re-embedded; the rest are the
+    # gallery's unpaired items (native scores −inf), in the old space at every share. None: all.
+    reembeddable: int | None = None
+    # What the view searched (counts, whether sampled), for the fit's validation.
+    searched: dict[str, Any] | None = None
+
+    @property
+    def n_reembeddable(self) -> int:
+        n = self.native.shape[1]
+        return n if self.reembeddable is None else self.reembeddable
 
 
 def item_gains(
@@ -137,7 +147,8 @@ def item_gains(
     gains = np.zeros(n)
     seen = np.zeros(n, dtype=bool)
     none = np.zeros(n, dtype=bool)
-    all_new = np.ones(n, dtype=bool)
+    all_new = np.zeros(n, dtype=bool)
+    all_new[: view.n_reembeddable] = True
     args = (view.relevant, view.fits, rule, maps)
     r_native = merged_ranks(view.native, view.bridged, all_new, *args)
     r_bridged = merged_ranks(view.native, view.bridged, none, *args)
@@ -159,8 +170,10 @@ def curve(
 ) -> list[dict[str, Any]]:
     """Recall@k of the held-out queries with the first ``fraction`` of ``order`` re-embedded:
     the bridged mixed search, or with ``transition`` the transition search (the old model's
-    query vectors for the items not re-embedded; the view must hold them)."""
+    query vectors for the items not re-embedded; the view must hold them). ``order`` ranks the
+    re-embeddable columns (``FitView.n_reembeddable``); ``fraction`` is a share of them."""
     n = view.native.shape[1]
+    reembeddable = view.n_reembeddable
     other, fits = view.bridged, view.fits
     if transition:
         assert view.old is not None and view.old_fit is not None
@@ -168,7 +181,7 @@ def curve(
     out = []
     for fraction in fractions:
         mask = np.zeros(n, dtype=bool)
-        mask[order[: round(fraction * n)]] = True
+        mask[order[: round(fraction * reembeddable)]] = True
         ranks = merged_ranks(view.native, other, mask, view.relevant, fits, rule, maps)
         out.append(
             {"fraction": float(fraction), **{f"recall@{k}": float((ranks < k).mean()) for k in ks}}
@@ -252,23 +265,27 @@ def fit_planner(
     measured = view.held_out[seen[view.held_out]]
     if len(measured) < 4:
         raise ValueError("too few held-out items with queries to learn which items gain most")
-    mean_direction = unit_rows(view.old_points.mean(axis=0, keepdims=True))[0].astype(np.float64)
+    # Only the re-embeddable columns can be re-embedded in a simulation; the gain model is
+    # learned on them (the unpaired items in the view are distractors).
+    g = view.n_reembeddable
+    paired_points = view.old_points[:g]
+    mean_direction = unit_rows(paired_points.mean(axis=0, keepdims=True))[0].astype(np.float64)
     folds = rng.permutation(measured)
     halves = (np.sort(folds[: len(folds) // 2]), np.sort(folds[len(folds) // 2 :]))
     # Cross-fitted predictions: each half scored by the model fitted on the other half, the rest
     # of the fit gallery by the model fitted on all held-out items.
     full = fit_gain_model(view.old_points[measured], gains[measured], mean_direction)
-    predicted = full.predict(view.old_points).astype(np.float64)
+    predicted = full.predict(paired_points).astype(np.float64)
     for train, test in ((halves[0], halves[1]), (halves[1], halves[0])):
         part = fit_gain_model(view.old_points[train], gains[train], mean_direction)
         predicted[test] = part.predict(view.old_points[test])
     metric = "recall@10"
     orders = {
         "expected_gain": plan_order(predicted),
-        "random": rng.permutation(view.native.shape[1]),
+        "random": rng.permutation(g),
     }
-    if view.uncertainty is not None and np.ptp(view.uncertainty) > 1e-6:
-        orders["uncertainty"] = plan_order(view.uncertainty)
+    if view.uncertainty is not None and np.ptp(view.uncertainty[:g]) > 1e-6:
+        orders["uncertainty"] = plan_order(view.uncertainty[:g])
     curves = {
         name: curve(view, order, fractions, rule=rule, maps=maps) for name, order in orders.items()
     }
@@ -290,6 +307,8 @@ def fit_planner(
         "curves": curves,
         "chosen": chosen,
     }
+    if view.searched is not None:
+        validation["searched"] = view.searched
     transition = None
     if view.old is not None:
         old_maps = (

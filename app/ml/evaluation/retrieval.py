@@ -6,9 +6,10 @@ Every function is pure. Rankings are computed in float64 in chunks of queries, s
 - **Instance view**: each query is an item's own new-backbone features (embedded by the model
   under test); the gallery is every paired item; the one relevant result is the item itself.
   Own-item R@1, R@10 and MRR@100.
-- **Query→document view**: logged queries against the gallery, relevant = the items the query log
-  names. R@1, R@10 (the share of a query's relevant items in its top k), MRR@100 and nDCG@10
-  (binary gains).
+- **Query→document view**: logged queries against the gallery — in an upgrade's report every
+  stored item, the unpaired ones in the old space (``app.ml.upgrade.whole_gallery``) —,
+  relevant = the items the query log names. R@1, R@10 (the share of a query's relevant items in
+  its top k), MRR@100 and nDCG@10 (binary gains).
 - **Class view**: the evaluation set is query and gallery, each query's own item excluded,
   relevant = same label. CMC@1 and mAP@100; mAP's average precision is divided by
   min(relevant items in the gallery, 100) (``map_normalisation="relevant"``, the usual one) or by
@@ -45,14 +46,17 @@ VIEW_METRICS: dict[str, tuple[str, ...]] = {
 METRIC_MEANINGS: dict[str, dict[str, str]] = {
     "instance": {
         "recall@1": "Share of held-out items whose own stored vector comes first when the item's "
-        "new features search the whole gallery (every other item a distractor).",
+        "new features search the paired items (every other paired item a distractor; the "
+        "gallery's items without new features are not searched in this view, see `searched`).",
         "recall@10": "Share of held-out items whose own stored vector is among the first 10.",
         "mrr@100": "Mean of 1/rank of the item's own stored vector (0 when it is not in the first "
         "100): 1 means always first, 0.5 typically second.",
     },
     "query": {
-        "recall@1": "Share of a held-out logged query's relevant items found at rank 1, averaged "
-        "over queries (with one relevant item: the share of queries answered right first).",
+        "recall@1": "Share of a held-out logged query's relevant items found at rank 1 when it "
+        "searches every stored item of the gallery, averaged over queries (with one relevant "
+        "item: the share of queries answered right first); `searched` says how each "
+        "alternative scored the items without new features.",
         "recall@10": "Share of a query's relevant items found in its first 10 results, averaged "
         "over queries.",
         "mrr@100": "Mean of 1/rank of the first relevant result (0 when none is in the first 100).",

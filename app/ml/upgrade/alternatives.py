@@ -5,12 +5,18 @@ outputs search the old gallery, ranked by Lorentz distance), ``reindex`` (the ne
 natively: new query features against the items' new features, by cosine) and, for the class
 view only, the ``independent`` head (a new model trained without compatibility, one of the two
 references for P_com / P_up beside ``reindex``).
+
+The query view searches the whole gallery where the evaluation set carries the gallery's
+unpaired items (``EvalSet.distractor_points``): stay and a bridge rank every stored old vector;
+a reindex can score natively only the paired items, so the unpaired ones stay in the old space
+and the two are merged as the service merges them (``app.ml.upgrade.whole_gallery``).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -25,6 +31,7 @@ from app.ml.evaluation.retrieval import (
     top_k,
 )
 from app.ml.methods.models import EmbeddingModel
+from app.ml.upgrade.whole_gallery import key_blocks, top_of_keys
 
 
 @dataclass
@@ -40,6 +47,28 @@ class EvalSet:
     query_features: np.ndarray | None = None  # Q×D
     query_old_points: np.ndarray | None = None  # Q×d, the same queries by the old model, lifted
     query_relevant: list[np.ndarray] | None = None  # per query: gallery positions
+    # The gallery's unpaired items (no new features), in the old gallery's Lorentz frame: the
+    # query view's searches meet them after the G paired items (positions G, G+1, …).
+    distractor_points: np.ndarray | None = None  # M×d
+    # How many unpaired items the gallery holds when the distractors are a sample (else None).
+    unpaired_total: int | None = None
+    seed: int = 0  # the reference sample's and the cross-fitting's seed (whole-gallery reindex)
+    # Rankings computed once per evaluation set and read by several figures.
+    cache: dict[str, np.ndarray] = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def n_distractors(self) -> int:
+        return 0 if self.distractor_points is None else int(self.distractor_points.shape[0])
+
+    @cached_property
+    def searched_old(self) -> np.ndarray:
+        """Every old point the query view searches: the paired items, then the distractors."""
+        if not self.n_distractors:
+            return self.old_points
+        assert self.distractor_points is not None
+        return np.concatenate(
+            [self.old_points, self.distractor_points.astype(self.old_points.dtype)]
+        )
 
     @property
     def has_queries(self) -> bool:
@@ -66,9 +95,49 @@ def _query(ev: EvalSet, queries: np.ndarray, gallery: np.ndarray, space: str) ->
     return query_metrics(ranked, ev.query_relevant)
 
 
+def reindex_ranked(ev: EvalSet, bridge: EmbeddingModel | None = None) -> np.ndarray:
+    """The reindex's best ``RANK_DEPTH`` gallery positions per held-out query. The paired items
+    are scored natively (new query features, cosine); the distractors, which have no new
+    features, in the old space by the old model's query vectors (a transition search) or, where
+    the log has none, by ``bridge``'s query (a mixed search), merged as the service merges the
+    two (``app.ml.upgrade.whole_gallery``). Without distractors: the native ranking alone (what
+    the merge gives when every item is re-embedded)."""
+    assert ev.query_features is not None and ev.query_relevant is not None
+    if "reindex" in ev.cache:
+        return ev.cache["reindex"]
+    if not ev.n_distractors:
+        ranked = top_k(ev.query_features, ev.new_features, RANK_DEPTH, space="cosine")
+    else:
+        if ev.query_old_points is not None:
+            old_queries = ev.query_old_points
+        elif bridge is not None:
+            old_queries = bridge.embed(ev.query_features)
+        else:
+            raise ValueError(
+                "a reindex of a gallery with unpaired items needs the old model's query "
+                "vectors or a bridge to score them"
+            )
+        depth = min(RANK_DEPTH, ev.searched_old.shape[0])
+        ranked = np.empty((len(ev.query_relevant), depth), dtype=np.int64)
+        every = np.ones(ev.new_features.shape[0], dtype=bool)
+        for block in key_blocks(
+            ev.query_features,
+            ev.new_features,
+            old_queries,
+            ev.searched_old,
+            ev.curv,
+            ev.query_relevant,
+            ev.seed,
+        ):
+            ranked[block.rows] = top_of_keys(block.mixed(every), depth)
+    ev.cache["reindex"] = ranked
+    return ranked
+
+
 def measure_bridge(ev: EvalSet, model: EmbeddingModel, views: tuple[str, ...] | None = None):
-    """A trained model's queries against the old gallery; ``class_new_new`` is the model's own
-    space (items' outputs as query and gallery), the P_up side."""
+    """A trained model's queries against the old gallery (the query view: every stored item,
+    ``EvalSet.searched_old``); ``class_new_new`` is the model's own space (items' outputs as
+    query and gallery), the P_up side."""
     views = views or ev.views
     out: dict[str, Any] = {}
     item_emb = model.embed(ev.new_features[ev.rows])
@@ -76,7 +145,7 @@ def measure_bridge(ev: EvalSet, model: EmbeddingModel, views: tuple[str, ...] | 
         out["instance"] = _instance(ev, item_emb, ev.old_points, "lorentz")
     if "query" in views and ev.has_queries:
         assert ev.query_features is not None
-        out["query"] = _query(ev, model.embed(ev.query_features), ev.old_points, "lorentz")
+        out["query"] = _query(ev, model.embed(ev.query_features), ev.searched_old, "lorentz")
     if "class" in views and ev.labels is not None:
         labels = ev.labels[ev.rows]
         out["class"] = class_metrics(item_emb, ev.old_points[ev.rows], labels, curv=ev.curv)
@@ -85,27 +154,30 @@ def measure_bridge(ev: EvalSet, model: EmbeddingModel, views: tuple[str, ...] | 
 
 
 def measure_stay(ev: EvalSet) -> dict[str, Any]:
-    """The old model for queries and gallery. Instance view: the item's own old vector is the
-    query, so it is first by construction (1.0 unless items share a vector)."""
+    """The old model for queries and gallery (the query view: every stored item). Instance view:
+    the item's own old vector is the query, so it is first by construction (1.0 unless items
+    share a vector)."""
     out: dict[str, Any] = {
         "instance": _instance(ev, ev.old_points[ev.rows], ev.old_points, "lorentz")
     }
     if ev.has_queries and ev.query_old_points is not None:
-        out["query"] = _query(ev, ev.query_old_points, ev.old_points, "lorentz")
+        out["query"] = _query(ev, ev.query_old_points, ev.searched_old, "lorentz")
     if ev.labels is not None:
         old = ev.old_points[ev.rows]
         out["class"] = class_metrics(old, old, ev.labels[ev.rows], curv=ev.curv)
     return out
 
 
-def measure_reindex(ev: EvalSet) -> dict[str, Any]:
+def measure_reindex(ev: EvalSet, bridge: EmbeddingModel | None = None) -> dict[str, Any]:
     """The new backbone natively, by cosine: new query features against the items' new
-    features (the gallery re-embedded — what a bridge avoids)."""
+    features (the gallery re-embedded — what a bridge avoids). The query view: the paired items
+    re-embedded and the unpaired ones in the old space (``reindex_ranked``; ``bridge`` scores
+    them where the log has no old query vectors)."""
     items = ev.new_features[ev.rows]
     out: dict[str, Any] = {"instance": _instance(ev, items, ev.new_features, "cosine")}
     if ev.has_queries:
-        assert ev.query_features is not None
-        out["query"] = _query(ev, ev.query_features, ev.new_features, "cosine")
+        assert ev.query_relevant is not None
+        out["query"] = query_metrics(reindex_ranked(ev, bridge), ev.query_relevant)
     if ev.labels is not None:
         out["class"] = class_metrics(items, items, ev.labels[ev.rows], space="cosine")
     return out

@@ -12,6 +12,10 @@ import numpy as np
 from app.ml.methods.models import EmbeddingModel
 
 MIN_EVAL_ITEMS = 10
+# The gallery's items without dataset features that an upgrade's held-out searches score as
+# distractors, at most (a seeded sample beyond, and the report says so): 100,000 old vectors of
+# 768 dims are 300 MiB, and every held-out query is scored against each of them.
+MAX_DISTRACTORS = 100_000
 
 
 @dataclass
@@ -46,12 +50,21 @@ class QueryLog:
 @dataclass
 class UpgradeData:
     """Paired rows: the user's new-backbone features and the same items' old embeddings, and
-    the dataset's logged queries when it has any."""
+    the dataset's logged queries when it has any.
+
+    ``distractors``: the gallery's other stored items (no new features in the dataset) by their
+    old vectors. They train nothing; the held-out query figures search them beside the paired
+    items, in the old space, as a user's search of the gallery would meet them. None: none
+    given (a benchmark's data, a gallery the dataset covers), and the figures search the paired
+    items alone. ``unpaired_total``: how many such items the gallery holds when
+    ``distractors`` is a sample of them (``MAX_DISTRACTORS``); None when it is all of them."""
 
     new_features: np.ndarray  # N×D float32
     old_vectors: np.ndarray  # N×d float32, in the old gallery's own Euclidean space
     labels: np.ndarray | None = None  # N int64 class codes, or None
     queries: QueryLog | None = None
+    distractors: np.ndarray | None = None  # M×d float32, the old vectors of unpaired items
+    unpaired_total: int | None = None
 
     def __post_init__(self) -> None:
         self.new_features = np.asarray(self.new_features, dtype=np.float32)
@@ -64,6 +77,12 @@ class UpgradeData:
             self.labels = np.asarray(self.labels, dtype=np.int64)
             if self.labels.shape != (self.new_features.shape[0],):
                 raise ValueError("labels need one entry per item")
+        if self.distractors is not None:
+            self.distractors = np.asarray(self.distractors, dtype=np.float32)
+            if self.distractors.ndim != 2 or self.distractors.shape[1] != self.old_vectors.shape[1]:
+                raise ValueError("distractors need the dimension of the old vectors")
+        if self.unpaired_total is not None and self.unpaired_total < self.n_distractors:
+            raise ValueError("unpaired_total cannot be below the distractors given")
         if self.queries is not None:
             n = self.new_features.shape[0]
             if self.queries.features.shape[1] != self.new_features.shape[1]:
@@ -77,6 +96,16 @@ class UpgradeData:
 
     def __len__(self) -> int:
         return self.new_features.shape[0]
+
+    @property
+    def n_distractors(self) -> int:
+        return 0 if self.distractors is None else int(self.distractors.shape[0])
+
+    @property
+    def n_unpaired(self) -> int:
+        """Unpaired items the gallery holds (the distractors given, or all of them when those
+        are a sample)."""
+        return self.n_distractors if self.unpaired_total is None else self.unpaired_total
 
 
 @dataclass

@@ -1,6 +1,8 @@
 """The planner's view of an upgrade's held-out data: held-out queries scored natively (new
-backbone, cosine) and bridged (the model's query against the old points) over the upgrade's paired
-items. Pure (arrays and a model in, a ``FitView`` out)."""
+backbone, cosine) and bridged (the model's query against the old points) over the whole gallery
+— the upgrade's paired items, and the gallery's unpaired items (``UpgradeData.distractors``),
+which have no new features and stay in the old space at every share re-embedded. Pure (arrays
+and a model in, a ``FitView`` out)."""
 
 from __future__ import annotations
 
@@ -56,13 +58,28 @@ def build_fit_view(
     """The held-out part of an upgrade (``eval_idx`` items, ``eval_queries`` query indices, as
     ``split_for_evaluation``/``split_queries`` gave them) as the planner sees it. Query view when
     held-out queries carry relevance, else the instance view (each held-out item's own new
-    features as the query, the item itself relevant)."""
+    features as the query, the item itself relevant).
+
+    Columns: the paired items kept (``rows``), then the gallery's unpaired items (old points
+    only: their native columns are −inf, ``FitView.reembeddable`` marks where they start), at
+    most ``MAX_FIT_ITEMS`` columns in all — a seeded sample of the unpaired items beyond, which
+    ``searched`` says."""
     rng = np.random.default_rng([seed, 121])
     n = len(data)
     rows = np.arange(n)
     if n > MAX_FIT_ITEMS:
         keep_rest = rng.choice(np.setdiff1d(rows, eval_idx), MAX_FIT_ITEMS - len(eval_idx), False)
         rows = np.sort(np.concatenate([eval_idx, keep_rest]))
+    distractors = np.zeros((0, data.old_vectors.shape[1]), dtype=np.float32)
+    if data.n_distractors:
+        assert data.distractors is not None
+        distractors = data.distractors
+        room = max(0, MAX_FIT_ITEMS - len(rows))
+        if len(distractors) > room:
+            # A separate stream: the paired sample above and the query sample below stay as
+            # they were without distractors.
+            pick = np.random.default_rng([seed, 122]).choice(len(distractors), room, False)
+            distractors = distractors[np.sort(pick)]
     position = np.full(n, -1, dtype=np.int64)
     position[rows] = np.arange(len(rows))
     log = data.queries
@@ -91,10 +108,15 @@ def build_fit_view(
         relevant = [relevant[i] for i in pick]
         if old_queries is not None:
             old_queries = old_queries[pick]
-    old_points = lift(torch.as_tensor(data.old_vectors[rows], dtype=torch.float64)).numpy()
+    old_vectors = np.concatenate([data.old_vectors[rows], distractors])
+    old_points = lift(torch.as_tensor(old_vectors, dtype=torch.float64)).numpy()
     query_points = model.embed(features)
     curv = float(model.curv)
     native = cosine_scores(features, data.new_features[rows])
+    if len(distractors):
+        # No new features: never scored natively (−inf keys, never re-embedded by a curve).
+        pad = np.full((len(native), len(distractors)), -np.inf, dtype=native.dtype)
+        native = np.concatenate([native, pad], axis=1)
     bridged = lorentz_scores(query_points, old_points, curv)
     reference = pick_reference(len(rows), seed)
     old = old_fit = None
@@ -116,4 +138,16 @@ def build_fit_view(
         uncertainty=norm_uncertainty(torch.as_tensor(old_points), curv).numpy(),
         old=old,
         old_fit=old_fit,
+        reembeddable=len(rows),
+        searched={
+            "items": len(rows) + len(distractors),
+            "paired": len(rows),
+            "paired_total": n,
+            "distractors": len(distractors),
+            "unpaired_total": data.n_unpaired,
+            "sampled": len(rows) < n or len(distractors) < data.n_unpaired,
+            "note": "held-out queries against the paired items (a share of them re-embedded; "
+            "the curves' fraction is that share) and the gallery's unpaired items, which have "
+            "no new features and stay in the old space at every share",
+        },
     )

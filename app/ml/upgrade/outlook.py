@@ -3,11 +3,12 @@ re-embedded share, and the first share at which the gain over staying is measura
 (an ``EvalSet`` in, a dict out).
 
 The curve is measured, not interpolated: the upgrade's held-out queries (both models' vectors,
-their relevant items) search the upgrade's paired items with a random ``fraction`` of them
-re-embedded, merged as the service merges a transition search (``app.ml.backfill.mixed``:
+their relevant items) search the whole gallery — the upgrade's paired items with a random
+``fraction`` of them re-embedded, and the gallery's unpaired items, which have no new features,
+in the old space — merged as the service merges a transition search (``app.ml.backfill.mixed``:
 reference tails, and the relevance maps when ``CALIBRATION`` is "relevance" — cross-fitted here,
 each half of the queries ranked with maps fitted on the other half, so no query grades its own
-map). The suggested share is the smallest on the curve whose gain over staying (per query,
+map; ``app.ml.upgrade.whole_gallery``). The suggested share is the smallest on the curve whose gain over staying (per query,
 paired) is above ``SIGNIFICANCE`` standard errors: before it, a user re-embedding at random
 would not see a difference their own measurement could tell from noise. 100 % when no smaller
 share gets there.
@@ -19,26 +20,14 @@ from typing import Any
 
 import numpy as np
 
-from app.ml.backfill.mixed import (
-    CALIBRATION,
-    COSINE_END,
-    NO_MAPS,
-    calibrated_pair,
-    calibrated_scores,
-    cosine_scores,
-    lorentz_end,
-    lorentz_scores,
-    mixed,
-    pick_reference,
-    ranks_of,
-    reference_fit,
-)
+from app.ml.backfill.mixed import CALIBRATION, ranks_of
 from app.ml.backfill.plan import CURVE_FRACTIONS
-from app.ml.backfill.relevance import fit_relevance
 from app.ml.upgrade.alternatives import EvalSet
+from app.ml.upgrade.whole_gallery import key_blocks
 
-# Held-out queries the outlook ranks at most (a seeded sample beyond): bounds its memory
-# (queries × paired items, float64 keys, twice).
+# Held-out queries the outlook ranks at most (a seeded sample beyond): bounds its time (each
+# is scored against every searched item, once per share); memory is bounded by the blocks of
+# ``app.ml.upgrade.whole_gallery``.
 MAX_QUERIES = 1000
 SIGNIFICANCE = 2.0
 K = 10
@@ -47,7 +36,8 @@ K = 10
 def transition_outlook(ev: EvalSet, seed: int = 0) -> dict[str, Any] | None:
     """The expected transition curve (R@10 per share re-embedded at random), the suggested share
     and the expected R@10 there; None without held-out queries carrying the old model's
-    vectors."""
+    vectors. The searched gallery is the evaluation set's paired items (a random share of them
+    re-embedded) and its distractors (the gallery's unpaired items, always in the old space)."""
     if not ev.has_queries or ev.query_old_points is None or ev.query_features is None:
         return None
     assert ev.query_relevant is not None
@@ -56,30 +46,28 @@ def transition_outlook(ev: EvalSet, seed: int = 0) -> dict[str, Any] | None:
     if len(keep) > MAX_QUERIES:
         keep = sorted(rng.choice(keep, MAX_QUERIES, replace=False).tolist())
     relevant = [ev.query_relevant[q] for q in keep]
-    features = ev.query_features[keep]
-    old_queries = ev.query_old_points[keep]
     n = ev.new_features.shape[0]
-    reference = pick_reference(n, seed)
-    native = cosine_scores(features, ev.new_features)
-    old = lorentz_scores(old_queries, ev.old_points, ev.curv)
-    fits = (
-        reference_fit(cosine_scores(features, ev.new_features[reference]), end=COSINE_END),
-        reference_fit(
-            lorentz_scores(old_queries, ev.old_points[reference], ev.curv),
-            end=lorentz_end(ev.curv),
-        ),
-    )
     order = rng.permutation(n)
-    stay = ranks_of(old, relevant) < K
-    parts = _merge_keys(native, old, fits, relevant, rng)
-    hits: dict[float, np.ndarray] = {}
+    masks = {}
     for fraction in CURVE_FRACTIONS:
         mask = np.zeros(n, dtype=bool)
         mask[order[: round(fraction * n)]] = True
-        ranks = np.empty(len(relevant), dtype=np.int64)
-        for rows, keys in parts:
-            ranks[rows] = ranks_of(mixed(*keys, mask), [relevant[i] for i in rows])
-        hits[fraction] = ranks < K
+        masks[fraction] = mask
+    stay = np.empty(len(relevant), dtype=bool)
+    hits = {fraction: np.empty(len(relevant), dtype=bool) for fraction in CURVE_FRACTIONS}
+    for block in key_blocks(
+        ev.query_features[keep],
+        ev.new_features,
+        ev.query_old_points[keep],
+        ev.searched_old,
+        ev.curv,
+        relevant,
+        seed,
+    ):
+        rel = [relevant[i] for i in block.rows]
+        stay[block.rows] = ranks_of(block.old_scores, rel) < K
+        for fraction, mask in masks.items():
+            hits[fraction][block.rows] = ranks_of(block.mixed(mask), rel) < K
     curve = [
         {"fraction": f, "metric": f"recall@{K}", "value": float(h.mean())} for f, h in hits.items()
     ]
@@ -98,29 +86,10 @@ def transition_outlook(ev: EvalSet, seed: int = 0) -> dict[str, Any] | None:
         "expected_at_suggested": float(hits[suggested].mean()),
         "queries": len(keep),
         "items": n,
+        "searched": {"items": n + ev.n_distractors, "paired": n, "distractors": ev.n_distractors},
         "calibration": CALIBRATION,
         "rule": (
             f"the smallest share re-embedded at random whose held-out recall@{K} gain over "
             f"staying is above {SIGNIFICANCE:g} standard errors (100 % when none is)"
         ),
     }
-
-
-def _merge_keys(native, old, fits, relevant, rng) -> list[tuple[np.ndarray, tuple]]:
-    """(query rows, both lists' merge keys for them): every query at once on the tails alone,
-    or with relevance maps two halves, each keyed by maps fitted on the other (cross-fitting)."""
-    if CALIBRATION != "relevance" or len(relevant) < 2:
-        return [(np.arange(len(relevant)), calibrated_pair(native, old, fits, NO_MAPS))]
-    halves = np.array_split(rng.permutation(len(relevant)), 2)
-    out = []
-    for rows, other in ((halves[0], halves[1]), (halves[1], halves[0])):
-        maps = tuple(
-            fit_relevance(
-                calibrated_scores(scores[other], tuple(a[other] for a in fit)),
-                [relevant[i] for i in other],
-            )
-            for scores, fit in ((native, fits[0]), (old, fits[1]))
-        )
-        row_fits = tuple(tuple(a[rows] for a in fit) for fit in fits)
-        out.append((rows, calibrated_pair(native[rows], old[rows], row_fits, maps)))  # type: ignore[arg-type]
-    return out

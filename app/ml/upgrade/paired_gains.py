@@ -20,7 +20,7 @@ from app.ml.auto.candidates import PRIMARY_METRIC
 from app.ml.auto.verdict import REINDEX_BELOW_ARR
 from app.ml.evaluation.retrieval import top_k
 from app.ml.methods.models import EmbeddingModel
-from app.ml.upgrade.alternatives import EvalSet
+from app.ml.upgrade.alternatives import EvalSet, reindex_ranked
 from app.ml.upgrade.two_stage_curve import paired
 
 
@@ -29,8 +29,13 @@ def _query_recall10(
 ) -> np.ndarray:
     """Each query's recall@10 as ``query_metrics`` counts it (relevant found in the first 10
     ÷ distinct relevant items), so that the mean is the report's figure."""
-    assert ev.query_relevant is not None
     ranked = top_k(queries, gallery, 10, space=space, curv=ev.curv)  # type: ignore[arg-type]
+    return _recall10_of(ev, ranked, rows)
+
+
+def _recall10_of(ev: EvalSet, ranked: np.ndarray, rows: list[int]) -> np.ndarray:
+    """Per query of ``rows``, the share of its relevant items in its ranking's first 10."""
+    assert ev.query_relevant is not None
     out = np.empty(len(rows))
     for i, (row, q) in enumerate(zip(ranked, rows, strict=True)):
         rel = np.unique(np.asarray(ev.query_relevant[q], dtype=np.int64))
@@ -50,18 +55,22 @@ def _class_cmc1(ev: EvalSet, queries: np.ndarray, gallery: np.ndarray, space: st
 def per_query(ev: EvalSet, served: EmbeddingModel, view: str) -> dict[str, np.ndarray] | None:
     """Per held-out query, the view's primary metric (query R@10, class CMC@1) of ``bridge``,
     ``reindex`` and (when measured) ``stay``, on the same queries; None where the view has no
-    such figure here (the instance view, or no data for the view)."""
+    such figure here (the instance view, or no data for the view). The query view searches what
+    the report's figures search (every stored item: ``EvalSet.searched_old``, and the reindex's
+    merged ranking, ``reindex_ranked``)."""
     if view == "query" and ev.has_queries and ev.query_features is not None:
         assert ev.query_relevant is not None
         rows = [q for q, rel in enumerate(ev.query_relevant) if len(rel)]
         features = ev.query_features[rows]
+        gallery = ev.searched_old
+        reindex = reindex_ranked(ev, served)[rows, :10]
         out = {
-            "bridge": _query_recall10(ev, served.embed(features), ev.old_points, "lorentz", rows),
-            "reindex": _query_recall10(ev, features, ev.new_features, "cosine", rows),
+            "bridge": _query_recall10(ev, served.embed(features), gallery, "lorentz", rows),
+            "reindex": _recall10_of(ev, reindex, rows),
         }
         if ev.query_old_points is not None:
             stay = ev.query_old_points[rows]
-            out["stay"] = _query_recall10(ev, stay, ev.old_points, "lorentz", rows)
+            out["stay"] = _query_recall10(ev, stay, gallery, "lorentz", rows)
         return out
     if view == "class" and ev.labels is not None and ev.rows.size >= 2:
         old = ev.old_points[ev.rows]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -55,6 +55,7 @@ from app.ml.upgrade.data import QueryLog, UpgradeData, UpgradeOutcome, split_que
 from app.ml.upgrade.outlook import transition_outlook
 from app.ml.upgrade.paired_gains import paired_gains
 from app.ml.upgrade.two_stage_curve import two_stage_curve
+from app.ml.upgrade.whole_gallery import describe
 
 
 class Progress:
@@ -132,6 +133,8 @@ class UpgradeContext:
     hooks: TrainingHooks
     old_points: np.ndarray
     query_old_points: np.ndarray | None
+    # The gallery's unpaired items lifted like the paired ones (None: none given).
+    distractor_points: np.ndarray | None = None
 
     @classmethod
     def build(
@@ -142,7 +145,11 @@ class UpgradeContext:
         if q is not None and q.old_vectors is not None:
             qold = lift(torch.from_numpy(q.old_vectors)).numpy()
         old = lift(torch.from_numpy(data.old_vectors)).numpy()
-        return cls(data, lift, seed, hooks, old, qold)
+        distractors = None
+        if data.n_distractors:
+            assert data.distractors is not None
+            distractors = lift(torch.from_numpy(data.distractors)).numpy()
+        return cls(data, lift, seed, hooks, old, qold, distractors)
 
     @property
     def labelled(self) -> bool:
@@ -233,6 +240,17 @@ class UpgradeContext:
             query_features=qf,
             query_old_points=qold,
             query_relevant=rel,
+            seed=self.seed,
+        )
+
+    def whole_gallery(self, ev: EvalSet) -> EvalSet:
+        """``ev`` whose query view also searches the gallery's unpaired items (the held-out
+        figures; validation keeps to its own carve of the paired items)."""
+        return replace(
+            ev,
+            distractor_points=self.distractor_points,
+            unpaired_total=self.data.unpaired_total,
+            cache={},  # rankings of the paired-only set would be wrong here
         )
 
 
@@ -240,6 +258,16 @@ def _selection_view(ev: EvalSet, objective: str) -> tuple[str, str]:
     """The objective's (view, metric), or own-item R@1 when that view is not measurable here."""
     view, metric = PRIMARY_METRIC[objective]
     return (view, metric) if view in ev.views else PRIMARY_METRIC["instance"]
+
+
+def _searched(ev: EvalSet) -> dict[str, Any]:
+    """What each held-out figure searched (``app.ml.upgrade.whole_gallery.describe``)."""
+    old_list = None
+    if ev.has_queries:
+        old_list = "old model" if ev.query_old_points is not None else "bridge"
+    return describe(
+        ev.old_points.shape[0], ev.n_distractors, ev.unpaired_total, old_list, int(ev.rows.size)
+    )
 
 
 def _report_base(ctx: UpgradeContext, objective: str, train_idx, eval_idx, train_q, eval_q):
@@ -266,13 +294,17 @@ def _held_out(
     eval_idx: np.ndarray,
     eval_q: np.ndarray,
     progress: Progress,
+    served: str,
 ) -> tuple[dict[str, Any], EvalSet]:
-    """Every alternative on held-out data: gallery = every paired item."""
-    ev = ctx.eval_set(np.arange(len(ctx.data)), eval_idx, eval_q)
+    """Every alternative on held-out data: gallery = every paired item and, for the query view,
+    every unpaired one (``searched``). ``served``: the bridge that scores the unpaired items in
+    the reindex's old-space list when the log has no old query vectors."""
+    ev = ctx.whole_gallery(ctx.eval_set(np.arange(len(ctx.data)), eval_idx, eval_q))
     started = time.perf_counter()
     measured = {name: measure_bridge(ev, model) for name, model in bridges.items()}
     ind = measure_independent(ev, independent) if independent is not None else None
-    metrics = assemble(measure_stay(ev), measure_reindex(ev), measured, ind)
+    reindex = measure_reindex(ev, bridges[served])
+    metrics = assemble(measure_stay(ev), reindex, measured, ind)
     progress.evaluated(started)
     return metrics, ev
 
@@ -349,7 +381,7 @@ def run_explicit(
     progress.evaluating(
         params.epochs if history else 0, params.epochs if history else 0, last["loss"]
     )
-    metrics, ev = _held_out(ctx, bridges, independent, eval_idx, eval_q, progress)
+    metrics, ev = _held_out(ctx, bridges, independent, eval_idx, eval_q, progress, method)
     report = _report_base(ctx, objective, train_idx, eval_idx, train_q, eval_q)
     view, _ = _selection_view(ev, objective)
     curve = two_stage_curve(ev, model, ctx.seed)
@@ -360,6 +392,7 @@ def run_explicit(
         chosen_method=method,
         chosen_candidate=method,
         views=list(ev.views),
+        searched=_searched(ev),
         metrics=metrics,
         history=history,
         paired_gains=paired,
@@ -493,7 +526,7 @@ def run_auto(
     served_trial = trials[chosen][best[chosen]]
     last = served_trial.history[-1] if served_trial.history else {"epoch": 0, "loss": math.nan}
     progress.evaluating(last["epoch"], last["epoch"], last["loss"], candidate=chosen)
-    metrics, ev = _held_out(ctx, bridges, independent, eval_idx, eval_q, progress)
+    metrics, ev = _held_out(ctx, bridges, independent, eval_idx, eval_q, progress, chosen)
     report = _report_base(ctx, objective, train_idx, eval_idx, train_q, eval_q)
     view, _ = _selection_view(ev, objective)
     candidates = []
@@ -528,6 +561,7 @@ def run_auto(
         chosen_method=chosen,
         chosen_candidate=chosen,
         views=list(ev.views),
+        searched=_searched(ev),
         metrics=metrics,
         history=served_trial.history,
         candidates=candidates,
