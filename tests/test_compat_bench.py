@@ -254,8 +254,8 @@ def test_quick_run_renders_targets_and_the_query_document_part(quick_payload: di
     )
     # bench.quality.querydoc's own target lines, carried over as it words them, and what its
     # carried summary gives (its lines are checked against their figures in its own tests).
-    carried = [f"- query → document, {line[2:]}" for line in querydoc.targets(qd["summary"])]
-    assert lines[len(ours) :] == carried and qd["targets"] == querydoc.targets(qd["summary"])
+    carried = [f"- query → document, {line[2:]}" for line in qd["targets"]]
+    assert len(qd["targets"]) == 5 and lines[len(ours) :] == carried
     text = compat_report.render_markdown(quick_payload)
     assert "| **auto** |" in text and "### query → document" in text
     assert "### external — held-back items" in text and "95 % interval" in text

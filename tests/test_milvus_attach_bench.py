@@ -28,11 +28,13 @@ def test_milvus_attach_benchmark_computes_its_no_copy_figures(
     run = json.loads(out.read_text())["run"]
     assert run == json.loads(json.dumps(result["run"]))
     assert run["count"] == 3000 and run["paired"] == 400
-    # The attach reads no row (INT64 keys 0… are their own internal ids), the upgrade at most its
-    # training items' vectors.
+    # The attach reads no row (INT64 keys 0… are their own internal ids); the upgrade reads its
+    # paired items' vectors, then every item's once more as the held-out search's gallery (the
+    # report's figures search the whole gallery, issue 44 item 2) — read, not copied (the
+    # store's footprint below).
     reads = run["rows_read"]
     assert reads.get("attach.vectors", 0) == 0 and reads.get("attach.ids", 0) == 0
-    assert 0 < reads["upgrade.vectors"] <= run["paired"]
+    assert run["paired"] < reads["upgrade.vectors"] <= run["count"] + run["paired"]
     footprint = run["footprint"]
     grew = footprint["attached"]["store_bytes"] - footprint["started"]["store_bytes"]
     assert grew < run["old_vector_bytes"] / 10, (grew, run["old_vector_bytes"])

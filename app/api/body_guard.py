@@ -15,8 +15,8 @@ every tenant for 30 s (issue 24). Now:
   keys nor unauthenticated clients ever hold an upload slot, and a 60 MB body sent without a
   key is never parsed;
 - **caps**: at most ``max_concurrent_uploads`` requests with a body are in progress at once, and
-  at most ``max_concurrent_uploads_per_key`` per tenant (its identity, not the header's
-  spelling: one key sent with "Bearer" in 64 letter cases is one tenant); past either, 429 with
+  at most ``max_concurrent_uploads_per_key`` per API key (its identity, not the header's
+  spelling: one key sent with "Bearer" in 64 letter cases is one key); past either, 429 with
   ``Retry-After`` before any of the body is read. A request counts from its first byte
   until its answer is sent (so the parsed bodies held in memory are bounded too), not until its
   handler returns: teardown after the response would otherwise count against a client that
@@ -29,6 +29,7 @@ go) pass through untouched.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import time
 from collections import Counter
@@ -76,7 +77,7 @@ def _presented_key(scope: Scope) -> str | None:
 
 
 async def identify(scope: Scope) -> str:
-    """Who the caps count against — ``tenant:<id>`` — or a ``Problem`` raised (401, or 429 while
+    """Who the caps count against — the valid key's identity — or a ``Problem`` raised (401, or 429 while
     the address or key prefix is throttled), from the headers alone. Without the service's
     state (the app used without its lifespan) or when the key cannot be looked up now (the
     database is down), the client's address: the route then answers as it would."""
@@ -93,12 +94,13 @@ async def identify(scope: Scope) -> str:
         with state.db.sessions() as session:
             return tenant_for_key(session, key)
 
+    presented = _presented_key(scope)
     try:
-        tenant_id = await run_in_threadpool(
+        await run_in_threadpool(
             authenticate,
             state,
             address,
-            _presented_key(scope),
+            presented,
             lookup,
             lambda reason: count_auth_failure(app, reason),
         )
@@ -107,7 +109,9 @@ async def identify(scope: Scope) -> str:
     except Exception:
         log.warning("body guard: the key could not be checked now; the route will", exc_info=True)
         return f"addr:{address}"
-    return f"tenant:{tenant_id}"
+    # A valid key (authenticate raised otherwise): counted by the key itself, hashed, however
+    # its header was spelled.
+    return "key:" + hashlib.sha256((presented or "").encode()).hexdigest()
 
 
 class BodyGuardMiddleware:
@@ -148,7 +152,7 @@ class BodyGuardMiddleware:
         if self.per_key[key] >= self.max_uploads_per_key:
             await _refuse(
                 send,
-                "this tenant is already sending "
+                "this API key is already sending "
                 f"{self.max_uploads_per_key} request bodies at once "
                 "(NOBACKFILL_MAX_CONCURRENT_UPLOADS_PER_KEY); retry shortly",
             )

@@ -443,7 +443,7 @@ def querydoc_part(run: bool, quick: bool, seeds: list[int]) -> dict[str, Any]:
         "trials_per_candidate": runs[0]["auto"]["trials"],
         "summary": summary,
         "instance": querydoc_instance(runs),
-        "targets": querydoc.targets(summary),
+        "targets": querydoc.targets(summary, runs),
         "runs": runs if run else None,
     }
 

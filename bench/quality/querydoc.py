@@ -175,11 +175,12 @@ def _interval(values: tuple[float, float, float], sign: str = "+") -> str:
     return f"{mean:{sign}.3f} [{low:{sign}.3f}, {high:{sign}.3f}]"
 
 
-def targets(summary: dict, runs: list[dict] | None = None) -> list[str]:
+def targets(summary: dict, runs: list[dict]) -> list[str]:
     """Each target judged on a 95 % t interval over the seeds (paired per seed where it compares
     two rows): met when it clears the target, missed when it lies below, else not shown."""
     lines = []
-    runs = runs or []
+    if not runs:
+        raise ValueError("the targets are judged on the runs (per seed), not on the summary alone")
     no_log, log = summary.get(VARIANTS[0]), summary.get(VARIANTS[1])
     for variant, table in ((VARIANTS[0], no_log), (VARIANTS[1], log)):
         if table is None:

@@ -73,14 +73,14 @@ def others_upload(service: RunningService, key: str) -> int:
 
 
 @pytest.mark.slow
-def test_one_key_in_many_spellings_is_one_tenant(service: RunningService, tmp_path: Path) -> None:
+def test_one_key_in_many_spellings_is_one_key(service: RunningService, tmp_path: Path) -> None:
     path = f"/v1/galleries/{_gallery(service)}/vectors"
     other_key = _other_tenant(tmp_path / "data")
     spellings = ["Bearer", "bearer", "BEARER", "bEARER", "BeArEr", "bearER"]
     sockets = [promise(service.url, path, f"{scheme} {BENCH_KEY}") for scheme in spellings]
     try:
         statuses = [status_within(sock, 1.5) for sock in sockets]
-        # The first two wait for their bodies; the others are the same tenant: 429 at once.
+        # The first two wait for their bodies; the others are the same key: 429 at once.
         assert statuses.count(None) == PER_KEY, statuses
         assert sorted(s for s in statuses if s is not None) == [429] * (CAP - PER_KEY)
         assert others_upload(service, other_key) == 200
