@@ -95,7 +95,22 @@ def test_quick_traffic_bench_measures_every_order_with_exact_ends(tmp_path) -> N
     rand = summary["curves"]["transition"]["random"]["0.1"]["R@10"][0]
     assert diff == pytest.approx(plan - rand)
     lines = payload["targets"]
-    assert len(lines) == 3
+    # plan vs reindex, plan vs random, then issue 42 item 6's "re-embedding more never lowers
+    # R@10 beyond its interval" with the served merge and without membership, then exact ends.
+    assert len(lines) == 5
+    for line, plain in ((lines[2], False), (lines[3], True)):
+        lowered = [
+            step
+            for key, steps in summary["steps"].items()
+            if key.endswith("/plain") == plain
+            for step, v in steps.items()
+            if v[2] < 0
+        ]
+        assert line.endswith("met") == (not lowered), line
+        assert ("without membership" in line) == plain
+    assert set(summary["membership_minus_plain"]) == {
+        f"{s}/{o}" for s in traffic.SEARCHES for o in traffic.ORDERS
+    }
     # Intervals over the seeds' means (two seeds here): each seed's paired difference, then t.
     assert len(payload["runs"]) == 2 and "t over 2 seed means" in summary["interval"]
     f = str(traffic.TARGET_FRACTION)
@@ -114,7 +129,7 @@ def test_quick_traffic_bench_measures_every_order_with_exact_ends(tmp_path) -> N
     assert target_state((0.5, 0.4, 0.6), 0.45) == "not shown"
     assert target_state((0.3, 0.2, 0.35), 0.45) == "missed by 0.150"
     assert target_state((0.5, float("nan"), float("nan")), 0.0) == "not shown"
-    assert lines[2].endswith("met")  # exact ends, checked above query by query
+    assert lines[-1].endswith("met")  # exact ends, checked above query by query
     assert traffic.render_markdown(payload).count("\n| transition |") >= 2 * len(traffic.ORDERS)
 
 

@@ -22,7 +22,13 @@ from sqlalchemy.orm import Session
 
 from app.galleries.models import Gallery
 from app.galleries.service import index_for
-from app.migration.reembed import FIT_CACHE_SIZE, backfill_fit, reembedded_features
+from app.migration.membership import lifts_of
+from app.migration.reembed import (
+    FIT_CACHE_SIZE,
+    backfill_fit,
+    reembedded_count,
+    reembedded_features,
+)
 from app.ml.backfill.mixed import Candidates, lorentz_time, merge, top_cosines, unit_rows
 from app.ml.upgrade.fit_view import bridged_reference_fit, native_reference_fit
 from app.models.models import TrainedModel
@@ -172,6 +178,7 @@ def mixed_search(
         found = lists(session, gallery, row, features, query_points, k)
         if found is None:
             return None
+        reembedded = reembedded_count(session, gallery.id, row.id)
     else:
         vector_ids, new_features = reembedded_features(session, gallery.id, row.id)
         if len(vector_ids) == 0:
@@ -185,6 +192,7 @@ def mixed_search(
             index, query_points, np.sort(vector_ids), k, overfetch, min_candidates
         )
         found = (native, other)
+        reembedded = len(vector_ids)
     (native_ids, nscores), (ids, dist) = found
     fit, ref_new, ref_old = backfill_fit(session, cache, row)
     curv = gallery.lift_curv
@@ -197,6 +205,9 @@ def mixed_search(
         Candidates(ids, bridged_scores, bridged_fit),
         k,
         fit.maps("old" if transition else "bridged"),
+        # What the click log says of the re-embedded set (app.ml.backfill.membership): (1, 1)
+        # without a log or when the set is as likely as any to hold what users look for.
+        lifts_of(session, gallery, row.id, reembedded),
     )
     # Each hit's distance from the list it came from: the angle of a native hit's cosine, the
     # Lorentz distance of a bridged one.

@@ -38,6 +38,7 @@ import multiprocessing
 import os
 import platform
 import time
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +46,7 @@ import numpy as np
 import torch
 
 from app.migration.returned import rank_weights
+from app.ml.backfill.membership import ClickSummary, membership_lifts
 from app.ml.backfill.mixed import (
     CALIBRATION,
     REFERENCE_SIZE,
@@ -82,9 +84,16 @@ SECTION, TITLE = "bench.quality.traffic", "Skewed traffic (bench.quality.traffic
 ZIPF_S = 1.0
 PAST_SEARCHES = 8000
 FUTURE_SEARCHES = 4000
-ORDERS = ("plan", "access", "random")
+# plan, access and random as the service would choose; least (the least clicked first) and region
+# (one semantic region: the old-space neighbours of a random item) are the adversarial sets of
+# issue 42 item 6's property: re-embedding more must not lower R@10 beyond its interval.
+ORDERS = ("plan", "access", "random", "least", "region")
 SEARCHES = ("transition", "bridged")
-FRACTIONS = (0.0, 0.05, 0.1, 0.25, 1.0)
+FRACTIONS = (0.0, 0.05, 0.1, 0.25, 0.5, 1.0)
+# Each curve is merged as the service merges (``membership``: each list's odds lifted by what the
+# click log says of the re-embedded set, app.ml.backfill.membership) and without that evidence
+# (``plain``, the merge before issue 42 item 6), on the same searches.
+MERGES = ("membership", "plain")
 METRICS = ("R@1", "R@10")
 # Issue 25's targets: transition search with the plan's 10 % at least this share of reindex
 # R@10, and above a random 10 % by at least this much.
@@ -205,10 +214,13 @@ def run_seed(
     hood = gallery_neighbourhood(gallery, clicks, curv)
     planned = round(TARGET_FRACTION * n)
     choice = choose_traffic(clicks, returned, hood, np.zeros(n, bool), planned, gain_rank(priority))
+    centre = int(rng.integers(n))
     orders = {
         "plan": value_order(priority, choice.estimate, gain_validated),
         "access": access_order(clicks, rng),
         "random": rng.permutation(n),
+        "least": access_order(-clicks, rng),
+        "region": top_positions(gallery[centre : centre + 1], gallery, curv, n)[0],
     }
     reference = train[pick_reference(len(train), seed, reference_size)]
     q_new = arrays["query_new"][queries]
@@ -230,17 +242,29 @@ def run_seed(
         other_fit = bridged_reference_fit(points, gallery[reference], curv)
         alone = ranks_of(scores, relevant)
         hits["stay" if search == "transition" else "bridge"] = _searches(alone, per_search)
-        keys = calibrated_pair(native, scores, (native_fit, other_fit), fit.maps(space))
+        maps = fit.maps(space)
+        keys = calibrated_pair(native, scores, (native_fit, other_fit), maps)
+        probability = all(m is not None for m in maps)
         del scores
         for name, order in orders.items():
-            curve = {}
+            curves: dict[str, dict[str, Any]] = {merge: {} for merge in MERGES}
             for fraction in FRACTIONS:
-                ranks = ranks_of(mixed(*keys, first(order, fraction, n)), relevant)
-                curve[str(fraction)] = _searches(ranks, per_search)
-                if fraction in (0.0, 1.0):
-                    ends = reindex if fraction else alone
-                    exact[f"{search} {name} {fraction:.0%}"] = int(np.abs(ranks - ends).max())
-            hits[f"{search}/{name}"] = curve
+                mask = first(order, fraction, n)
+                for merge in MERGES:
+                    lifts = (
+                        membership_lifts(ClickSummary.of(clicks, mask))
+                        if merge == "membership"
+                        else (1.0, 1.0)
+                    )
+                    ranks = ranks_of(
+                        mixed(*keys, mask, lifts=lifts, probability=probability), relevant
+                    )
+                    curves[merge][str(fraction)] = _searches(ranks, per_search)
+                    if fraction in (0.0, 1.0) and merge == "membership":
+                        ends = reindex if fraction else alone
+                        exact[f"{search} {name} {fraction:.0%}"] = int(np.abs(ranks - ends).max())
+            hits[f"{search}/{name}"] = curves["membership"]
+            hits[f"{search}/{name}/plain"] = curves["plain"]
         del keys
     return {
         "seed": seed,
@@ -320,6 +344,10 @@ def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
         out["curves"][search] = {
             o: {str(f): over_seeds(f"{search}/{o}", str(f)) for f in FRACTIONS} for o in ORDERS
         }
+        out.setdefault("plain_curves", {})[search] = {
+            o: {str(f): over_seeds(f"{search}/{o}/plain", str(f)) for f in FRACTIONS}
+            for o in ORDERS
+        }
         out["plan_minus"][search] = {
             o: {
                 str(f): over_seeds(f"{search}/plan", str(f), f"{search}/{o}")
@@ -329,6 +357,33 @@ def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
             for o in ORDERS
             if o != "plan"
         }
+    # Issue 42 item 6: each step of every curve (the next fraction − this one, paired per search),
+    # with the served merge and without membership, and the served merge − the plain one.
+    out["steps"] = {}
+    out["membership_minus_plain"] = {}
+    for search in SEARCHES:
+        for order in ORDERS:
+            for merge in MERGES:
+                key = f"{search}/{order}" + ("" if merge == "membership" else "/plain")
+                out["steps"][f"{key}"] = {
+                    f"{a}→{b}": t_interval(
+                        [
+                            float(
+                                (
+                                    per_seed(r, key, str(b), "R@10")
+                                    - per_seed(r, key, str(a), "R@10")
+                                ).mean()
+                            )
+                            for r in runs
+                        ]
+                    )
+                    for a, b in pairwise(FRACTIONS)
+                }
+            out["membership_minus_plain"][f"{search}/{order}"] = {
+                str(f): over_seeds(f"{search}/{order}", str(f), f"{search}/{order}/plain")["R@10"]
+                for f in FRACTIONS
+                if 0 < f < 1
+            }
     f = str(TARGET_FRACTION)
     out["plan_minus_random_per_seed"] = [
         float(
@@ -367,6 +422,21 @@ def targets(payload: dict[str, Any]) -> list[str]:
         f"- transition R@10 at {TARGET_FRACTION:.0%}, plan − random {_ci(diff)} ≥ "
         f"{TARGET_MARGIN} — " + target_state(diff, TARGET_MARGIN)
     )
+    # Runs from before issue 42 item 6 hold no steps (and no membership-blind curves).
+    merges = (("the served merge", ""), ("without membership", "/plain")) if "steps" in s else ()
+    for merge, suffix in merges:
+        lowered = [
+            f"{key} {step} {_ci(v)}"
+            for key, steps in s["steps"].items()
+            if key.endswith("/plain") == bool(suffix)
+            for step, v in steps.items()
+            if v[2] < 0
+        ]
+        out.append(
+            f"- re-embedding more never lowers R@10 beyond its interval, every order and both "
+            f"searches ({merge}, {sum(len(v) for k, v in s['steps'].items() if k.endswith('/plain') == bool(suffix))} steps) — "
+            + ("met" if not lowered else f"missed at {len(lowered)}: " + "; ".join(lowered))
+        )
     worst = max(
         v
         for r in payload["runs"]
@@ -393,10 +463,45 @@ def _runner_up(run: dict[str, Any]) -> str:
     return f"best other: `{best['name']}` {gain:+.4f} held-out clicks covered, margin {model['margin']:.4f}"
 
 
+def _membership_tables(
+    s: dict[str, Any], orders: list[str], fs: list[str], inner: list[str]
+) -> list[str]:
+    """Issue 42 item 6: the served merge against the membership-blind one, and the latter's
+    curves."""
+    lines = [
+        "",
+        "The served merge (membership evidence from the click log, app.ml.backfill.membership) "
+        "against the same merge without it (R@10, per future search; + is the served merge "
+        "ahead):",
+        "",
+        "| search | order | " + " | ".join(f"{float(f):.0%}" for f in inner) + " |",
+        "|---|---|" + "---|" * len(inner),
+    ]
+    for key, diffs in s["membership_minus_plain"].items():
+        search, order = key.split("/")
+        lines.append(f"| {search} | {order} | " + " | ".join(_ci(diffs[f]) for f in inner) + " |")
+    lines += [
+        "",
+        "Without membership (the merge before issue 42 item 6), R@10:",
+        "",
+        "| search | order | " + " | ".join(f"{float(f):.0%}" for f in fs) + " |",
+        "|---|---|" + "---|" * len(fs),
+    ]
+    for search in SEARCHES:
+        for order in orders:
+            curve = s["plain_curves"][search][order]
+            lines.append(
+                f"| {search} | {order} | " + " | ".join(_ci(curve[f]["R@10"]) for f in fs) + " |"
+            )
+    return lines
+
+
 def render_markdown(payload: dict[str, Any]) -> str:
     s = payload["summary"]
     runs = payload["runs"]
-    fs = [str(f) for f in FRACTIONS]
+    # The payload's own orders and fractions (runs from before issue 42 item 6 had fewer).
+    orders = list(s["curves"]["transition"])
+    fs = list(s["curves"]["transition"][orders[0]])
     head = "| search | order | metric | " + " | ".join(f"{float(f):.0%}" for f in fs) + " |"
     b = s["baselines"]
     lines = [
@@ -444,7 +549,7 @@ def render_markdown(payload: dict[str, Any]) -> str:
         "|---|---|---|" + "---|" * len(fs),
     ]
     for search in SEARCHES:
-        for order in ORDERS:
+        for order in orders:
             for m in ("R@10", "R@1"):
                 curve = s["curves"][search][order]
                 lines.append(
@@ -465,6 +570,8 @@ def render_markdown(payload: dict[str, Any]) -> str:
             lines.append(
                 f"| {search} | {other} | " + " | ".join(_ci(diffs[f]["R@10"]) for f in inner) + " |"
             )
+    if "membership_minus_plain" in s:
+        lines += _membership_tables(s, orders, fs, inner)
     lines += [
         "",
         "Share of the future searches whose relevant item is re-embedded (mean over seeds): "
@@ -474,7 +581,7 @@ def render_markdown(payload: dict[str, Any]) -> str:
                 f"{float(f):.0%} {np.mean([r['future_coverage'][order][f] for r in runs]):.3f}"
                 for f in inner
             )
-            for order in ORDERS
+            for order in orders
         )
         + ".",
     ]

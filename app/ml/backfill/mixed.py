@@ -53,6 +53,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from app.ml.backfill.membership import NO_LIFTS, lifted_keys
 from app.ml.backfill.relevance import RelevanceMap, merge_key
 
 # Tail size m of the per-query exponential fit. 100 kept the merge on the linear interpolation of
@@ -235,17 +236,29 @@ def paired(maps: Maps) -> Maps:
     return maps if all(m is not None for m in maps) else NO_MAPS
 
 
-def merge(native: Candidates, other: Candidates, k: int, maps: Maps = NO_MAPS):
+def merge(
+    native: Candidates,
+    other: Candidates,
+    k: int,
+    maps: Maps = NO_MAPS,
+    lifts: tuple[float, float] = NO_LIFTS,
+):
     """Merged top-k per query: (ids, merge keys, from_native) arrays nq × k (pads: id −1).
     ``other`` (the bridged list, or the old model's own in a transition search) must already
     exclude re-embedded items; ``maps``: each list's relevance map (``app.ml.backfill.relevance``;
-    None: its calibrated score is the key; one alone is not used, ``paired``)."""
+    None: its calibrated score is the key; one alone is not used, ``paired``); ``lifts``: the
+    membership evidence of each list (``app.ml.backfill.membership``; (1, 1): none)."""
     maps = paired(maps)
+    probability = maps[0] is not None
     parts = []
-    for cand, is_native, relevance in ((native, True, maps[0]), (other, False, maps[1])):
+    for cand, is_native, relevance, lift in (
+        (native, True, maps[0], lifts[0]),
+        (other, False, maps[1], lifts[1]),
+    ):
         if cand.ids.size == 0:
             continue
-        c = np.where(cand.ids >= 0, merge_key(calibrate(cand.scores, cand.fit), relevance), -np.inf)
+        key = lifted_keys(merge_key(calibrate(cand.scores, cand.fit), relevance), lift, probability)
+        c = np.where(cand.ids >= 0, key, -np.inf)
         parts.append((cand.ids, c, np.full(cand.ids.shape, is_native)))
     nq = max(native.ids.shape[0], other.ids.shape[0])
     if not parts:
@@ -327,10 +340,17 @@ def calibrated_pair(
 
 
 def mixed(
-    cal_native: np.ndarray, cal_bridged: np.ndarray, reembedded: np.ndarray, rule: str = MERGE_RULE
+    cal_native: np.ndarray,
+    cal_bridged: np.ndarray,
+    reembedded: np.ndarray,
+    rule: str = MERGE_RULE,
+    lifts: tuple[float, float] = NO_LIFTS,
+    probability: bool = False,
 ) -> np.ndarray:
     """The calibrated score of every item in a gallery re-embedded where ``reembedded``: the
-    bridged one for the others, and for re-embedded items per ``rule`` (``MERGE_RULES``)."""
+    bridged one for the others, and for re-embedded items per ``rule`` (``MERGE_RULES``).
+    ``lifts``: each list's membership evidence (``app.ml.backfill.membership``), applied to
+    keys that are P̂ (``probability``: ``calibrated_pair`` with maps) or calibrated scores."""
     if rule == "native":
         own = cal_native
     elif rule == "max":
@@ -339,6 +359,9 @@ def mixed(
         own = (cal_native + cal_bridged) / 2
     else:
         raise ValueError(f"unknown merge rule {rule!r}, expected one of {list(MERGE_RULES)}")
+    if lifts != NO_LIFTS:
+        own = lifted_keys(own, lifts[0], probability)
+        cal_bridged = lifted_keys(cal_bridged, lifts[1], probability)
     return np.where(np.asarray(reembedded, dtype=bool)[None, :], own, cal_bridged)
 
 
