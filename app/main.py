@@ -31,6 +31,7 @@ from app.core.limits import BodyLimitMiddleware
 from app.core.openapi import install_openapi
 from app.core.security import display_prefix
 from app.core.settings import Settings, get_settings
+from app.core.storage import PROBE_BYTES, StorageHealth, available_bytes
 from app.embedders.guard import EmbeddingGuards
 from app.galleries.service import verify_all_indexes
 from app.migration.returned import ReturnedTally
@@ -57,11 +58,15 @@ def build_state(settings: Settings) -> ServiceState:
     if settings.auto_migrate:
         migrate(settings.resolved_database_url)
     db = Database(settings)
+    # A full disk does not stop the start: the startup check keeps what it could not write in
+    # memory, searches are served, writes answer 507 and /readyz says so until space is back.
+    storage = StorageHealth(settings.data_dir, recheck_s=settings.storage_recheck_s)
     store = IndexStore(
         settings.index_dir,
         use_gpu=settings.use_gpu == "auto",
         engine=settings.search_engine,
         flush_interval_s=settings.index_flush_interval_s,
+        health=storage,
     )
     if settings.vector_engine == "milvus":
         from app.vectors.milvus_storage import hold_engine
@@ -84,6 +89,7 @@ def build_state(settings: Settings) -> ServiceState:
         throttle,
         returned,
         EmbeddingGuards.of(settings),
+        storage,
     )
 
 
@@ -93,7 +99,17 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         configure_logging(settings)
-        state = build_state(settings)
+        try:
+            state = build_state(settings)
+        except Exception as exc:
+            if available_bytes(settings.data_dir) >= PROBE_BYTES:
+                raise
+            # SQLite reads through its WAL index (a 32 KiB -shm file beside the database): on a
+            # disk without a byte free it cannot make one, and says only "disk I/O error".
+            raise RuntimeError(
+                f"cannot start: the data directory {settings.data_dir} is full ({exc}); free "
+                "some space (the service starts read-only on a nearly full disk)"
+            ) from exc
         app.state.service = state
         local = ensure_local_key(state.db, settings)
         if local is not None and local.created:

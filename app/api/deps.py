@@ -16,6 +16,7 @@ from app.core.db import Database
 from app.core.errors import Problem
 from app.core.idempotency import IdempotencyRequest
 from app.core.settings import Settings
+from app.core.storage import StorageHealth
 from app.embedders.guard import EmbeddingGuards
 from app.migration.returned import ReturnedTally
 
@@ -39,6 +40,8 @@ class ServiceState:
     returned: ReturnedTally = field(default_factory=lambda: ReturnedTally(False, 0))
     # Two-stage search's embedder circuits and per-tenant embedding budgets.
     embedding: EmbeddingGuards = field(default_factory=lambda: EmbeddingGuards(3, 30.0, 20_000))
+    # Whether the data directory took its last write (a full disk: writes 507, /readyz says so).
+    storage: StorageHealth | None = None
 
 
 def get_state(request: Request) -> ServiceState:

@@ -197,8 +197,13 @@ class RequestMetricsMiddleware:
 
 
 class ReadyOut(BaseModel):
-    status: str = Field(description="`ready`")
-    checks: dict[str, str] = Field(description="each dependency checked: `ok`")
+    status: str = Field(
+        description="`ready`, or `read-only` while the data directory is full (searches are "
+        "served, writes answer 507)"
+    )
+    checks: dict[str, str] = Field(
+        description="each dependency checked: `ok`; `storage`: `ok` or `full: …` (what failed)"
+    )
 
 
 router = APIRouter(tags=["health"])
@@ -242,7 +247,14 @@ def health() -> dict[str, str]:
 def ready(state: StateDep) -> dict:
     """Readiness: the database answers, with the Celery runner the Redis broker answers PING,
     and with the Milvus engine Milvus lists its collections. 503 names what failed; take the
-    replica out of rotation until it passes."""
+    replica out of rotation until it passes.
+
+    A full data directory is reported, not refused: `200` with `status: read-only` and
+    `checks.storage` saying what failed. Such a replica still serves every search (from its
+    indexes in memory), and its writes answer 507 whichever replica takes them (they share the
+    volume), so taking it out of rotation would only add the searches to the outage. Alert on
+    `status != ready`. The state clears once a probe write fits again (re-checked here and by
+    the index flusher, at most every `STORAGE_RECHECK_S`)."""
     checks: dict[str, Callable[[ServiceState], None]] = {"database": _check_database}
     if state.settings.job_runner == "celery":
         checks["redis"] = _check_redis
@@ -258,7 +270,13 @@ def ready(state: StateDep) -> dict:
         log.warning("not ready: %s", failed)
         detail = "; ".join(f"{name} does not answer ({reason})" for name, reason in failed.items())
         raise Problem(503, "Not ready", detail, slug="not-ready")
-    return {"status": "ready", "checks": dict.fromkeys(checks, "ok")}
+    out = {"status": "ready", "checks": dict.fromkeys(checks, "ok")}
+    if state.storage is not None:
+        storage = state.storage.recheck()
+        out["checks"]["storage"] = f"full: {storage.detail}" if storage.full else "ok"
+        if storage.full:
+            out["status"] = "read-only"
+    return out
 
 
 @router.get("/metrics", response_class=PlainTextResponse)

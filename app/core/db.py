@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import inspect
+import logging
 import secrets
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
@@ -24,6 +27,8 @@ from sqlalchemy import (
 from sqlalchemy.orm import DeclarativeBase, Session, sessionmaker
 
 from app.core.settings import Settings
+
+log = logging.getLogger(__name__)
 
 # Constraint names fixed by convention so that Alembic batch mode can find them on SQLite.
 NAMING_CONVENTION = {
@@ -88,8 +93,101 @@ def _sqlite_pragmas(busy_timeout_ms: int):
     return on_connect
 
 
+# TCP keepalives on PostgreSQL connections: a peer that vanished (a partition, a dead host whose
+# packets are dropped) is noticed within idle + interval × count = 30 s even on an idle pooled
+# connection, and data left unacknowledged for TCP_USER_TIMEOUT_MS ends the connection. Neither
+# helps against a server whose kernel still acknowledges but which never answers (a wedged
+# PostgreSQL): that is the read timeout's work (``_bounded_connection``).
+PG_KEEPALIVES = {
+    "keepalives": 1,
+    "keepalives_idle": 15,
+    "keepalives_interval": 5,
+    "keepalives_count": 3,
+    "tcp_user_timeout": 30_000,
+}
+
+
+class _Waits:
+    """Per-thread override of the read timeout (the pool's pre-ping gets a shorter one)."""
+
+    def __init__(self) -> None:
+        self.local = threading.local()
+
+    def limit(self, default: float | None) -> float | None:
+        return getattr(self.local, "limit", default)
+
+    @contextmanager
+    def bounded(self, limit_s: float) -> Iterator[None]:
+        previous = getattr(self.local, "limit", None)
+        self.local.limit = limit_s
+        try:
+            yield
+        finally:
+            if previous is None:
+                del self.local.limit
+            else:
+                self.local.limit = previous
+
+
+def _bounded_connection(read_timeout_s: float | None, waits: _Waits) -> type:
+    """A psycopg ``Connection`` whose every wait for the server (a statement, a fetch, a commit)
+    ends after ``read_timeout_s`` (or the thread's shorter bound, see ``_Waits``): the
+    connection is then closed and ``OperationalError`` raised, which SQLAlchemy reads as a
+    disconnect (the connection is invalidated, the request answers 503). ``statement_timeout``
+    is the server's to enforce and does nothing when the server itself does not answer."""
+    import psycopg
+
+    class BoundedConnection(psycopg.Connection):
+        def wait(self, gen: Any, interval: float | None = None, timeout: float | None = None):
+            limit = timeout if timeout is not None else waits.limit(read_timeout_s)
+            kwargs: dict[str, Any] = {} if interval is None else {"interval": interval}
+            started = time.monotonic()
+            try:
+                return super().wait(gen, timeout=limit, **kwargs)
+            except psycopg.OperationalError as exc:
+                waited = time.monotonic() - started
+                if timeout is not None or limit is None or waited < limit:
+                    raise
+                # A statement may still be running (or the server hung mid-answer): the
+                # connection cannot be reused. close() sends no more than a Terminate message.
+                self.close()
+                raise psycopg.OperationalError(
+                    f"the database server did not answer within {limit:g} s; connection closed"
+                ) from exc
+
+    return BoundedConnection
+
+
+def _postgres_bounds(engine: Engine, settings: Settings) -> None:
+    """Connect through ``BoundedConnection`` and bound the pool's pre-ping by
+    ``db_ping_timeout_s``: a wedged server turns a checkout into a 503 within seconds."""
+    import psycopg
+
+    parameters = inspect.signature(psycopg.Connection.wait).parameters
+    if not {"interval", "timeout"} <= set(parameters):
+        # psycopg before 3.2 has no bounded wait: connect_timeout and keepalives still hold.
+        log.warning("psycopg %s: no client-side read timeout on PostgreSQL", psycopg.__version__)
+        return
+    waits = _Waits()
+    read_timeout = settings.db_read_timeout_s or None
+    connection_class = _bounded_connection(read_timeout, waits)
+
+    @event.listens_for(engine, "do_connect")
+    def _connect(dialect: Any, record: Any, cargs: Any, cparams: dict[str, Any]) -> Any:
+        return connection_class.connect(*cargs, **cparams)
+
+    ping: Callable[[Any], bool] = engine.dialect.do_ping
+
+    def bounded_ping(dbapi_connection: Any) -> bool:
+        with waits.bounded(settings.db_ping_timeout_s):
+            return ping(dbapi_connection)
+
+    engine.dialect.do_ping = bounded_ping  # type: ignore[method-assign]
+
+
 def make_engine(url: str, settings: Settings) -> Engine:
-    """Engine for ``url``; SQLite gets foreign keys, WAL and a busy timeout on every connection."""
+    """Engine for ``url``; SQLite gets foreign keys, WAL and a busy timeout on every connection;
+    PostgreSQL connect, read, ping and server-side statement timeouts."""
     if url.startswith("sqlite"):
         path = url.split("///", 1)[-1]
         if path and path != ":memory:":
@@ -103,8 +201,17 @@ def make_engine(url: str, settings: Settings) -> Engine:
         f"-c statement_timeout={int(settings.pg_statement_timeout_ms)} "
         f"-c idle_in_transaction_session_timeout={int(settings.pg_idle_in_transaction_timeout_ms)}"
     )
-    connect_args = {"options": options} if url.startswith("postgresql") else {}
-    return create_engine(
+    postgres = url.startswith("postgresql")
+    connect_args: dict[str, Any] = {}
+    if postgres:
+        # connect_timeout: libpq's bound on establishing a connection (a server that accepts
+        # the TCP connection and never answers the startup packet fails it, no hang).
+        connect_args = {
+            "options": options,
+            "connect_timeout": int(settings.db_connect_timeout_s),
+            **PG_KEEPALIVES,
+        }
+    engine = create_engine(
         url,
         pool_pre_ping=True,
         pool_size=settings.db_pool_size,
@@ -112,6 +219,9 @@ def make_engine(url: str, settings: Settings) -> Engine:
         pool_timeout=settings.db_pool_timeout_s,
         connect_args=connect_args,
     )
+    if postgres and engine.dialect.driver == "psycopg":
+        _postgres_bounds(engine, settings)
+    return engine
 
 
 class Database:

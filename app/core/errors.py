@@ -16,6 +16,8 @@ from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from app.core.storage import is_no_space
+
 PROBLEM_JSON = "application/problem+json"
 log = logging.getLogger(__name__)
 
@@ -160,6 +162,26 @@ def unavailable(detail: str, retry_after_s: int) -> Problem:
     return Problem(503, "Service unavailable", detail, headers={"Retry-After": str(retry_after_s)})
 
 
+def insufficient_storage(where: str) -> Problem:
+    """507: the disk (or a quota, or a file-size limit) is full; nothing was stored."""
+    return Problem(
+        507,
+        "Insufficient storage",
+        f"the server's storage is full ({where}); nothing was stored: retry once space is freed",
+    )
+
+
+def _no_space_response(request: Request, exc: BaseException) -> JSONResponse:
+    """A write that found the disk full: 507, and the service's storage state marked full (for
+    /readyz) when the app keeps one."""
+    where = "database" if isinstance(exc, DBAPIError) else "data directory"
+    health = getattr(getattr(request.app.state, "service", None), "storage", None)
+    if health is not None:
+        health.mark_full(f"{request.method} {request.url.path}", exc)
+    log_outage("storage full on %s %s: %s", request.method, request.url.path, exc)
+    return problem_response(insufficient_storage(where), request)
+
+
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(Problem)
     async def _problem(request: Request, exc: Problem) -> JSONResponse:
@@ -203,14 +225,24 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(DBAPIError)
     async def _database(request: Request, exc: DBAPIError) -> JSONResponse:
         # IntegrityError is a DBAPIError too, but has its own (more specific) handler above.
+        if is_no_space(exc):  # SQLite's SQLITE_FULL, PostgreSQL's disk_full
+            return _no_space_response(request, exc)
         if not _is_unavailable(exc):
             return await _unexpected(request, exc)
         log_outage("database unavailable on %s %s: %s", request.method, request.url.path, exc.orig)
         problem = unavailable("the database is unreachable or busy; retry shortly", 5)
         return problem_response(problem, request)
 
+    @app.exception_handler(OSError)
+    async def _os_error(request: Request, exc: OSError) -> JSONResponse:
+        if is_no_space(exc):  # ENOSPC, EDQUOT, EFBIG: a segment, an upload's temp file, …
+            return _no_space_response(request, exc)
+        return await _unexpected(request, exc)
+
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        if is_no_space(exc):  # wrapped by a library (a cause or context of ``exc``)
+            return _no_space_response(request, exc)
         log.exception("unhandled error on %s %s", request.method, request.url.path)
         problem = Problem(500, "Internal error", "the server failed; the error was logged")
         return problem_response(problem, request)

@@ -50,6 +50,32 @@ class Settings(BaseSettings):
         gt=0,
         description="how long a request waits for a pooled connection before answering 503",
     )
+    db_connect_timeout_s: int = Field(
+        default=5,
+        ge=2,
+        description="PostgreSQL: seconds to establish a connection (libpq connect_timeout; its "
+        "minimum is 2) before the request answers 503",
+    )
+    db_ping_timeout_s: float = Field(
+        default=2.0,
+        gt=0,
+        description="PostgreSQL: seconds the check of a pooled connection (SELECT 1 at "
+        "checkout) may wait for an answer; past it the connection is dropped and a new one made",
+    )
+    db_read_timeout_s: float = Field(
+        default=130.0,
+        ge=0,
+        description="PostgreSQL: seconds any statement, fetch or commit may wait for the server "
+        "before the connection is closed and the request answers 503 (0: no limit). A wedged "
+        "server answers nothing, so its statement_timeout cannot fire: keep this above "
+        "pg_statement_timeout_ms",
+    )
+    storage_recheck_s: float = Field(
+        default=10.0,
+        gt=0,
+        description="while the data directory is full, how often a probe write checks whether "
+        "space is back (from /readyz and the index flusher)",
+    )
     vector_storage: Literal["segments", "sql"] = Field(
         default="segments",
         description="where new galleries keep their vectors: append-only segment files under "

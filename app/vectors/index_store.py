@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from app.core.files import write_atomically_with
+from app.core.storage import StorageHealth, is_no_space
 from app.vectors.faiss_index import LorentzIndex
 
 log = logging.getLogger(__name__)
@@ -55,10 +56,14 @@ class IndexStore:
         use_gpu: bool = False,
         engine: str = "auto",
         flush_interval_s: float = 0.0,
+        health: StorageHealth | None = None,
     ) -> None:
         """``flush_interval_s`` 0 writes the file inside every change (library use, benchmarks);
-        above 0 changes are written by ``flush``, which ``start``'s thread calls that often."""
+        above 0 changes are written by ``flush``, which ``start``'s thread calls that often.
+        ``health`` learns of a full disk (an index file that could not be written stays dirty,
+        in memory, until a later flush writes it) and of its end."""
         self.directory = directory
+        self.health = health
         self.use_gpu = use_gpu
         self.engine = engine
         self.flush_interval_s = flush_interval_s
@@ -82,6 +87,28 @@ class IndexStore:
         write_atomically_with(self.path(gallery_id, version), index.write_to)
         self._remove_files(gallery_id, keep_version=version)
         self._clean(gallery_id)
+        if self.health is not None and self.health.full:
+            self.health.mark_ok()
+
+    def _persist_or_defer(self, gallery_id: str, version: int, index: LorentzIndex) -> bool:
+        """``_persist``, except that a full disk leaves the gallery dirty for a later flush
+        instead of failing the caller: the file is a cache of committed rows (the database and
+        the in-memory index already hold the change), so the change stands and is served. False
+        when deferred."""
+        try:
+            self._persist(gallery_id, version, index)
+        except OSError as exc:
+            if not is_no_space(exc):
+                raise
+            with self._guard:
+                self._dirty.add(gallery_id)
+            # Once per episode, not once per flush interval while the disk stays full.
+            report = log.debug if self.health is not None and self.health.full else log.warning
+            if self.health is not None:
+                self.health.mark_full(f"index file of gallery {gallery_id}", exc)
+            report("index file of gallery %s not written (%s); kept dirty", gallery_id, exc)
+            return False
+        return True
 
     def _clean(self, gallery_id: str) -> None:
         with self._guard:
@@ -94,7 +121,7 @@ class IndexStore:
             with self._guard:
                 self._dirty.add(spec.gallery_id)
         else:
-            self._persist(spec.gallery_id, spec.version, index)
+            self._persist_or_defer(spec.gallery_id, spec.version, index)
 
     # -- background writes ----------------------------------------------------------------------
     def start(self) -> None:
@@ -108,13 +135,17 @@ class IndexStore:
     def _flush_loop(self) -> None:
         while not self._stop.wait(self.flush_interval_s):
             try:
+                if self.health is not None:
+                    # Also the periodic re-check of a full disk when nothing waits to be written.
+                    self.health.recheck()
                 self.flush()
             except Exception:
                 # The files are only a cache: the next flush or the startup check retries.
                 log.exception("index flush failed")
 
     def flush(self) -> list[str]:
-        """Write every dirty gallery's file at its in-memory version; returns the galleries."""
+        """Write every dirty gallery's file at its in-memory version; returns the galleries
+        written. On a full disk the rest stay dirty for the next flush."""
         written = []
         with self._guard:
             pending = sorted(self._dirty)
@@ -124,7 +155,8 @@ class IndexStore:
                 if gallery_id not in self._dirty or cached is None:
                     self._clean(gallery_id)
                     continue
-                self._persist(gallery_id, cached[0], cached[1])
+                if not self._persist_or_defer(gallery_id, cached[0], cached[1]):
+                    break  # the disk is full: the next flush tries again
                 written.append(gallery_id)
         return written
 
@@ -247,7 +279,9 @@ class IndexStore:
             if reason is not None:
                 index = self._build(spec, load_points)
                 # Written now, not at the next flush: a repaired file must not wait for a crash.
-                self._persist(spec.gallery_id, spec.version, index)
+                # On a full disk it is served from memory and written once space is back: the
+                # start must not fail (a service that cannot start serves nothing at all).
+                self._persist_or_defer(spec.gallery_id, spec.version, index)
                 log.warning(
                     "startup check: index for gallery %s rebuilt from %d stored vectors (%s)",
                     spec.gallery_id,

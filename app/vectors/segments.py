@@ -29,6 +29,7 @@ rewrites the live items into a new segment and its manifest names only that segm
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
@@ -167,12 +168,25 @@ class SegmentVectorStorage:
             if size < offset:
                 raise SegmentCorrupted(f"{path}: {size} bytes, the manifest commits {offset}")
             os.ftruncate(fd, offset)
+            end = offset
             view = memoryview(data)
-            while view:
-                written = os.pwrite(fd, view, offset)
-                offset += written
-                view = view[written:]
-            os.fsync(fd)
+            try:
+                while view:
+                    written = os.pwrite(fd, view, end)
+                    end += written
+                    view = view[written:]
+                os.fsync(fd)
+            except OSError:
+                # A full disk (ENOSPC, EDQUOT, EFBIG) or an I/O error: give back what this write
+                # took, so the file is again exactly its committed bytes (a new one is removed).
+                # Shrinking needs no space; should it fail all the same, the write's own error is
+                # the one raised (the bytes past the committed end are never read, and the next
+                # write or the startup recovery cuts them).
+                with contextlib.suppress(OSError):
+                    os.ftruncate(fd, offset)
+                    if created:
+                        path.unlink(missing_ok=True)
+                raise
         finally:
             os.close(fd)
         if created:

@@ -194,7 +194,11 @@ def test_a_write_whose_commit_failed_converges_when_retried(make_client, monkeyp
 
 
 def test_readyz_names_milvus_when_it_does_not_answer(client: TestClient, monkeypatch) -> None:
-    assert client.get("/readyz").json()["checks"] == {"database": "ok", "milvus": "ok"}
+    assert client.get("/readyz").json()["checks"] == {
+        "database": "ok",
+        "milvus": "ok",
+        "storage": "ok",
+    }
     engine = engine_for(client.app.state.service.settings)
 
     def down(*args, **kwargs) -> None:

@@ -139,6 +139,7 @@ def test_readyz_and_healthz(client: TestClient, monkeypatch: pytest.MonkeyPatch)
     checks = {"database": "ok"}
     if client.app.state.service.settings.vector_engine == "milvus":
         checks["milvus"] = "ok"
+    checks["storage"] = "ok"  # the data directory takes writes (test_dependencies_fault.py)
     assert ready.json() == {"status": "ready", "checks": checks}
     assert client.get("/healthz", headers=anonymous).json() == {"status": "ok"}
     engine = create_engine(UNREACHABLE_POSTGRES)
@@ -167,7 +168,7 @@ def test_readyz_checks_redis_with_the_celery_runner(
     up = make_client(job_runner="celery", redis_url="redis://127.0.0.1:6379/0")
     assert up.get("/readyz").json() == {
         "status": "ready",
-        "checks": {"database": "ok", "redis": "ok"},
+        "checks": {"database": "ok", "redis": "ok", "storage": "ok"},
     }
     down = make_client(job_runner="celery", redis_url=UNREACHABLE_REDIS)
     body = problem(down.get("/readyz"), 503)
