@@ -7,6 +7,7 @@ from dataclasses import replace
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request, Response
+from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from app.api.deps import SessionDep, StateDep, TenantDep
@@ -16,7 +17,7 @@ from app.core.limits import ArrayLimits
 from app.core.schemas import NpyModalityQuery, openapi_body
 from app.core.uploads import read_body, read_json_model
 from app.galleries.service import get_gallery
-from app.search import service
+from app.search import service, streaming
 from app.search.schemas import NPY_MEDIA_TYPE, SearchRequest, SearchResponse
 
 router = APIRouter(prefix="/v1/galleries", tags=["search"])
@@ -101,7 +102,13 @@ async def search(
     new model; the queries as `features` or as `texts` (embedded by the model's embedder). A
     candidate without a new vector but with a stored text is embedded in one batched embedder
     call and kept as a re-embedded item of the model. If the embedder fails, the answer is the
-    single-stage search with `rerank.degraded` and the header `X-Nobackfill-Degraded`."""
+    single-stage search with `rerank.degraded` and the header `X-Nobackfill-Degraded`.
+
+    **Large answers, streamed**: with `Accept: application/x-ndjson` the answer is one JSON line
+    per query (`{"query": i, "hits": [...]}`) and a last `{"done": true, ...}` line, searched and
+    written in chunks of at most `MAX_HITS_PER_REQUEST` hits, so queries × k may exceed it (up
+    to `MAX_VECTORS_PER_REQUEST` × `MAX_K`) in bounded memory; a failure after the first chunk
+    ends the stream with an `{"error": ...}` line. Not for two-stage searches (406)."""
     content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if content_type == "application/json":
         given = [n for n, v in (("k", k), ("model_id", model_id), ("modality", modality)) if v]
@@ -135,6 +142,9 @@ async def search(
             "Unsupported media type",
             f"send application/json, {NPY_MEDIA_TYPE} or multipart/form-data with .npy parts",
         )
+
+    if streaming.wants_ndjson(request.headers.get("accept")):
+        return await _streamed(gallery_id, state, session, tenant_id, query)
 
     if query.rerank:
 
@@ -177,6 +187,59 @@ async def search(
 
     # The scan and the re-rank release the GIL: other requests are served meanwhile.
     return await run_in_threadpool(run)
+
+
+async def _streamed(
+    gallery_id: str,
+    state: Any,
+    session: Any,
+    tenant_id: str,
+    query: service.SearchQuery,
+) -> StreamingResponse:
+    """The NDJSON answer (``app.search.streaming``): the first chunk searched here, on the
+    request's session, so its errors are still problems; each later chunk on a session of its
+    own as the client reads."""
+    streaming.check_streamable(state.settings, query)
+    parts = streaming.chunks(state.settings, query)
+    headers: dict[str, str] = {}
+
+    def search_part(own: Any, part: service.SearchQuery) -> list:
+        gallery = get_gallery(own, tenant_id, gallery_id)
+        return service.search_gallery(
+            own,
+            state.settings,
+            state.indexes,
+            state.models,
+            tenant_id,
+            gallery,
+            part,
+            state.returned,
+        )
+
+    def first() -> list:
+        results = search_part(session, parts[0])
+        if service.bridged_warning(session, tenant_id, query) is not None:
+            headers["X-Nobackfill-Warning"] = "bridge-not-shown-better-than-old-model"
+        # The stream may last: its connection goes back to the pool now, not when it ends.
+        session.rollback()
+        return results
+
+    def later(part: service.SearchQuery) -> list:
+        with state.db.sessions() as own:
+            try:
+                return search_part(own, part)
+            finally:
+                own.rollback()
+
+    async def search_chunk(part: service.SearchQuery) -> list:
+        return await run_in_threadpool(later, part)
+
+    results = await run_in_threadpool(first)
+    return StreamingResponse(
+        streaming.stream(results, parts[1:], search_chunk, len(query.vectors), query.k),
+        media_type=streaming.NDJSON_MEDIA_TYPE,
+        headers=headers,
+    )
 
 
 def _multipart_query(fields: dict[str, Any]) -> service.SearchQuery:
