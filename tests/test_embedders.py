@@ -104,6 +104,54 @@ def test_every_bad_answer_is_a_failure_with_its_reason(response, reason) -> None
     assert failed.value.reason == reason
 
 
+def _answer(*embeddings, indexes=None) -> httpx.Response:
+    indexes = range(len(embeddings)) if indexes is None else indexes
+    data = [{"index": i, "embedding": e} for i, e in zip(indexes, embeddings, strict=True)]
+    return httpx.Response(200, json={"data": data})
+
+
+@pytest.mark.parametrize(
+    ("response", "reason"),
+    [
+        (_answer([1, 2, 3], [1, None, 3]), "not-finite"),  # null
+        (_answer([1, 2, 3], [1, [2], 3]), "not-finite"),  # a nested list
+        (_answer([1, 2, 3], [1, 1e39, 3]), "not-finite"),  # finite in JSON, ∞ in float32
+        (_answer([1, 2, 3], [1, 10**400, 3]), "not-finite"),  # an integer beyond any float
+        (_answer([1, 2, 3], [1, 2, 3], indexes=[0, True]), "malformed"),
+        (_answer([1, 2, 3], [1, 2, 3], indexes=[0, 2]), "malformed"),
+        (_answer([1, 2, 3], [1, 2, 3], indexes=[0, "1"]), "malformed"),
+        (
+            httpx.Response(200, json={"data": [{"index": 0, "embedding": [1, 2, 3]}, 5]}),
+            "malformed",
+        ),
+    ],
+)
+def test_more_bad_answers(response, reason) -> None:
+    client, _ = _client(response)
+    with pytest.raises(EmbedderFailed) as failed:
+        embed_texts(SPEC, ["a", "b"], "document", 1.0, client)
+    assert failed.value.reason == reason
+
+
+def test_a_full_batch_is_parsed_into_its_rows_by_index() -> None:
+    """256 texts of 768 dimensions (the service's largest batch, MPNet's width), answered out of
+    order, ints mixed with floats: every value lands in its text's row, as float32."""
+    spec = EmbedderSpec("e", "http://e", "m", 768, None, "", "", 256)
+    rng = np.random.default_rng(0)
+    vectors = rng.standard_normal((256, 768)).astype(np.float32)
+    rows = vectors.tolist()
+    rows[7][3] = 2  # a JSON integer
+    vectors[7, 3] = 2.0
+    order = rng.permutation(256)
+    answer = _answer(*[rows[i] for i in order], indexes=order.tolist())
+    out = embed_texts(spec, [f"t{i}" for i in range(256)], "document", 1.0, _client(answer)[0])
+    assert out.dtype == np.float32
+    np.testing.assert_array_equal(out, vectors)
+    no_index = httpx.Response(200, json={"data": [{"embedding": r} for r in rows]})
+    out = embed_texts(spec, [f"t{i}" for i in range(256)], "query", 1.0, _client(no_index)[0])
+    np.testing.assert_array_equal(out, vectors)
+
+
 def test_transport_failures() -> None:
     def refuse(request):
         raise httpx.ConnectError("refused")

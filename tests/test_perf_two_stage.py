@@ -32,7 +32,7 @@ def test_quick_two_stage_benchmark(tmp_path: Path) -> None:
             "cold_vs_plain_plus_embedder",
             "stage1_vs_plain",
             "stage1_share_of_warm",
-            "stage1_no_overfetch_vs_plain",
+            "stage1_overfetch_vs_plain",
         ):
             assert entry[figure]["n"] == 3 and entry[figure]["mean"] > 0
             assert entry[figure]["low"] <= entry[figure]["mean"] <= entry[figure]["high"]

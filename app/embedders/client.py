@@ -8,7 +8,6 @@ caller degrades on it (a search answers single-stage, nothing half-embedded is s
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -42,28 +41,50 @@ def _api_key(spec: EmbedderSpec) -> str | None:
 
 
 def _parse(answer: object, count: int, dimension: int) -> np.ndarray:
+    """``count`` × ``dimension`` float32 vectors of an answer, in ``index`` order. The items'
+    shape is checked one item at a time (count, list, index, length); the values as one array
+    built by numpy from the parsed lists (no Python loop over the floats): only numbers (a
+    string or null makes numpy build another kind of array) and only values finite in float32
+    pass."""
     if not isinstance(answer, dict) or not isinstance(answer.get("data"), list):
         raise EmbedderFailed("malformed", "the answer has no `data` list")
     data = answer["data"]
     if len(data) != count:
         raise EmbedderFailed("wrong-count", f"{len(data)} embeddings for {count} texts")
-    out = np.empty((count, dimension), dtype=np.float32)
-    seen = set()
+    order = np.empty(count, dtype=np.int64)
+    seen = np.zeros(count, dtype=bool)
+    vectors = []
     for position, item in enumerate(data):
         if not isinstance(item, dict) or not isinstance(item.get("embedding"), list):
             raise EmbedderFailed("malformed", f"data[{position}] has no `embedding` list")
         index = item.get("index", position)
-        if not isinstance(index, int) or not 0 <= index < count or index in seen:
+        bad = isinstance(index, bool) or not isinstance(index, int)
+        if bad or not 0 <= index < count or seen[index]:
             raise EmbedderFailed("malformed", f"data[{position}] has a bad `index`")
-        seen.add(index)
+        seen[index] = True
+        order[position] = index
         vector = item["embedding"]
         if len(vector) != dimension:
             raise EmbedderFailed(
                 "wrong-dimension", f"an embedding of length {len(vector)}, expected {dimension}"
             )
-        if not all(isinstance(v, int | float) and math.isfinite(v) for v in vector):
-            raise EmbedderFailed("not-finite", "an embedding holds NaN, ∞ or a non-number")
-        out[index] = vector
+        vectors.append(vector)
+    if count == 0:
+        return np.empty((0, dimension), dtype=np.float32)
+    try:
+        values = np.array(vectors)
+    except (ValueError, TypeError, OverflowError) as exc:
+        raise EmbedderFailed("not-finite", "an embedding holds a non-number") from exc
+    # Numbers only (bool, int, float: JSON numbers); a string, null or nested list gives
+    # another kind of array (or another shape).
+    if values.dtype.kind not in "biuf" or values.shape != (count, dimension):
+        raise EmbedderFailed("not-finite", "an embedding holds NaN, ∞ or a non-number")
+    with np.errstate(over="ignore", invalid="ignore"):
+        rows = values.astype(np.float32)
+    if not np.isfinite(rows).all():
+        raise EmbedderFailed("not-finite", "an embedding holds NaN, ∞ or a non-number")
+    out = np.empty((count, dimension), dtype=np.float32)
+    out[order] = rows
     return out
 
 

@@ -24,6 +24,7 @@ from app.vectors.engine import ATTACHED_MILVUS, QDRANT
 from app.vectors.faiss_index import validate_index_params
 from app.vectors.qdrant_source import QdrantSource, describe
 from app.vectors.qdrant_storage import qdrant_storage, read_only
+from app.vectors.qdrant_texts import check_text_field
 from app.vectors.source_rules import (
     normalized_url,
     owner_key,
@@ -70,9 +71,11 @@ def attach_gallery(
         vector=given.vector,
         api_key_env=given.api_key_env,
         folder=None if given.path is None else _folder(session, tenant_id),
+        text_field=given.text_field,
     )
     claim = _claim(session, settings, tenant_id, source.as_dict())
     shape = describe(settings, source)
+    check_text_field(settings, source)
     gallery = _gallery(session, settings, tenant_id, request, shape.dim, shape.count)
     gallery.vector_storage, gallery.source = QDRANT, source.as_dict()
     if claim is not None:
@@ -94,6 +97,7 @@ def _attach_milvus(
     from app.vectors.milvus_engine import is_remote
     from app.vectors.milvus_source import MilvusSource
     from app.vectors.milvus_source import describe as describe_milvus
+    from app.vectors.milvus_texts import check_text_field as check_milvus_text_field
 
     remote = is_remote(given.uri)
     if not remote and settings.job_runner == "celery":
@@ -111,9 +115,11 @@ def _attach_milvus(
         metric=given.metric,
         token_env=given.token_env,
         folder=None if remote else _folder(session, tenant_id),
+        text_field=given.text_field,
     )
     claim = _claim(session, settings, tenant_id, source.as_dict())
     shape = describe_milvus(settings, source)
+    check_milvus_text_field(settings, source)
     source = MilvusSource.of({**source.as_dict(), "id_type": shape.id_type})
     gallery = _gallery(session, settings, tenant_id, request, shape.dim, shape.count)
     gallery.vector_storage, gallery.source = ATTACHED_MILVUS, source.as_dict()

@@ -34,6 +34,13 @@ class QdrantSourceIn(StrictModel):
         pattern=r"^[A-Z_][A-Z0-9_]*$",
         description="the server's environment variable holding the API key",
     )
+    text_field: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=255,
+        description="the payload key holding each item's document text, what a two-stage search and a "
+        "re-embed job send to a model's embedder (checked on attach: at least one point must carry it, non-empty)",
+    )
 
     @model_validator(mode="after")
     def _one_place(self) -> QdrantSourceIn:
@@ -74,6 +81,13 @@ class MilvusSourceIn(StrictModel):
         max_length=128,
         pattern=r"^[A-Z_][A-Z0-9_]*$",
         description="the server's environment variable holding the token (user:password)",
+    )
+    text_field: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=255,
+        description="the VARCHAR field holding each item's document text, what a two-stage search and a "
+        "re-embed job send to a model's embedder (checked on attach: a VARCHAR field of the collection's schema)",
     )
 
     @model_validator(mode="after")

@@ -15,6 +15,11 @@ model's plan can be fitted, else the gallery's own order; ``fraction`` is the sh
 gallery re-embedded when the job ends. A rate limit (items per minute, capped by the server)
 paces the embedder; a failing embedder is retried with backoff, then the job fails saying how
 many items it stored (post it again to resume).
+
+An attached collection whose source names a ``text_field`` is migrated the same way: its items'
+texts are read from the collection batch by batch (items without one are skipped and counted),
+and the vectors are written in place as uploaded re-embedded vectors are
+(``app.migration.in_place_texts``); without a text field the job is refused with 409.
 """
 
 from __future__ import annotations
@@ -38,8 +43,9 @@ from app.embedders.client import EmbedderFailed, EmbedderSpec, embed_texts
 from app.embedders.models import Embedder
 from app.embedders.service import spec_of
 from app.galleries.models import Gallery, GalleryText
-from app.galleries.service import get_gallery, item_texts
+from app.galleries.service import get_gallery
 from app.jobs.models import QUEUED, RUNNING, UpgradeJob
+from app.migration import in_place_texts
 from app.migration.reembed import backbone_for, plan, reembedded_ids, store_embedded
 from app.migration.schemas import ReembedCreate
 from app.ml.methods.training import TrainingHooks
@@ -70,19 +76,15 @@ def create_reembed(
     """Validate at once (bad input never becomes a failed job) and queue the job."""
     check_job_quota(session, settings, tenant_id)
     gallery = get_gallery(session, tenant_id, gallery_id)
-    if gallery.vector_storage in ATTACHED:
-        raise conflict(
-            "re-embed jobs run on galleries whose vectors the service stores; an attached "
-            "collection's new vectors are written into the collection by your own pipeline "
-            "(`POST /v1/galleries/{id}/vectors` with `reembedded_for`)"
-        )
+    # An attached collection's texts are in its text field (none named: 409 saying so).
+    in_place_texts.refuse_without_texts(gallery, "a re-embed job")
     row = backbone_for(session, tenant_id, gallery, request.model_id)
     if row.embedder_id is None or session.get(Embedder, row.embedder_id) is None:
         raise conflict(
             f"model {row.id} has no embedder: register one (`POST /v1/embedders`) and set it "
             f'with `PATCH /v1/models/{row.id}` {{"embedder_id": …}}'
         )
-    texts = session.scalar(
+    texts = gallery.vector_storage in ATTACHED or session.scalar(
         select(func.count()).select_from(GalleryText).where(GalleryText.gallery_id == gallery.id)
     )
     if not texts:
@@ -160,13 +162,18 @@ def _targets(
 ) -> tuple[list[int], str, str | None]:
     """(internal ids still to embed, in order; the order used; why another order was used)."""
     done = set(reembedded_ids(session, gallery.id, row.id).tolist())
-    with_text = list(
-        session.scalars(
-            select(GalleryText.vector_id)
-            .where(GalleryText.gallery_id == gallery.id)
-            .order_by(GalleryText.vector_id)
+    if gallery.vector_storage in ATTACHED:
+        # Which items of a collection carry a text is learnt batch by batch (those without
+        # are skipped and counted): every item, in id order.
+        with_text = storage_for(session, gallery).all_ids(session, gallery).tolist()
+    else:
+        with_text = list(
+            session.scalars(
+                select(GalleryText.vector_id)
+                .where(GalleryText.gallery_id == gallery.id)
+                .order_by(GalleryText.vector_id)
+            )
         )
-    )
     total = int(gallery.count)
     count = max(0, round(fraction * total) - len(done))
     note = None
@@ -264,13 +271,13 @@ def run(db: Database, settings: Settings, job: UpgradeJob, hooks: TrainingHooks)
         wait(pace(embedded + skipped, rate, time.monotonic() - started), hooks)
         chunk = targets[start : start + batch]
         with db.session() as session:
-            texts = item_texts(session, job.gallery_id, chunk)
             names = {
                 v: item
                 for v, (item, _) in storage_for(session, gallery)
-                .names(session, gallery, [v for v in chunk if v in texts])
+                .names(session, gallery, chunk)
                 .items()
             }
+            texts = in_place_texts.texts_of(session, gallery, names)
         wanted = [v for v in chunk if v in texts and v in names]
         skipped += len(chunk) - len(wanted)
         if wanted:
@@ -281,7 +288,12 @@ def run(db: Database, settings: Settings, job: UpgradeJob, hooks: TrainingHooks)
                 fresh_row = session.get(TrainedModel, row.id)
                 if fresh_gallery is None or fresh_row is None:
                     raise ValueError("the gallery or the model was deleted while the job ran")
-                stored = store_embedded(
+                write = (
+                    store_embedded
+                    if fresh_gallery.vector_storage not in ATTACHED
+                    else _store_in_place
+                )
+                stored = write(
                     session,
                     store,
                     fresh_gallery,
@@ -312,6 +324,22 @@ def run(db: Database, settings: Settings, job: UpgradeJob, hooks: TrainingHooks)
             "fraction_reembedded": reembedded / total if total else 0.0,
         }
     }
+
+
+def _store_in_place(
+    session: Session,
+    store: IndexStore,
+    gallery: Gallery,
+    row: TrainedModel,
+    names: dict[int, str],
+    texts: dict[int, str],
+    matrix: np.ndarray,
+) -> int:
+    """``store_embedded`` of an attached collection: written in place, as an upload would be
+    (items the collection lost, or whose text changed, left out); how many were written."""
+    return len(
+        in_place_texts.store_embedded_in_place(session, store, gallery, row, names, texts, matrix)
+    )
 
 
 executor.register_kind(METHOD, run)

@@ -159,6 +159,11 @@ def hit_scores(
         # A zero vector (lifted to the origin) has no direction: its cosine is taken as 0.
         with np.errstate(invalid="ignore", divide="ignore"):
             return np.where(norms > 0, dots / np.where(norms > 0, norms, 1.0), 0.0)
+    return _distance_scores(gallery, distances)
+
+
+def _distance_scores(gallery: Gallery, distances: np.ndarray) -> np.ndarray:
+    """The Lorentz inner product ⟨q,x⟩_L = −cosh(√c·d)/c of each distance."""
     curv = gallery.lift_curv
     return -np.cosh(np.sqrt(curv) * distances) / curv
 
@@ -377,6 +382,56 @@ def _plain_search(
     return results
 
 
+def _stage_one(
+    session: Session,
+    settings: Settings,
+    store: IndexStore,
+    gallery: Gallery,
+    stage: np.ndarray,
+    depth: int,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A two-stage search's candidates: (ids, distances, old scores), nq × depth each, nearest
+    first, −1 / inf padded.
+
+    The gallery's in-memory index answers its candidate search (``search_candidates``): the
+    float32 scan's best ``depth`` rows, re-scored exactly, with no over-fetch beyond them for an
+    exact re-rank — the new model re-scores the candidates, so only their set matters (at depth
+    200 that over-fetch re-ranked 800 rows a query, most of a warm search's time). The old score
+    of each candidate (its cosine, as ``hit_scores``) comes from the same re-score. An engine
+    without it (Milvus) answers its exact search at the depth."""
+    index = index_for(session, store, gallery)
+    cosine = gallery.bound_model_id is None and gallery.metric == "cosine"
+    search_candidates = getattr(index, "search_candidates", None)
+    if search_candidates is None:
+        ids, distances, points = index.search_with_points(
+            stage,
+            depth,
+            overfetch=settings.search_overfetch,
+            min_candidates=settings.search_min_candidates,
+        )
+        return ids, distances, hit_scores(gallery, stage, points, distances)
+    found = search_candidates(stage, depth, cosines=cosine)
+    if found.cosines is not None:
+        return found.ids, found.distances, found.cosines
+    return found.ids, found.distances, _distance_scores(gallery, found.distances)
+
+
+def _candidate_names(
+    session: Session, gallery: Gallery, model_id: str, candidates: np.ndarray
+) -> dict[int, tuple[str, str | None]]:
+    """The names ``two_stage.new_vectors`` reads: of the candidates without a new vector of the
+    model, those it may embed: a warm search's candidates all have one, and nothing is looked
+    up (every candidate was: 35,000 lookups at batch 256 and depth 200, for the hits' 2,560).
+    The hits' names are looked up once ranked. An attached collection's path reads every
+    candidate's item id."""
+    from app.search.two_stage import NewVectors
+
+    if gallery.vector_storage in ATTACHED:
+        return _item_names(session, gallery, candidates.tolist())
+    have = NewVectors.stored(session, gallery.id, model_id)
+    return _item_names(session, gallery, candidates[have.positions(candidates) < 0].tolist())
+
+
 def search_two_stage(
     session: Session,
     settings: Settings,
@@ -392,7 +447,7 @@ def search_two_stage(
     Every part of the request is checked before anything is searched or embedded; an embedder
     that fails turns the answer into the single-stage search (``degraded`` says why)."""
     from app.migration.reembed import backbone_for
-    from app.search import two_stage
+    from app.search import ranking, two_stage
 
     texts = request.texts
     n = len(texts) if texts is not None else len(request.vectors)
@@ -460,16 +515,9 @@ def search_two_stage(
     features = as_matrix(
         request.vectors, request.field, dim=int(row.input_dims[modality]), max_dim=settings.max_dim
     )
-    index = index_for(session, store, gallery)
-    ids, distances, points = index.search_with_points(
-        stage,
-        depth,
-        overfetch=settings.search_overfetch,
-        min_candidates=settings.search_min_candidates,
-    )
-    old_scores = hit_scores(gallery, stage, points, distances)
+    ids, distances, old_scores = _stage_one(session, settings, store, gallery, stage, depth)
     candidates = np.unique(ids[ids >= 0])
-    names = _item_names(session, gallery, candidates.tolist())
+    names = _candidate_names(session, gallery, row.id, candidates)
     info["candidates"] = int(candidates.size)
     try:
         vectors, embedded = two_stage.new_vectors(
@@ -489,7 +537,10 @@ def search_two_stage(
     if request.old_vectors is not None and gallery.bound_model_id is None:
         fusion = two_stage.model_fusion(session, row) if gallery.metric == "cosine" else None
     info["fusion_weight"] = 0.0 if fusion is None else fusion.weight
-    ranked = two_stage.ranked(ids, distances, old_scores, features, vectors, request.k, fusion)
+    ranked = ranking.ranked(ids, distances, old_scores, features, vectors, request.k, fusion)
+    # The names of the hits (those of the candidates embedded here are known already).
+    hit_ids = {h[0] for hits in ranked for h in hits}.difference(names)
+    names.update(_item_names(session, gallery, sorted(hit_ids)))
     if tally is not None:
         returned = np.full((len(ranked), request.k), -1, dtype=np.int64)
         for q, hits in enumerate(ranked):

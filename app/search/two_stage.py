@@ -10,6 +10,11 @@ embedder, a budget per tenant), and the order of the hits. Anything the embedder
 raises ``Degraded``: the caller answers the single-stage search instead, and nothing
 half-embedded is stored (vectors are checked whole before ``store_embedded`` writes them in one
 transaction).
+
+An attached collection (issue 43, item 2) takes part when its source names a ``text_field``:
+stage one is the collection's own search, the candidates' new vectors and texts are read from
+the collection, and what the embedder returns is written in place (``_in_place_vectors``,
+``app.migration.in_place_texts``); without a text field the search answers 409 saying so.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ import numpy as np
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from app.core.errors import Problem, conflict
+from app.core.errors import Problem
 from app.core.settings import Settings
 from app.embedders.client import EmbedderFailed, EmbedderSpec, embed_texts
 from app.embedders.guard import EmbeddingGuards
@@ -31,9 +36,11 @@ from app.embedders.models import Embedder
 from app.embedders.service import spec_of
 from app.galleries.models import Gallery
 from app.galleries.service import item_texts
+from app.migration import in_place_texts
 from app.migration.reembed import reembedded_by_id, store_embedded
 from app.ml.backfill.two_stage import FusionScale, unit
 from app.models.models import TrainedModel
+from app.vectors.engine import ATTACHED
 from app.vectors.index_store import IndexStore
 
 # One lazy re-embed at a time per (gallery, model) in this process: two searches that need the
@@ -164,6 +171,10 @@ def new_vectors(
     batched embedder call, and stored. Raises ``Degraded`` when the embedder fails."""
     spec = embedder_of(session, row)
     with _lazy_lock(gallery.id, row.id):
+        if gallery.vector_storage in ATTACHED:
+            return _in_place_vectors(
+                session, settings, store, guards, tenant_id, spec, gallery, row, candidates, names
+            )
         have = NewVectors.stored(session, gallery.id, row.id)
         missing = candidates[have.positions(candidates) < 0]
         missing = np.array([v for v in missing.tolist() if v in names], dtype=np.int64)
@@ -189,6 +200,55 @@ def new_vectors(
             vectors,
         )
         return NewVectors.stored(session, gallery.id, row.id), stored
+
+
+def _in_place_vectors(
+    session: Session,
+    settings: Settings,
+    store: IndexStore,
+    guards: EmbeddingGuards,
+    tenant_id: str,
+    spec: EmbedderSpec | None,
+    gallery: Gallery,
+    row: TrainedModel,
+    candidates: np.ndarray,
+    names: dict[int, tuple[str, str | None]],
+) -> tuple[NewVectors, int]:
+    """``new_vectors`` of an attached collection (issue 43, item 2): the candidates' new vectors
+    are read from the collection (the in-place migration's vector of them), the texts of those
+    without one from the collection's text field, and what the embedder returns is written in
+    place (``in_place_texts``) as an upload of re-embedded items would be."""
+    items = {v: names[v][0] for v in candidates.tolist() if v in names}
+    have_ids, have_rows = in_place_texts.in_place_vectors(session, gallery, row.id, items)
+    have = NewVectors.of(have_ids, have_rows)
+    held = set(have_ids.tolist())
+    missing = {v: item for v, item in items.items() if v not in held}
+    if spec is None or not missing:
+        return have, 0
+    texts = in_place_texts.texts_of(session, gallery, missing)
+    wanted = [v for v in missing if v in texts]
+    if not wanted:
+        return have, 0
+    session.commit()  # no pooled connection waits on the embedder
+    vectors = guarded_embed(
+        settings, guards, tenant_id, spec, [texts[v] for v in wanted], "document"
+    )
+    written = in_place_texts.store_embedded_in_place(
+        session,
+        store,
+        gallery,
+        row,
+        {v: missing[v] for v in wanted},
+        {v: texts[v] for v in wanted},
+        vectors,
+    )
+    if not written:
+        return have, 0
+    at = {v: n for n, v in enumerate(wanted)}
+    new_rows = unit(np.asarray(vectors, dtype=np.float64)[[at[v] for v in written]])
+    rows = new_rows if have_ids.size == 0 else np.vstack([have_rows, new_rows])
+    ids = np.concatenate([have_ids, np.asarray(written, dtype=np.int64)])
+    return NewVectors.of(ids, rows), len(written)
 
 
 def ranked(
@@ -267,8 +327,7 @@ def check_depth(settings: Settings, depth: int | None, n_queries: int, k: int) -
 
 
 def refuse_attached(gallery: Gallery, attached: Any) -> None:
+    """409 for a two-stage search of an attached gallery that names no text field: its
+    candidates have no texts to embed (``in_place_texts.refuse_without_texts``)."""
     if gallery.vector_storage in attached:
-        raise conflict(
-            "two-stage search runs on galleries whose vectors the service stores; an attached "
-            "collection's re-embedded vectors live in the collection: use a transition search"
-        )
+        in_place_texts.refuse_without_texts(gallery, "a two-stage search")

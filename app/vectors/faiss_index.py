@@ -23,6 +23,7 @@ import torch
 
 from app.vectors.lorentz_rows import (
     exact_distances,
+    exact_distances_and_cosines,
     lifted_gallery,
     lifted_queries,
     nearest_first,
@@ -44,6 +45,10 @@ IVF_RETRAIN_GROWTH = 4
 FORMAT = 2
 # Float64 values the exact re-rank may hold at once (queries × candidates × dim): 256 MiB.
 RERANK_BUDGET = 2**25
+# Float64 values a candidate search's exact re-score works on at once (queries × candidates ×
+# dim): 1 MiB, blocks that stay in cache (at depth 200 and 384 dimensions a re-score of 256
+# queries in one 157 MB block cost about 4× what it costs in these).
+CANDIDATE_BLOCK = 2**17
 # Which engine scores a flat gallery exactly: "auto", "torch" (matrix product) or "faiss" (flat
 # scan). IVF and HNSW always search through FAISS. "auto" on a CPU lets FAISS scan batches of fewer
 # than FAISS_BELOW_BATCH queries and torch the rest: on the quiet 2-core benchmark machine, at 100k
@@ -81,6 +86,14 @@ def faiss_gpu_count() -> int:
     if not hasattr(faiss, "StandardGpuResources"):
         return 0
     return int(faiss.get_num_gpus())
+
+
+class Candidates(NamedTuple):
+    """A candidate search's answer (``LorentzIndex.search_candidates``), nq × n each."""
+
+    ids: np.ndarray  # int64, −1 padded
+    distances: np.ndarray  # float64 exact Lorentz distances, inf padded; nearest first
+    cosines: np.ndarray | None  # float64 cos(q, x) of the space components (0 padded), if asked
 
 
 class _Rows(NamedTuple):
@@ -451,6 +464,57 @@ class LorentzIndex:
             out_points[part, :found_k] = points
         out_points[out_ids < 0] = np.nan
         return out_ids, out_dist, out_points
+
+    def search_candidates(
+        self,
+        queries: np.ndarray,
+        n: int,
+        *,
+        cosines: bool = False,
+        exclude: np.ndarray | None = None,
+    ) -> Candidates:
+        """The candidates of a two-stage search's stage one: per query the ``n`` rows the float32
+        scan ranks best — no over-fetch beyond them for an exact re-rank: a later stage re-scores
+        them, so only their set matters — each re-scored exactly (float64 distance, and with
+        ``cosines`` the cosine of the space components, as ``exact_distances_and_cosines``) and
+        ordered nearest first, ties by id.
+
+        The set is the exact top n but where float32 rounding swaps rows across the n-th place
+        (rows whose exact distances lie within the float32 scan's error of it); the order and
+        values within it are those ``search_with_points`` gives the same rows. Far from the
+        origin, where the float32 inner product cancels (see the module's docstring), that error
+        grows: a search whose hits must be exact uses ``search_with_points``."""
+        queries = np.asarray(queries, dtype=np.float64).reshape(-1, self.dim)
+        nq = len(queries)
+        out_ids = np.full((nq, n), -1, dtype=np.int64)
+        out_dist = np.full((nq, n), np.inf, dtype=np.float64)
+        out_cos = np.zeros((nq, n), dtype=np.float64) if cosines else None
+        reads_structure = not self._scans_with_torch(nq) and (self.kind != "flat" or self.use_gpu)
+        with self._structure.shared() if reads_structure else nullcontext():
+            rows = self._rows
+            found = self._candidates(rows, queries, n, 1, 0, exclude)
+        if found is None:
+            return Candidates(out_ids, out_dist, out_cos)
+        positions, valid, m = found
+        # Blocks of queries small enough for the float64 copy of their rows to stay in cache.
+        chunk = max(1, CANDIDATE_BLOCK // (m * self.dim))
+        for start in range(0, nq, chunk):
+            part = slice(start, start + chunk)
+            at, ok = positions[part], valid[part]
+            dist, cos = exact_distances_and_cosines(
+                queries[part, None, :], rows.lifted[at][..., 1:], self.curv, cosines
+            )
+            dist[~ok] = np.inf
+            ids = rows.ids[at]
+            order = nearest_first(dist, ids, m)
+            top_dist = np.take_along_axis(dist, order, axis=1)
+            top_ids = np.take_along_axis(ids, order, axis=1)
+            out_ids[part, :m] = np.where(np.isfinite(top_dist), top_ids, -1)
+            out_dist[part, :m] = top_dist
+            if out_cos is not None and cos is not None:
+                top_cos = np.take_along_axis(cos, order, axis=1)
+                out_cos[part, :m] = np.where(np.isfinite(top_dist), top_cos, 0.0)
+        return Candidates(out_ids, out_dist, out_cos)
 
     def _candidates(
         self,

@@ -33,6 +33,34 @@ def exact_distances(queries: np.ndarray, points: np.ndarray, curv: float) -> np.
     return np.log1p(t + np.sqrt(t * (t + 2.0))) / np.sqrt(curv)
 
 
+def exact_distances_and_cosines(
+    queries: np.ndarray, points: np.ndarray, curv: float, cosines: bool = True
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """``exact_distances`` (the same operations in the same order, so the same float64 values)
+    and, with ``cosines``, cos(q, x) of the space components, sharing the squared norms the
+    distance needs. A zero vector (the origin) has no direction: its cosine is taken as 0."""
+    q = np.asarray(queries, dtype=np.float64)
+    x = np.asarray(points, dtype=np.float64)
+    qq = np.einsum("...i,...i->...", q, q)
+    xx = np.einsum("...i,...i->...", x, x)
+    q0 = np.sqrt(1.0 / curv + qq)
+    x0 = np.sqrt(1.0 / curv + xx)
+    diff = q - x
+    dd = np.einsum("...i,...i->...", diff, diff)
+    dt = (qq - xx) / (q0 + x0)
+    t = np.maximum(0.5 * curv * (dd - dt * dt), 0.0)
+    distances = np.log1p(t + np.sqrt(t * (t + 2.0))) / np.sqrt(curv)
+    if not cosines:
+        return distances, None
+    norms = np.sqrt(qq) * np.sqrt(xx)
+    # q·x = (‖q‖² + ‖x‖² − ‖q − x‖²)/2: no further pass over the points, and off by a few
+    # float64 ulps of ‖q‖² + ‖x‖² (a cosine off by ~1e-16), where the distance needed ‖q − x‖²
+    # itself, without that cancellation.
+    dots = 0.5 * (qq + xx - dd)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return distances, np.where(norms > 0, dots / np.where(norms > 0, norms, 1.0), 0.0)
+
+
 def lifted_gallery(points: np.ndarray, curv: float, out: np.ndarray | None = None) -> np.ndarray:
     """Rows x̃ = (x₀, x) in float32 (x₀ from float64), written into ``out`` when given.
 

@@ -72,6 +72,8 @@ class MilvusSource:
     id_type: str | None = None  # "INT64" or "VARCHAR", learnt on attach
     # With a file ``uri``: the owning tenant's folder under the root (``source_rules.tenant_folder``).
     folder: str | None = None
+    # The VARCHAR field holding each row's document text (``app.vectors.milvus_texts``).
+    text_field: str | None = None
 
     @classmethod
     def of(cls, source: dict[str, Any]) -> MilvusSource:
@@ -84,6 +86,7 @@ class MilvusSource:
             token_env=source.get("token_env"),
             id_type=source.get("id_type"),
             folder=source.get("folder"),
+            text_field=source.get("text_field"),
         )
 
     def as_dict(self) -> dict[str, Any]:
@@ -99,6 +102,8 @@ class MilvusSource:
             out["token_env"] = self.token_env
         if self.id_type is not None:
             out["id_type"] = self.id_type
+        if self.text_field is not None:
+            out["text_field"] = self.text_field
         if not self.remote:
             out["folder"] = self.folder
         return out

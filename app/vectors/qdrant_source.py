@@ -61,6 +61,8 @@ class QdrantSource:
     api_key_env: str | None = None
     # With ``path``: the owning tenant's folder under the root (``source_rules.tenant_folder``).
     folder: str | None = None
+    # The payload key holding each point's document text (``app.vectors.qdrant_texts``).
+    text_field: str | None = None
 
     @classmethod
     def of(cls, source: dict[str, Any]) -> QdrantSource:
@@ -71,6 +73,7 @@ class QdrantSource:
             vector=source.get("vector"),
             api_key_env=source.get("api_key_env"),
             folder=source.get("folder"),
+            text_field=source.get("text_field"),
         )
 
     def as_dict(self) -> dict[str, Any]:
@@ -82,6 +85,8 @@ class QdrantSource:
         )
         if self.api_key_env is not None:
             out["api_key_env"] = self.api_key_env
+        if self.text_field is not None:
+            out["text_field"] = self.text_field
         return out
 
 
