@@ -152,14 +152,26 @@ def hit_scores(
     vector's direction; all stored points share one radius, so this is decreasing in the
     distance. Otherwise the Lorentz inner product ⟨q,x⟩_L = −cosh(√c·d)/c."""
     if gallery.bound_model_id is None and gallery.metric == "cosine":
-        q = np.asarray(queries, dtype=np.float64)[:, None, :]
-        x = points.astype(np.float64)
-        norms = np.linalg.norm(q, axis=-1) * np.linalg.norm(x, axis=-1)
-        dots = np.einsum("qkd,qkd->qk", np.broadcast_to(q, x.shape), x)
-        # A zero vector (lifted to the origin) has no direction: its cosine is taken as 0.
-        with np.errstate(invalid="ignore", divide="ignore"):
-            return np.where(norms > 0, dots / np.where(norms > 0, norms, 1.0), 0.0)
+        queries = np.asarray(queries, dtype=np.float64)
+        out = np.empty(points.shape[:2], dtype=np.float64)
+        # In blocks of queries: a float64 copy of every hit's point (nq × k × d) held 0.6 GiB
+        # for 200 queries × k = 1,000 (issue 45 item 6).
+        per = max(1, SCORE_BLOCK_VALUES // max(points.shape[1] * points.shape[2], 1))
+        for start in range(0, len(queries), per):
+            part = slice(start, start + per)
+            q = queries[part][:, None, :]
+            x = points[part].astype(np.float64)
+            norms = np.linalg.norm(q, axis=-1) * np.linalg.norm(x, axis=-1)
+            dots = np.einsum("qkd,qkd->qk", np.broadcast_to(q, x.shape), x)
+            # A zero vector (lifted to the origin) has no direction: its cosine is taken as 0.
+            with np.errstate(invalid="ignore", divide="ignore"):
+                out[part] = np.where(norms > 0, dots / np.where(norms > 0, norms, 1.0), 0.0)
+        return out
     return _distance_scores(gallery, distances)
+
+
+# Float64 values ``hit_scores`` copies at once (queries × k × dim): 32 MiB.
+SCORE_BLOCK_VALUES = 2**22
 
 
 def _distance_scores(gallery: Gallery, distances: np.ndarray) -> np.ndarray:
