@@ -10,8 +10,17 @@ clients or counted by the server's /metrics; every healthy request gets its expe
 every hostile one a 4xx it should get (``HOSTILE_EXPECTED``); every id acknowledged with a 2xx
 reads back through the API with the vector last sent for it, live and after a restart, and each
 gallery's count is the number of acknowledged ids (no refused write was stored); each healthy
-kind's p99 latency under ``--p99-bound-ms``; every upgrade ends succeeded or cancelled; no
-traceback in the server log.
+kind's p99 latency under ``--p99-bound-ms``; every upgrade ends succeeded or cancelled; the
+server's VmRSS (sampled every 0.25 s while the load runs) under its value at the load's start +
+``--rss-headroom-mib``; no traceback in the server log.
+
+Issue 45's hostile clients: JSON searches of 1,000 queries × k = 1,000 (over
+MAX_HITS_PER_REQUEST: 422), the same search asked for as NDJSON (streamed in chunks: 200 with its
+``done`` line, read to the end; a few, one at a time, on the first tenant's gallery), bodies under
+a junk key that promise 8 MiB and send 32 KiB (401, or 429 once throttled, from the headers), and
+connections that trickle header bytes and never end them (408 after HEADER_TIMEOUT_S, 431, or
+closed). The server runs as ``nobackfill serve`` runs it (uvicorn with the bounded-headers
+protocol of ``app.api.http_protocol``), not as the plain ``uvicorn`` command.
 
 Rows are the committed 800-synset WordNet-noun fixture's MiniLM rows (gloss and lemma), each
 drawn at random plus noise of norm 0.1; the upgrades pair 200 synsets' MiniLM gloss rows with
@@ -28,6 +37,8 @@ import asyncio
 import io
 import re
 import shutil
+import subprocess
+import sys
 import tempfile
 import time
 from collections import Counter
@@ -41,7 +52,14 @@ import numpy as np
 
 from bench.common.machine import load_average, machine_facts
 from bench.common.report import command_line, publish
-from bench.common.service import BENCH_KEY, RunningService, npy_bytes, start_service
+from bench.common.service import (
+    BENCH_KEY,
+    RunningService,
+    free_port,
+    npy_bytes,
+    service_env,
+    stop_process,
+)
 from bench.common.wordnet import NEW_MODEL, OLD_MODEL, REPO_ROOT
 from bench.perf.load import noisy_rows
 from bench.perf.soak_checks import (
@@ -58,9 +76,14 @@ from bench.perf.soak_clients import (
     NPY,
     OCTET,
     Target,
+    big_search_body,
+    big_searches,
+    header_slowlorises,
     hostile_content,
+    junk_key_bodies,
     oversized_bodies,
     stalled_bodies,
+    streamed_searches,
     timed,
     trickled_bodies,
     wrong_keys,
@@ -70,8 +93,9 @@ SECTION = "bench.perf.soak"
 TITLE = "Soak under hostile load (bench.perf.soak)"
 FIXTURE = REPO_ROOT / "tests/fixtures/wordnet_small.npz"
 MAX_REQUEST_BYTES = 2 * 1024 * 1024
-IDLE_TIMEOUT_S, BODY_TIMEOUT_S = 2.0, 6.0
-# Lowered so that stalled and trickled bodies end within the run, and oversized ones are cheap;
+IDLE_TIMEOUT_S, BODY_TIMEOUT_S, HEADER_TIMEOUT_S = 2.0, 6.0, 3.0
+# Lowered so that stalled and trickled bodies (and trickled headers) end within the run, and
+# oversized ones are cheap;
 # the upload caps, auth throttle and job quota keep their defaults (8 and 64 bodies, 20 failures
 # in 60 s, 4 active jobs).
 SERVER_ENV = {
@@ -79,7 +103,17 @@ SERVER_ENV = {
     "NOBACKFILL_BODY_IDLE_TIMEOUT_S": f"{IDLE_TIMEOUT_S:g}",
     "NOBACKFILL_BODY_TIMEOUT_S": f"{BODY_TIMEOUT_S:g}",
     "NOBACKFILL_MAX_REQUEST_BYTES": str(MAX_REQUEST_BYTES),
+    "NOBACKFILL_HEADER_TIMEOUT_S": f"{HEADER_TIMEOUT_S:g}",
 }
+# Issue 45's hostile clients. A big search: queries × k over MAX_HITS_PER_REQUEST (200,000).
+BIG_ROWS, BIG_K = 1000, 1000
+# The same search streamed as NDJSON: a few in the run, one at a time; the server's VmRSS, sampled
+# every RSS_INTERVAL_S, must stay under its value at the start of the load + RSS_HEADROOM_MIB.
+STREAMED_FIRST_S, STREAMED_INTERVAL_S = 2.0, 15.0
+RSS_INTERVAL_S, RSS_HEADROOM_MIB = 0.25, 1024.0
+# Junk-key bodies: 8 MiB promised, 32 KiB sent (under uvicorn's 64 KiB read buffer).
+JUNK_CLAIMED, JUNK_SENT = 8 * 2**20, 32 * 2**10
+SLOWLORIS_INTERVAL_S = 0.5
 # The first 60 s run here measured a worst-kind p99 of 1.24 s (upload_json) while other
 # engineers' tests shared the 2 cores (load average 2.3 → 5.5): the bound leaves ~2.4× headroom.
 P99_BOUND_MS = 3000.0
@@ -116,6 +150,57 @@ class Soak:
         default_factory=lambda: {k: Tally() for k in HOSTILE_EXPECTED}
     )
     jobs: Counter[str] = field(default_factory=Counter)
+    rss: list[tuple[float, float]] = field(default_factory=list)
+
+
+def start_server(data_dir: Path, startup_timeout: float = 120.0) -> RunningService:
+    """The server as ``nobackfill serve`` runs it (uvicorn with the bounded-headers protocol of
+    ``app.api.http_protocol``, which the plain ``uvicorn`` command of ``start_service`` lacks)
+    on a free loopback port; returns once /healthz answers."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    log_path = data_dir / "server.log"
+    command = [sys.executable, "-m", "app.cli", "serve", "--host", "127.0.0.1", "--port", str(port)]
+    with log_path.open("ab") as log:
+        process = subprocess.Popen(
+            command, cwd=REPO_ROOT, env=service_env(data_dir, SERVER_ENV), stdout=log, stderr=log
+        )
+    service = RunningService(f"http://127.0.0.1:{port}", process, log_path)
+    deadline = time.monotonic() + startup_timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            tail = log_path.read_text(errors="replace")[-3000:]
+            raise RuntimeError(f"server exited ({process.returncode}); {log_path} ends:\n{tail}")
+        try:
+            if httpx.get(f"{service.url}/healthz", timeout=2).status_code == 200:
+                return service
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    stop_process(process)
+    raise TimeoutError(f"server did not answer within {startup_timeout} s; see {log_path}")
+
+
+def rss_mib(pid: int) -> float | None:
+    """The process's VmRSS, MiB (None once it is gone)."""
+    try:
+        text = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return None
+    match = re.search(r"^VmRSS:\s+(\d+) kB", text, re.M)
+    return int(match.group(1)) / 1024 if match else None
+
+
+async def sample_rss(pid: int, samples: list[tuple[float, float]], until: float) -> None:
+    """(seconds into the load, VmRSS MiB) of the server every RSS_INTERVAL_S."""
+    tic = time.monotonic()
+    for _ in range(MAX_LOOPS):
+        if time.monotonic() >= until:
+            return
+        mib = rss_mib(pid)
+        if mib is not None:
+            samples.append((time.monotonic() - tic, mib))
+        await asyncio.sleep(RSS_INTERVAL_S)
 
 
 def fixture_rows() -> dict[str, np.ndarray]:
@@ -309,6 +394,8 @@ async def run_load(
         )
 
     healthy = [client(t.key) for t in tenants]
+    streamer = client(tenants[0].key)
+    streamer.timeout = httpx.Timeout(120.0)
     content = client(keys["mallory-content"])
     guesser = client("unused", HOSTILE_ADDRESS)
     guesser.headers.pop("Authorization")
@@ -327,6 +414,8 @@ async def run_load(
     trickle = Target(host, int(port), mallory, keys["mallory-trickle"], dim)
     oversize = Target(host, int(port), mallory, keys["mallory-content"], dim)
     evil_alpha = Target(host, int(port), tenants[0].gallery, tenants[0].key, dim)
+    junk = Target(host, int(port), tenants[0].gallery, "", dim, HOSTILE_ADDRESS)
+    big_body = big_search_body(BIG_ROWS, dim, BIG_K)
     tasks += [
         stalled_bodies(stall, soak.hostile["stalled_body"], until, IDLE_TIMEOUT_S + 15, MAX_LOOPS)
         for _ in range(args.stallers)
@@ -345,11 +434,46 @@ async def run_load(
         wrong_keys(
             guesser, tenants[0].gallery, soak.hostile["wrong_key"], until, args.hostile_pause
         ),
+        big_searches(
+            content,
+            f"/v1/galleries/{mallory}/search",
+            big_body,
+            soak.hostile["big_search"],
+            until,
+            args.big_search_pause,
+        ),
+        streamed_searches(
+            streamer,
+            f"/v1/galleries/{tenants[0].gallery}/search",
+            big_body,
+            BIG_ROWS,
+            soak.hostile["big_search_streamed"],
+            until,
+            args.streamed_first_s,
+            STREAMED_INTERVAL_S,
+        ),
+        junk_key_bodies(
+            junk, soak.hostile["junk_key_body"], JUNK_CLAIMED, JUNK_SENT, until, 0.2, 15.0
+        ),
     ]
+    tasks += [
+        header_slowlorises(
+            junk,
+            soak.hostile["header_slowloris"],
+            until,
+            SLOWLORIS_INTERVAL_S,
+            HEADER_TIMEOUT_S,
+            HEADER_TIMEOUT_S + 15,
+        )
+        for _ in range(args.slowlorises)
+    ]
+    # Sampled until the last request ends (a streamed search may outlast the load's deadline).
+    sampler = asyncio.create_task(sample_rss(service.process.pid, soak.rss, until + 600))
     try:
         await asyncio.gather(*tasks)
     finally:
-        for http in [*healthy, content, guesser]:
+        sampler.cancel()
+        for http in [*healthy, streamer, content, guesser]:
             await http.aclose()
     return time.monotonic() - tic
 
@@ -403,6 +527,22 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--hostile-pause", type=float, default=0.05, help="s between hostile")
     parser.add_argument("--stallers", type=int, default=10, help="stalled bodies held open")
     parser.add_argument("--tricklers", type=int, default=3, help="trickled bodies held open")
+    parser.add_argument("--slowlorises", type=int, default=4, help="trickled headers held open")
+    parser.add_argument(
+        "--big-search-pause", type=float, default=1.0, help="s between big (422) searches"
+    )
+    parser.add_argument(
+        "--streamed-first-s",
+        type=float,
+        default=STREAMED_FIRST_S,
+        help="s into the load of the first streamed big search (past --duration: none)",
+    )
+    parser.add_argument(
+        "--rss-headroom-mib",
+        type=float,
+        default=RSS_HEADROOM_MIB,
+        help="server VmRSS bound: its value at the load's start + this",
+    )
     parser.add_argument("--p99-bound-ms", type=float, default=P99_BOUND_MS)
     parser.add_argument("--request-timeout", type=float, default=30.0)
     parser.add_argument("--seed", type=int, default=0)
@@ -416,7 +556,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     soak = Soak(data["old"], args)
     workdir = Path(tempfile.mkdtemp(prefix="nobackfill-bench-soak-"))
     data_dir = workdir / "data"
-    service = start_service(data_dir, SERVER_ENV, startup_timeout=120)
+    service = start_server(data_dir)
     try:
         keys = new_keys(data_dir)
         tenants = [Tenant("alpha", BENCH_KEY), Tenant("beta", keys["beta"])]
@@ -425,13 +565,14 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         mallory = Tenant("mallory", keys["mallory-content"])
         mallory.gallery = create_gallery(service, mallory, "mallory", soak.rows.shape[1])
         load_start = load_average()
+        rss_start = rss_mib(service.process.pid) or 0.0
         seconds = asyncio.run(run_load(service, tenants, keys, mallory.gallery, soak))
         load_end = load_average()
         alive = service.process.poll() is None
         fives = server_5xx(service)
         lost_live, galleries = check_writes(service, [*tenants, mallory])
         service.stop()
-        service = start_service(data_dir, SERVER_ENV, startup_timeout=120)
+        service = start_server(data_dir)
         lost_restart, _ = check_writes(service, tenants)
     finally:
         service.stop()
@@ -453,6 +594,14 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             "tracebacks": log.count("Traceback"),
             "alive": alive,
             "log_tail": log[-3000:] if "Traceback" in log else "",
+            "rss": {
+                "start_mib": rss_start,
+                "peak_mib": max((mib for _, mib in soak.rss), default=0.0),
+                "bound_mib": rss_start + args.rss_headroom_mib,
+                "samples": len(soak.rss),
+                "interval_s": RSS_INTERVAL_S,
+                "timeline": [[round(t, 2), round(mib, 1)] for t, mib in soak.rss[::4]],
+            },
         },
     }
     checks = evaluate(run, args.p99_bound_ms)
@@ -465,7 +614,15 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "server_env": SERVER_ENV,
         "setup": {
             **{k: vars(args)[k] for k in ("duration", "batch", "pause", "seed_rows")},
-            **{k: vars(args)[k] for k in ("stallers", "tricklers")},
+            **{k: vars(args)[k] for k in ("stallers", "tricklers", "slowlorises")},
+            "big_rows": BIG_ROWS,
+            "big_k": BIG_K,
+            "big_search_pause": args.big_search_pause,
+            "streamed": soak.hostile["big_search_streamed"].statuses.total(),
+            "streamed_interval_s": STREAMED_INTERVAL_S,
+            "junk_claimed_bytes": JUNK_CLAIMED,
+            "junk_sent_bytes": JUNK_SENT,
+            "slowloris_interval_s": SLOWLORIS_INTERVAL_S,
             "dim": int(soak.rows.shape[1]),
             "job_items": JOB_ITEMS,
             "hostile_address": HOSTILE_ADDRESS,

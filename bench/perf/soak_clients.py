@@ -20,7 +20,7 @@ import numpy as np
 from numpy.lib import format as npy_format
 
 from bench.common.service import npy_bytes
-from bench.perf.soak_checks import HOSTILE_EXPECTED, Tally
+from bench.perf.soak_checks import CLOSED, HOSTILE_EXPECTED, Tally
 
 OCTET = "application/octet-stream"
 NPY = "application/x-npy"
@@ -44,6 +44,7 @@ class Target:
     gallery: str
     key: str
     dim: int
+    local_address: str | None = None  # the loopback address to connect from
 
 
 async def read_status(reader: asyncio.StreamReader) -> tuple[int, str]:
@@ -69,8 +70,9 @@ async def raw_exchange(
     """Send ``head``, then let ``feed`` write (or withhold) the body while waiting up to
     ``timeout`` s for the answer: (status, body), or (None, why) when none came."""
     try:
+        local = (target.local_address, 0) if target.local_address else None
         reader, writer = await asyncio.wait_for(
-            asyncio.open_connection(target.host, target.port), timeout
+            asyncio.open_connection(target.host, target.port, local_addr=local), timeout
         )
     except (OSError, TimeoutError) as exc:
         return None, f"connect: {exc!r}"
@@ -350,3 +352,149 @@ async def wrong_keys(
         else:
             await timed(client, tally, expected, "GET", url="/v1/galleries", headers=headers)
         await asyncio.sleep(pause)
+
+
+def big_search_body(rows: int, dim: int, k: int) -> str:
+    """A JSON search of ``rows`` queries (every value 0.5: short, so that 1,000 × 384 stays
+    under MAX_REQUEST_BYTES) and ``k``."""
+    row = "[" + ",".join(["0.5"] * dim) + "]"
+    return '{"vectors": [' + ",".join([row] * rows) + f'], "k": {k}}}'
+
+
+async def big_searches(
+    client: httpx.AsyncClient, url: str, body: str, tally: Tally, until: float, pause: float
+) -> None:
+    """JSON searches whose queries × k exceed MAX_HITS_PER_REQUEST: 422 before any search."""
+    for _ in range(MAX_LOOPS):
+        if time.monotonic() >= until:
+            return
+        headers = {"Content-Type": "application/json"}
+        await timed(
+            client,
+            tally,
+            HOSTILE_EXPECTED["big_search"],
+            "POST",
+            url=url,
+            content=body,
+            headers=headers,
+        )
+        await asyncio.sleep(pause)
+
+
+async def streamed_search(
+    client: httpx.AsyncClient, url: str, body: str, n_queries: int, tally: Tally
+) -> None:
+    """One search asked for as NDJSON, read to its end: 200 counts only with a last line
+    ``{"done": true, "queries": n}`` for all ``n_queries`` queries, each line numbered in turn."""
+    expected = HOSTILE_EXPECTED["big_search_streamed"]
+    headers = {"Content-Type": "application/json", "Accept": "application/x-ndjson"}
+    tic = time.perf_counter()
+    try:
+        async with client.stream("POST", url, content=body, headers=headers) as response:
+            if response.status_code != 200:
+                text = (await response.aread()).decode("utf-8", "replace")
+                tally.add(response.status_code, time.perf_counter() - tic, expected, text)
+                return
+            last, seen = None, 0
+            async for line in response.aiter_lines():
+                if not line:
+                    continue
+                last = json.loads(line)
+                if "query" in last:
+                    if last["query"] != seen:
+                        raise ValueError(f"line {seen} numbered {last['query']}")
+                    seen += 1
+    except (httpx.HTTPError, ValueError) as exc:
+        tally.add(None, time.perf_counter() - tic, expected, f"{type(exc).__name__}: {exc}")
+        return
+    done = isinstance(last, dict) and last.get("done") is True and last.get("queries") == seen
+    if done and seen == n_queries:
+        tally.add(200, time.perf_counter() - tic, expected, f"{time.monotonic():.2f}")
+    else:
+        why = f"stream ended after {seen} of {n_queries} queries; last line {str(last)[:200]}"
+        tally.add(None, time.perf_counter() - tic, expected, why)
+
+
+async def streamed_searches(
+    client: httpx.AsyncClient,
+    url: str,
+    body: str,
+    n_queries: int,
+    tally: Tally,
+    until: float,
+    first_after: float,
+    interval: float,
+) -> None:
+    """A few streamed big searches, one at a time: the first ``first_after`` s in, then one
+    every ``interval`` s (from one's start to the next's) while the run lasts."""
+    await asyncio.sleep(max(0.0, min(first_after, until - time.monotonic())))
+    for _ in range(MAX_LOOPS):
+        if time.monotonic() >= until:
+            return
+        start = time.monotonic()
+        await streamed_search(client, url, body, n_queries, tally)
+        await asyncio.sleep(max(0.0, start + interval - time.monotonic()))
+
+
+async def junk_key_bodies(
+    target: Target,
+    tally: Tally,
+    claimed: int,
+    sent: int,
+    until: float,
+    pause: float,
+    answer_timeout: float,
+) -> None:
+    """A body promising ``claimed`` bytes under a junk key, of which only ``sent`` are sent (less
+    than uvicorn buffers before pausing its reads, so no unread byte turns the close into a
+    reset): the key is refused from the headers, 401 (429 once the address is throttled), with
+    the rest of the body never sent."""
+    rng = np.random.default_rng(45)
+
+    async def feed(writer: asyncio.StreamWriter) -> None:
+        await _write(writer, b"x" * sent)
+        await asyncio.sleep(3600)
+
+    for n in range(MAX_LOOPS):
+        if time.monotonic() >= until:
+            return
+        key = "nbk_" + rng.bytes(24).hex()
+        head = _head(target, _paths(target, n), key, claimed, "application/json")
+        tic = time.perf_counter()
+        status, text = await raw_exchange(target, head, feed, answer_timeout)
+        tally.add(status, time.perf_counter() - tic, HOSTILE_EXPECTED["junk_key_body"], text)
+        await asyncio.sleep(pause)
+
+
+async def header_slowlorises(
+    target: Target,
+    tally: Tally,
+    until: float,
+    interval: float,
+    header_timeout: float,
+    answer_timeout: float,
+) -> None:
+    """A request line, then header bytes one every ``interval`` s, never the blank line: the
+    server must answer 408 after HEADER_TIMEOUT_S (or 431, or close the connection). The
+    trickle stops a second before that deadline, as ``trickled_bodies``' does."""
+
+    async def feed(writer: asyncio.StreamWriter) -> None:
+        await _write(writer, b"X-Slow: ")
+        for _ in range(int((header_timeout - 1.0) / interval)):
+            await _write(writer, b"z")
+            await asyncio.sleep(interval)
+        await asyncio.sleep(3600)
+
+    head = f"GET /healthz HTTP/1.1\r\nHost: {target.host}:{target.port}\r\n"
+    for _ in range(MAX_LOOPS):
+        if time.monotonic() >= until:
+            return
+        tic = time.perf_counter()
+        status, text = await raw_exchange(target, head, feed, answer_timeout)
+        closed = status is None and ("IncompleteReadError" in text or "ConnectionReset" in text)
+        tally.add(
+            CLOSED if closed else status,
+            time.perf_counter() - tic,
+            HOSTILE_EXPECTED["header_slowloris"],
+            text,
+        )

@@ -15,8 +15,10 @@ import pytest
 
 import bench.perf.soak
 from bench.perf.soak_checks import (
+    CLOSED,
     HEALTHY_EXPECTED,
     HOSTILE_EXPECTED,
+    HOSTILE_MAY_CLOSE,
     NO_ANSWER,
     Tally,
     WriteLog,
@@ -42,7 +44,15 @@ def test_quick_soak_passes_every_check(tmp_path: Path) -> None:
             assert s["requests"] > 0, kind
             assert all(k != NO_ANSWER and int(k) < 500 for k in s["statuses"]), (kind, s)
     for kind, s in result["hostile"].items():
-        assert all(400 <= int(k) < 500 for k in s["statuses"]), (kind, s)
+        if kind == "big_search_streamed":  # issue 45: streamed to its done line
+            assert set(s["statuses"]) == {"200"}, s
+            continue
+        assert all(
+            (k == CLOSED and kind in HOSTILE_MAY_CLOSE) or 400 <= int(k) < 500
+            for k in s["statuses"]
+        ), (kind, s)
+    rss = result["server"]["rss"]
+    assert rss["samples"] > 0 and rss["peak_mib"] < rss["bound_mib"], rss
     assert result["server"]["responses_5xx"] == 0
     writes = result["writes"]
     assert writes["acked_ids"] > 0 and not writes["lost_live"] and not writes["lost_after_restart"]
@@ -99,7 +109,12 @@ def good_run() -> dict[str, Any]:
             "galleries": {"alpha": {"count": 10, "acked_ids": 10}},
         },
         "jobs": {"created": 3, "succeeded": 2, "cancelled": 1, "failed": 0, "unfinished": 0},
-        "server": {"responses_5xx": 0, "tracebacks": 0, "alive": True},
+        "server": {
+            "responses_5xx": 0,
+            "tracebacks": 0,
+            "alive": True,
+            "rss": {"start_mib": 400.0, "peak_mib": 600.0, "bound_mib": 1424.0, "samples": 40},
+        },
     }
 
 
@@ -127,6 +142,12 @@ def test_evaluate_passes_a_good_run() -> None:
         ("kind never ran", ["every_kind_ran"]),
         ("job failed", ["jobs_end_well"]),
         ("traceback", ["server_log_clean"]),
+        ("rss over bound", ["server_rss"]),
+        ("rss never sampled", ["server_rss"]),
+        ("stream cut", ["hostile_refused_4xx"]),
+        ("big search answered", ["hostile_refused_4xx"]),
+        ("closed where an answer is due", ["hostile_refused_4xx"]),
+        ("slowloris closed", []),
     ],
 )
 def test_evaluate_fails_a_damaged_run(damage: str, expected: list[str]) -> None:
@@ -158,4 +179,16 @@ def test_evaluate_fails_a_damaged_run(damage: str, expected: list[str]) -> None:
         run["jobs"]["failed"] = 1
     elif damage == "traceback":
         run["server"]["tracebacks"] = 1
+    elif damage == "rss over bound":
+        run["server"]["rss"]["peak_mib"] = 1424.5
+    elif damage == "rss never sampled":
+        run["server"]["rss"]["samples"] = 0
+    elif damage == "stream cut":
+        hostile["big_search_streamed"]["statuses"][NO_ANSWER] = 1
+    elif damage == "big search answered":
+        hostile["big_search"]["statuses"]["200"] = 1
+    elif damage == "closed where an answer is due":
+        hostile["junk_key_body"]["statuses"][CLOSED] = 1
+    elif damage == "slowloris closed":  # the server may close it instead of answering 408
+        hostile["header_slowloris"]["statuses"][CLOSED] = 1
     assert failed(run) == expected
