@@ -385,9 +385,13 @@ def _server_command(args: argparse.Namespace) -> int:
         return 0
 
     import app.db_models  # noqa: F401  (the table registry: Database needs every mapped class)
-    from app.core.db import Database, migrate
+    from app.core.db import Database, MigrationTimeout, migrate
 
-    migrate(settings.resolved_database_url)
+    try:
+        migrate(settings.resolved_database_url, settings=settings)
+    except MigrationTimeout as exc:
+        print(f"nobackfill: {exc}", file=sys.stderr)
+        return 1
     if args.command == "migrate":
         return 0
     from app.auth.service import create_key

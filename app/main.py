@@ -56,7 +56,7 @@ def build_state(settings: Settings) -> ServiceState:
     """Migrate, open the database, check every index against it, recover jobs."""
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     if settings.auto_migrate:
-        migrate(settings.resolved_database_url)
+        migrate(settings.resolved_database_url, settings=settings)
     db = Database(settings)
     # A full disk does not stop the start: the startup check keeps what it could not write in
     # memory, searches are served, writes answer 507 and /readyz says so until space is back.

@@ -6,6 +6,7 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy import create_engine, pool
 
+from app.core.db import migration_connect_args
 from app.core.settings import get_settings
 from app.db_models import Base
 
@@ -37,7 +38,12 @@ def run_migrations_online() -> None:
         path = url.split("///", 1)[-1]
         if path and path != ":memory:":
             Path(path).parent.mkdir(parents=True, exist_ok=True)
-    engine = create_engine(url, poolclass=pool.NullPool)
+    # The migration connection's lock and statement timeouts: passed by app.core.db.migrate,
+    # or (the `alembic` command line) read from the settings.
+    connect_args = config.attributes.get("connect_args")
+    if connect_args is None:
+        connect_args = migration_connect_args(url, get_settings())
+    engine = create_engine(url, poolclass=pool.NullPool, connect_args=connect_args)
     with engine.connect() as connection:
         context.configure(
             connection=connection, target_metadata=target_metadata, render_as_batch=True

@@ -278,8 +278,57 @@ def alembic_config(url: str):
     return config
 
 
-def migrate(url: str, revision: str = "head") -> None:
-    """``alembic upgrade <revision>`` against ``url`` (the API runs it at start when configured)."""
-    from alembic import command
+class MigrationTimeout(RuntimeError):
+    """A migration gave up waiting: a lock held by another session, or a statement past its
+    limit. On PostgreSQL the migrations run in one transaction, rolled back whole."""
 
-    command.upgrade(alembic_config(url), revision)
+
+# SQLSTATEs of a wait cut short: lock_not_available (lock_timeout), query_canceled
+# (statement_timeout).
+_MIGRATION_TIMEOUTS = {"55P03": "lock_timeout", "57014": "statement_timeout"}
+
+
+def migration_connect_args(url: str, settings: Settings) -> dict[str, Any]:
+    """The migration connection's bounds on PostgreSQL: its own lock and statement timeouts
+    (not the requests': a migration may rewrite a large table), and the requests' connect
+    timeout and keepalives."""
+    if not url.startswith("postgresql"):
+        return {}
+    return {
+        "options": f"-c lock_timeout={int(settings.migration_lock_timeout_ms)} "
+        f"-c statement_timeout={int(settings.migration_statement_timeout_ms)}",
+        "connect_timeout": int(settings.db_connect_timeout_s),
+        **PG_KEEPALIVES,
+    }
+
+
+def migrate(url: str, revision: str = "head", settings: Settings | None = None) -> None:
+    """``alembic upgrade <revision>`` against ``url`` (the API runs it at start when configured).
+    Raises ``MigrationTimeout`` (logged, with the setting to change) when it waited too long."""
+    from alembic import command
+    from sqlalchemy.exc import OperationalError
+
+    from app.core.settings import get_settings
+
+    settings = settings or get_settings()
+    config = alembic_config(url)
+    config.attributes["connect_args"] = migration_connect_args(url, settings)
+    try:
+        command.upgrade(config, revision)
+    except OperationalError as exc:
+        limit = _MIGRATION_TIMEOUTS.get(getattr(exc.orig, "sqlstate", None) or "")
+        if limit is None:
+            raise
+        setting = {
+            "lock_timeout": f"NOBACKFILL_MIGRATION_LOCK_TIMEOUT_MS={settings.migration_lock_timeout_ms}",
+            "statement_timeout": "NOBACKFILL_MIGRATION_STATEMENT_TIMEOUT_MS="
+            f"{settings.migration_statement_timeout_ms}",
+        }[limit]
+        message = (
+            f"database migration to {revision} stopped by PostgreSQL's {limit} ({setting}): "
+            "another session holds a lock on a table it changes, or a statement ran too long; "
+            "nothing was changed. End that session (pg_stat_activity, pg_locks) or raise the "
+            f"limit, then start again. Server said: {str(exc.orig).strip().splitlines()[0]}"
+        )
+        log.error("%s", message)
+        raise MigrationTimeout(message) from exc

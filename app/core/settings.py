@@ -31,6 +31,21 @@ class Settings(BaseSettings):
     auto_migrate: bool = Field(
         default=True, description="run `alembic upgrade head` when the API starts"
     )
+    # A migration waits for the locks of the tables it changes: behind a session that holds one
+    # (a long report, a stuck transaction) it would hold the start forever. Past these the start
+    # fails, saying why, and the migration's transaction is rolled back whole.
+    migration_lock_timeout_ms: int = Field(
+        default=30_000,
+        ge=0,
+        description="PostgreSQL: how long a migration may wait for a lock held by another "
+        "session before the migration (and the start) fails (0: no limit)",
+    )
+    migration_statement_timeout_ms: int = Field(
+        default=900_000,
+        ge=0,
+        description="PostgreSQL: a migration statement running (or waiting) longer is cancelled "
+        "and the migration (and the start) fails (0: no limit)",
+    )
     sqlite_busy_timeout_ms: int = Field(default=30_000, ge=0)
     pg_statement_timeout_ms: int = Field(
         default=120_000,
@@ -250,6 +265,24 @@ class Settings(BaseSettings):
     job_threads: int = Field(default=1, ge=1, le=64)
     redis_url: str = "redis://127.0.0.1:6379/0"
     celery_queue: str = "nobackfill"
+    # The API only publishes, without retries: a broker that is down, or accepts connections and
+    # never answers (paused, overloaded, half-dead), must not hold POST /v1/upgrades; the job row
+    # stays queued and the sweeper sends it later. Workers keep Celery's own reconnects.
+    redis_connect_timeout_s: float = Field(
+        default=0.5,
+        gt=0,
+        le=30,
+        description="Redis (job_runner=celery): seconds the API waits to connect to the broker "
+        "when it sends a job; past it the job stays queued for the sweeper",
+    )
+    redis_socket_timeout_s: float = Field(
+        default=0.5,
+        gt=0,
+        le=30,
+        description="Redis (job_runner=celery): seconds the API waits for the broker to answer "
+        "a publish on an open connection (a wedged Redis); past it the connection is dropped "
+        "and the job stays queued for the sweeper",
+    )
     job_max_attempts: int = Field(default=3, ge=1, le=100)
     max_active_jobs_per_tenant: int = Field(
         default=4, ge=1, description="queued and running upgrades per tenant (429 above)"

@@ -5,9 +5,11 @@
   the lifespan; a free slot runs the fairest job (``executor.run_next``), not the oldest.
 - ``celery``: a message per job to the Redis broker; ``worker/`` runs the fairest job per message.
 
-Every runner also sweeps: jobs still queued (a lost message, a restart, a tenant at its running
-cap) are submitted again and jobs whose worker stopped beating are handed to ``execute`` (through
+Every runner also sweeps: jobs still queued that a slot could start (a lost message, a restart;
+not those a tenant's running cap holds back: they wait for their tenant's job, not a message) are
+submitted again and jobs whose worker stopped beating are handed to ``execute`` (through
 ``run_next``, which counts them among the jobs a slot may start), which retries or fails them.
+On Celery a sweep tops the queue up to one message per such job rather than adding to it.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from sqlalchemy import or_, select, update
 from app.core.db import Database, utcnow
 from app.core.settings import Settings
 from app.jobs.models import QUEUED, RUNNING, UpgradeJob
-from app.upgrades.executor import Claim, execute, run_next, worker_name
+from app.upgrades.executor import Claim, execute, fair_order, run_next, worker_name
 
 log = logging.getLogger(__name__)
 
@@ -61,26 +63,32 @@ class JobRunner:
             self.submit(job_id)
 
     def sweep(self) -> list[str]:
-        """Submit jobs queued for longer than the stale time and jobs whose worker went quiet."""
+        """Send again the jobs whose message may be lost and that a free slot could start now:
+        queued for longer than the stale time, of a tenant below its running cap, and running
+        jobs whose worker went quiet (``fair_order``'s candidates, fairest first). A job held back
+        by its tenant's cap is not sent: it has nothing lost, and sending it on every sweep piled
+        one no-op message per waiting job into the broker for as long as its tenant's job ran;
+        it becomes a candidate (for the finishing slot, or the next sweep) once that job ends."""
         stale_before = utcnow() - timedelta(seconds=self.settings.job_stale_after_s)
-        with self.db.session() as session:
-            ids = list(
+        with self.db.sessions() as session:
+            startable = fair_order(session, self.settings)
+            if not startable:
+                return []
+            lost = set(
                 session.scalars(
                     select(UpgradeJob.id).where(
-                        or_(
-                            (UpgradeJob.status == QUEUED) & (UpgradeJob.created_at < stale_before),
-                            (UpgradeJob.status == RUNNING)
-                            & (
-                                UpgradeJob.heartbeat_at.is_(None)
-                                | (UpgradeJob.heartbeat_at < stale_before)
-                            ),
-                        )
+                        UpgradeJob.id.in_(startable),
+                        or_(UpgradeJob.status == RUNNING, UpgradeJob.created_at < stale_before),
                     )
                 )
             )
-        for job_id in ids:
-            self.submit(job_id)
+        ids = [job_id for job_id in startable if job_id in lost]
+        self._resend(ids)
         return ids
+
+    def _resend(self, job_ids: list[str]) -> None:
+        for job_id in job_ids:
+            self.submit(job_id)
 
     def _job_ids(self, status: str) -> list[str]:
         with self.db.session() as session:
@@ -188,9 +196,35 @@ class CeleryRunner(JobRunner):
             "max_retries": 0,
             # A broker that accepts connections and never answers (paused, overloaded,
             # half-dead) must not hold the request either.
-            "socket_connect_timeout": 0.5,
-            "socket_timeout": 0.5,
+            "socket_connect_timeout": settings.redis_connect_timeout_s,
+            "socket_timeout": settings.redis_socket_timeout_s,
         }
+
+    def _resend(self, job_ids: list[str]) -> None:
+        """Top the queue up to one message per job instead of adding to it: a message only says
+        "a slot may have work" (the worker runs the fairest job), and while every worker is busy
+        each sweep would add one per waiting job, to be drained as no-ops later."""
+        pending = self._pending_messages()
+        for job_id in job_ids[pending:]:
+            self.submit(job_id)
+
+    def _pending_messages(self) -> int:
+        """Messages waiting in the queue (not yet taken by a worker); 0 when Redis cannot say,
+        so that the sends are tried (and fail as fast) as without the check."""
+        import redis
+
+        client = redis.Redis.from_url(
+            self.settings.redis_url,
+            socket_connect_timeout=self.settings.redis_connect_timeout_s,
+            socket_timeout=self.settings.redis_socket_timeout_s,
+        )
+        try:
+            return int(client.llen(self.settings.celery_queue))
+        except redis.RedisError as exc:
+            log.warning("job sweep: cannot read the broker queue's length (%s)", exc)
+            return 0
+        finally:
+            client.close()
 
     def submit(self, job_id: str) -> None:
         from app.upgrades.broker import RUN_UPGRADE
