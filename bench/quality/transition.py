@@ -1,9 +1,10 @@
 """Transition search on real text: quality against the share of the gallery re-embedded, with
 both models' query vectors (transition) and with the bridge alone (bridged mixed search).
 
-    python -m bench.quality.transition                 # all 24,000 WordNet nouns, seeds 0,1,2
+    python -m bench.quality.transition                 # all 24,000 WordNet nouns, seeds 0–4
     python -m bench.quality.transition --quick         # the committed 800-synset fixture, one seed
     python -m bench.quality.transition --validation    # inside the training synsets: choose the merge
+    python -m bench.quality.transition --render        # summary and section again from the JSON
 
 Per seed a fresh random split of the synsets (60 % train, 40 % evaluation; ``--validation``
 reruns it inside one seed's 60 %, 80/20, so the merge is chosen without the evaluation synsets).
@@ -21,8 +22,13 @@ re-embedded item is scored by the query's new features (cosine), the others by t
 vector in the old space; **bridged**: the others by the bridged query instead. The two lists are
 merged as the service merges them (``app.ml.backfill.mixed``): ``tail`` on the per-query
 reference-tail calibration alone, ``relevance`` with each list's P̂(relevant | c) fitted on the
-upgrade's held-out queries (``app.ml.backfill.relevance``). ± is a 95 % bootstrap interval over
-queries (resampled within each seed, averaged over seeds). JSON to
+upgrade's held-out queries (``app.ml.backfill.relevance``). Intervals (issue 42 item 4): 95 %
+Student t over the seed means (``bench.common.stats.t_interval``). Each seed redraws the split
+(hence the upgrade and the relevance maps), the query sample and the order of re-embedding, so
+the interval covers all of them; a bootstrap of the queries within each seed, averaged over three
+seeds, covered only the query sample. Paired differences (a curve − its stay→reindex
+interpolation, a curve − stay, bridged − share × reindex) are taken per seed before the interval.
+Each run keeps its seed means, so ``--render`` can summarise again without rerunning. JSON to
 ``bench/results/transition.json`` (``transition-quick.json``, ``transition-validation.json``),
 markdown out and into BENCHMARKS.md.
 """
@@ -57,6 +63,7 @@ from app.ml.upgrade.fit_view import (
 )
 from bench.common.partial import upgrade_on
 from bench.common.report import replace_section
+from bench.common.stats import t_interval, target_state
 from bench.common.wordnet import REPO_ROOT
 from bench.quality.querydoc import load_arrays
 
@@ -66,7 +73,16 @@ TITLE = "Transition search (bench.quality.transition)"
 TRAIN_FRACTION = 0.6
 VALIDATION_TRAIN_FRACTION = 0.8
 SEARCHES = ("transition", "bridged")
-BOOTSTRAP = 1000
+METRICS = ("R@1", "R@10")
+# Five seeds: the interval is a t over seed means (4 degrees of freedom, t = 2.776); three left
+# t = 4.303 and an interval half as wide again for the same spread.
+SEEDS = "0,1,2,3,4"
+INTERVAL = (
+    "95 % interval: mean ± t(0.975, n−1)·sd/√n over the n = {n} seed means; each seed redraws "
+    "the split (so the upgrade and the relevance maps), the query sample and the re-embedded items"
+)
+# Results written before issue 42 item 4 hold no "interval": their bootstrap is labelled as such.
+LEGACY_INTERVAL = "95 % bootstrap over the queries within each seed, averaged over the seeds"
 # The targets of issue 29: the transition curve at least the stay→reindex interpolation at
 # these fractions, and a bridged mixed search at 25 % at least this share of reindex.
 INTERPOLATION_FRACTIONS = (0.1, 0.25, 0.5)
@@ -88,7 +104,7 @@ def run_seed(
     reference_size: int = REFERENCE_SIZE,
 ) -> dict[str, Any]:
     """One seed: the upgrade and its held-out fit on the training synsets, then every search's
-    per-query hits (R@1, R@10) at each fraction on the evaluation lemmas."""
+    mean R@1 and R@10 over the evaluation lemmas at each fraction (``seed_means``)."""
     started = time.perf_counter()
     n = arrays["doc_new"].shape[0]
     train, test = split(n, seed, train_fraction)
@@ -159,7 +175,7 @@ def run_seed(
         },
         "max_rank_change_at_ends": exact,
         "seconds": time.perf_counter() - started,
-        "hits": hits,
+        "means": seed_means(hits),
     }
 
 
@@ -167,53 +183,64 @@ def _hits(ranks: np.ndarray) -> dict[str, np.ndarray]:
     return {"R@1": ranks < 1, "R@10": ranks < 10}
 
 
-def bootstrap(per_seed: list[np.ndarray], seed: int = 0) -> tuple[float, float, float]:
-    """(mean over seeds of the per-seed mean, 95 % interval) of per-query values, resampling
-    queries within each seed."""
-    rng = np.random.default_rng(seed)
-    mean = float(np.mean([v.mean() for v in per_seed]))
-    draws = np.zeros(BOOTSTRAP)
-    for v in per_seed:
-        idx = rng.integers(0, len(v), size=(BOOTSTRAP, len(v)))
-        draws += v[idx].mean(axis=1)
-    draws /= len(per_seed)
-    low, high = np.quantile(draws, [0.025, 0.975])
-    return mean, float(low), float(high)
+def seed_means(hits: dict[str, Any]) -> dict[str, Any]:
+    """One seed's per-query hits reduced to their means: baselines name → metric → mean, curves
+    name → fraction → metric → mean. Every figure of the summary is a function of these."""
+    out: dict[str, Any] = {}
+    for name, h in hits.items():
+        if "(" in name:
+            out[name] = {f: {m: float(v[m].mean()) for m in METRICS} for f, v in h.items()}
+        else:
+            out[name] = {m: float(h[m].mean()) for m in METRICS}
+    return out
 
 
 def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """Per search, fraction and metric: mean and interval; per transition curve its gap to the
-    stay→reindex interpolation (per query, so the interval is the gap's)."""
-    out: dict[str, Any] = {"baselines": {}, "curves": {}, "interpolation_gap": {}}
-    for name in ("stay", "reindex", "bridge"):
-        out["baselines"][name] = {
-            m: bootstrap([r["hits"][name][m].astype(float) for r in runs]) for m in ("R@1", "R@10")
+    """Baselines and curves (mean, low, high), and the paired differences the targets judge: per
+    seed a difference of its means, then a t interval over the seeds (``t_interval``).
+
+    ``interpolation_gap``: a curve − (1 − x)·its 0 % end − x·reindex at fraction x (the 0 % end is
+    stay for transition, the bridge alone for bridged); ``minus_stay``: a curve − stay;
+    ``bridged_minus_share_of_reindex``: the served bridged curve at the target's fraction −
+    share × reindex."""
+    means = [r["means"] for r in runs]
+
+    def over_seeds(per_seed: list[dict[str, float]]) -> dict[str, tuple[float, float, float]]:
+        return {m: t_interval([v[m] for v in per_seed]) for m in METRICS}
+
+    def minus(a: dict[str, float], b: dict[str, float], weight: float = 1.0) -> dict[str, float]:
+        return {m: a[m] - weight * b[m] for m in METRICS}
+
+    out: dict[str, Any] = {
+        "interval": INTERVAL.format(n=len(runs)),
+        "baselines": {b: over_seeds([s[b] for s in means]) for b in ("stay", "reindex", "bridge")},
+        "curves": {},
+        "interpolation_gap": {},
+        "minus_stay": {},
+    }
+    for name in (k for k in means[0] if "(" in k):
+        start = "stay" if name.startswith("transition") else "bridge"
+        fractions = list(means[0][name])
+        out["curves"][name] = {f: over_seeds([s[name][f] for s in means]) for f in fractions}
+        out["interpolation_gap"][name] = {
+            f: over_seeds(
+                [
+                    minus(minus(s[name][f], s[start], 1 - float(f)), s["reindex"], float(f))
+                    for s in means
+                ]
+            )
+            for f in fractions
         }
-    curves = [k for k in runs[0]["hits"] if "(" in k]
-    for name in curves:
-        out["curves"][name] = {
-            f: {
-                m: bootstrap([r["hits"][name][f][m].astype(float) for r in runs])
-                for m in ("R@1", "R@10")
-            }
-            for f in runs[0]["hits"][name]
+        out["minus_stay"][name] = {
+            f: over_seeds([minus(s[name][f], s["stay"]) for s in means]) for f in fractions
         }
-        low_name = "stay" if name.startswith("transition") else "bridge"
-        gaps = {}
-        for f in runs[0]["hits"][name]:
-            x = float(f)
-            gaps[f] = {
-                m: bootstrap(
-                    [
-                        r["hits"][name][f][m].astype(float)
-                        - (1 - x) * r["hits"][low_name][m].astype(float)
-                        - x * r["hits"]["reindex"][m].astype(float)
-                        for r in runs
-                    ]
-                )
-                for m in ("R@1", "R@10")
-            }
-        out["interpolation_gap"][name] = gaps
+    fraction, share = BRIDGED_TARGET
+    out["bridged_minus_share_of_reindex"] = {
+        c: over_seeds(
+            [minus(s[f"bridged ({c})"][str(fraction)], s["reindex"], share) for s in means]
+        )["R@10"]
+        for c in CALIBRATIONS
+    }
     return out
 
 
@@ -222,6 +249,24 @@ def area(summary: dict[str, Any], name: str, metric: str = "R@10") -> float:
     pts = sorted((float(f), v[metric][0]) for f, v in summary["curves"][name].items())
     xs, ys = np.array([p[0] for p in pts]), np.array([p[1] for p in pts])
     return float(np.sum((xs[1:] - xs[:-1]) * (ys[1:] + ys[:-1]) / 2))
+
+
+def areas_r10(summary: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """The choice of calibration: the larger area under R@10 summed over both searches."""
+    return {c: {s: area(summary, f"{s} ({c})") for s in SEARCHES} for c in CALIBRATIONS}
+
+
+def render_saved(path: Path) -> Path:
+    """The summary of a saved full run again from its per-seed means, and its section."""
+    payload = json.loads(path.read_text())
+    payload["summary"] = summarise(payload["runs"])
+    payload["area_r10"] = areas_r10(payload["summary"])
+    path.write_text(json.dumps(payload, indent=1))
+    validation = path.with_name("transition-validation.json")
+    v = json.loads(validation.read_text()) if validation.exists() else None
+    replace_section(SECTION, TITLE, section_markdown(payload, v))
+    print(section_markdown(payload, v))
+    return path
 
 
 def _ci(v: tuple[float, float, float]) -> str:
@@ -236,7 +281,8 @@ def render_markdown(payload: dict[str, Any]) -> str:
         f"Command: `{payload['command']}` — seeds {payload['seeds']}, {payload['n_items']} "
         f"synsets in the gallery, {payload['queries_per_seed']} evaluation lemmas per seed, "
         f"bridge `{payload['method']}`, {payload['elapsed_minutes']:.1f} min on "
-        f"{payload['machine']}. Served calibration: `{payload['served_calibration']}`.",
+        f"{payload['machine']}. Served calibration: `{payload['served_calibration']}`. Each "
+        f"figure: mean [{s.get('interval', LEGACY_INTERVAL)}].",
         "",
     ]
     b = s["baselines"]
@@ -261,10 +307,18 @@ def render_markdown(payload: dict[str, Any]) -> str:
             lines.append(
                 f"| {name} | {m} | " + " | ".join(_ci(curve[f][m]) for f in fractions) + " |"
             )
-    lines += ["", "Gap to the linear interpolation (R@10, per query; + is above the line):", ""]
-    lines += [head.replace("| metric ", ""), "|---|" + "---|" * len(fractions)]
-    for name, gaps in s["interpolation_gap"].items():
-        lines.append(f"| {name} | " + " | ".join(_ci(gaps[f]["R@10"]) for f in fractions) + " |")
+    paired = "per seed" if "interval" in s else "per query"
+    tables = [("interpolation_gap", "Gap to the linear interpolation", "+ is above the line")]
+    # Results from before issue 42 item 4 hold no paired differences with stay.
+    if "minus_stay" in s:
+        tables.append(("minus_stay", "Each search − stay", "+ finds more than the old model"))
+    for key, title, sign in tables:
+        lines += ["", f"{title} (R@10, paired {paired}; {sign}):", ""]
+        lines += [head.replace("| metric ", ""), "|---|" + "---|" * len(fractions)]
+        for name, diffs in s[key].items():
+            lines.append(
+                f"| {name} | " + " | ".join(_ci(diffs[f]["R@10"]) for f in fractions) + " |"
+            )
     ends = {
         k: max(r["max_rank_change_at_ends"][k] for r in payload["runs"])
         for k in payload["runs"][0]["max_rank_change_at_ends"]
@@ -297,35 +351,38 @@ def section_markdown(payload: dict[str, Any], validation: dict[str, Any] | None)
 
 
 def targets(payload: dict[str, Any]) -> list[str]:
+    """Issue 29's targets, each "met" only when the interval of its paired difference clears 0,
+    "missed by" the shortfall when the whole interval lies below, else "not shown"
+    (``target_state``)."""
     s = payload["summary"]
-    served = f"transition ({payload['served_calibration']})"
+    calibration = payload["served_calibration"]
+    served = f"transition ({calibration})"
     out = []
     for f in INTERPOLATION_FRACTIONS:
         gap = s["interpolation_gap"][served][str(f)]["R@10"]
-        verdict = (
-            "met"
-            if gap[0] >= 0
-            else f"missed by {-gap[0]:.4f}" + (" (within the interval)" if gap[2] >= 0 else "")
-        )
         out.append(
             f"- transition R@10 at {f:.0%} ≥ the stay→reindex interpolation: gap "
-            f"{_ci(gap)} — {verdict}"
+            f"{_ci(gap)} — {target_state(gap, 0.0)}"
         )
     f, share = BRIDGED_TARGET
-    bridged = s["curves"][f"bridged ({payload['served_calibration']})"][str(f)]["R@10"][0]
+    bridged = s["curves"][f"bridged ({calibration})"][str(f)]["R@10"][0]
     goal = share * s["baselines"]["reindex"]["R@10"][0]
-    out.append(
+    line = (
         f"- bridged mixed search ({payload['method']}) R@10 at {f:.0%} {bridged:.3f} ≥ "
-        f"{share} × reindex = {goal:.3f} — "
-        + ("met" if bridged >= goal else f"missed by {goal - bridged:.3f}")
+        f"{share} × reindex = {goal:.3f}"
     )
+    diff = s.get("bridged_minus_share_of_reindex", {}).get(calibration)
+    if diff is None:  # results from before issue 42 item 4: no paired interval to judge on
+        out.append(line + " — not shown (no paired interval in these results)")
+    else:
+        out.append(f"{line}: bridged − {share} × reindex {_ci(diff)} — {target_state(diff, 0.0)}")
     return out
 
 
 def main(argv: list[str] | None = None) -> Path:
     parser = argparse.ArgumentParser(description="transition and bridged mixed search curves")
     parser.add_argument("--quick", action="store_true", help="the 800-synset fixture, one seed")
-    parser.add_argument("--seeds", default=None, help="comma-separated (default 0,1,2; quick 0)")
+    parser.add_argument("--seeds", default=None, help=f"comma-separated (default {SEEDS}; quick 0)")
     parser.add_argument("--method", default="procrustes", help="the bridge's method")
     parser.add_argument("--validation", action="store_true", help="inside the training synsets")
     parser.add_argument("--queries", type=int, default=4000, help="evaluation lemmas per seed")
@@ -336,8 +393,13 @@ def main(argv: list[str] | None = None) -> Path:
         help="reference documents of the searches' tails (the relevance maps keep the service's)",
     )
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument(
+        "--render", action="store_true", help="summarise and publish the saved full run again"
+    )
     args = parser.parse_args(argv)
-    seeds = [int(s) for s in (args.seeds or ("0" if args.quick else "0,1,2")).split(",")]
+    if args.render:
+        return render_saved(RESULTS)
+    seeds = [int(s) for s in (args.seeds or ("0" if args.quick else SEEDS)).split(",")]
     arrays = load_arrays(args.quick)
     started = time.time()
     runs = []
@@ -358,8 +420,7 @@ def main(argv: list[str] | None = None) -> Path:
     if args.reference_size != REFERENCE_SIZE:
         command += f" --reference-size {args.reference_size}"
     summary = summarise(runs)
-    # The choice of calibration: the larger area under R@10 summed over both searches.
-    areas = {c: {s: area(summary, f"{s} ({c})") for s in SEARCHES} for c in CALIBRATIONS}
+    areas = areas_r10(summary)
     payload = {
         "command": command,
         "quick": args.quick,
@@ -373,7 +434,7 @@ def main(argv: list[str] | None = None) -> Path:
         "served_calibration": CALIBRATION,
         "area_r10": areas,
         "summary": summary,
-        "runs": [{k: v for k, v in r.items() if k != "hits"} for r in runs],
+        "runs": runs,
     }
     name = (
         "transition" + ("-quick" if args.quick else "") + ("-validation" if args.validation else "")
