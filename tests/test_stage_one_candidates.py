@@ -4,7 +4,7 @@ just those exactly. On real vectors (the fixture's 1,600 MiniLM rows of WordNet 
 lemmas, lifted as a cosine gallery is, and a hyperbolic model's points at the radii the service
 allows), its candidate set is the exact top-depth set up to float32 ties, and its ids, distances
 and cosines are those of the served exact search over the same rows. The batched ranking of the
-second stage answers what the per-query one did."""
+second stage answers its rule worked candidate by candidate."""
 
 from __future__ import annotations
 
@@ -132,20 +132,60 @@ def test_distances_and_cosines_share_the_exact_formula() -> None:
     np.testing.assert_allclose(cos, want, rtol=1e-12, atol=1e-15)
 
 
+def _ranked_one_by_one(
+    ids: np.ndarray,
+    distances: np.ndarray,
+    old_scores: np.ndarray,
+    query_features: np.ndarray,
+    vectors: two_stage.NewVectors,
+    k: int,
+    fusion: two_stage.Fusion | None,
+) -> list[list[tuple[int, float, float, bool]]]:
+    """The second stage's rule, candidate by candidate in plain Python: the candidates with a
+    new vector by the new cosine (or the fused score), ties in the index's order, then the
+    others in the index's order; padded candidates (id −1) skipped."""
+    out = []
+    for q in range(ids.shape[0]):
+        query = (query_features[q] / np.linalg.norm(query_features[q])).astype(np.float32)
+        keyed, old_hits = [], []
+        for col in range(ids.shape[1]):
+            item = int(ids[q, col])
+            if item < 0:
+                continue
+            old_score = float(old_scores[q, col])
+            at = int(vectors.positions(np.array([item]))[0])
+            if at < 0:
+                old_hits.append((item, float(distances[q, col]), old_score, False))
+                continue
+            cos = float(np.dot(vectors.rows[at], query))  # a float32 product, as served
+            key = cos
+            if fusion is not None:
+                sc = fusion.scale
+                key = fusion.weight * (old_score - sc.old_mean) / sc.old_std
+                key += (1 - fusion.weight) * (cos - sc.new_mean) / sc.new_std
+            clipped = min(1.0, max(-1.0, cos))
+            score = clipped if fusion is None else key
+            keyed.append((key, (item, float(np.arccos(clipped)), score, True)))
+        keyed.sort(key=lambda pair: -pair[0])  # stable: the index's order among equal keys
+        out.append(([hit for _, hit in keyed] + old_hits)[:k])
+    return out
+
+
 @pytest.mark.parametrize(("fused", "share"), [(False, 0.1), (True, 0.1), (True, 0.9)])
-def test_batched_ranking_answers_what_the_per_query_one_did(
+def test_batched_ranking_answers_the_rule_candidate_by_candidate(
     wordnet_small: dict, fused: bool, share: float
 ) -> None:
     """Real candidates (the cosine gallery's stage one at depth 60) and real new vectors (the
-    MPNet rows of the same texts) for some of them: the batched ``ranking.ranked`` and
-    ``two_stage.ranked`` give the same hits, in the same order, with the same values."""
+    MPNet rows of the same texts) for some of them: the batched ``ranking.ranked`` gives the
+    hits the rule gives worked candidate by candidate, in the same order, with the same
+    values."""
     index, points = _cosine_gallery(wordnet_small, "torch")
     new = _rows(wordnet_small, NEW)
     rng = np.random.default_rng(4)
     pick = rng.choice(len(points), 40, replace=False)
     found = index.search_candidates(points[pick], 60, cosines=True)
     ids = found.ids.copy()
-    ids[3, 50:] = -1  # a padded query
+    ids[3, 5:] = -1  # a padded query, with fewer candidates than k
     position = {int(v): p for p, v in enumerate(index.ids)}
     # A share of the gallery re-embedded (unit rows, as the in-memory copy keeps them); at a
     # tenth most queries have fewer than k candidates with a new vector, the rest come in the
@@ -160,16 +200,17 @@ def test_batched_ranking_answers_what_the_per_query_one_did(
     if fused:
         fusion = two_stage.Fusion(0.3, FusionScale(0.4, 0.15, 0.3, 0.12))
     args = (ids, found.distances, found.cosines, features, vectors, 10)
-    want = two_stage.ranked(*args, fusion)
+    want = _ranked_one_by_one(*args, fusion)
     got = ranking.ranked(*args, fusion)
     assert [[h[0] for h in row] for row in got] == [[h[0] for h in row] for row in want]
     assert [[h[3] for h in row] for row in got] == [[h[3] for h in row] for row in want]
-    # The same float32 products but for the last bit (a BLAS kernel's rounding depends on how
-    # many rows it is given: every candidate's here, only the scored ones' there).
+    # The same float32 products but for the last bit (a BLAS kernel's rounding is not a plain
+    # dot product's). Distances compared through their cosine: arccos near 1 turns one float32
+    # ulp of a query's own item (cosine ~1) into 3e-4 rad.
     for g_row, w_row in zip(got, want, strict=True):
         np.testing.assert_allclose(
-            [h[1:3] for h in g_row] or np.empty((0, 2)),
-            [h[1:3] for h in w_row] or np.empty((0, 2)),
+            [(np.cos(h[1]), h[2]) for h in g_row] or np.empty((0, 2)),
+            [(np.cos(h[1]), h[2]) for h in w_row] or np.empty((0, 2)),
             rtol=1e-6,
             atol=1e-6,
         )
@@ -179,6 +220,6 @@ def test_batched_ranking_answers_what_the_per_query_one_did(
     assert ranking.ranked(ids[:0], *[a[:0] for a in args[1:4]], vectors, 10) == []
     # Nothing re-embedded yet: every hit in the index's order, as before.
     none = two_stage.NewVectors.of(np.empty(0, np.int64), np.empty((0, new.shape[1]), np.float32))
-    assert ranking.ranked(*args[:4], none, 10, fusion) == two_stage.ranked(
+    assert ranking.ranked(*args[:4], none, 10, fusion) == _ranked_one_by_one(
         *args[:4], none, 10, fusion
     )

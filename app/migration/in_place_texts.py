@@ -21,6 +21,7 @@ from app.core.errors import conflict
 from app.galleries.models import Gallery
 from app.galleries.service import item_texts
 from app.migration import in_place
+from app.migration.reembed import EmbeddedTexts
 from app.ml.backfill.mixed import unit_rows
 from app.models.models import TrainedModel
 from app.vectors.engine import ATTACHED, QDRANT
@@ -106,14 +107,12 @@ def store_embedded_in_place(
     store: IndexStore,
     gallery: Gallery,
     row: TrainedModel,
-    names: dict[int, str],
-    texts: dict[int, str],
-    matrix: np.ndarray,
+    embedded: EmbeddedTexts,
 ) -> list[int]:
-    """Write vectors embedded from the items' texts (``names``: internal id → item id, in
-    ``matrix`` order; ``texts``: what was embedded) in place, as an upload of them would
+    """Write vectors embedded from the items' texts in place, as an upload of them would
     (``in_place.store_in_place``; committed). An item whose text changed since it was read, or
     whose point is gone, is left out. Returns the internal ids written."""
+    names, texts, matrix = embedded.names, embedded.texts, embedded.matrix
     vector_ids = list(names)
     now = texts_of(session, gallery, names)
     keep = [n for n, v in enumerate(vector_ids) if now.get(v) == texts[v]]

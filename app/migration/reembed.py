@@ -110,21 +110,31 @@ def store_reembedded(
     return len(ids), reembedded_count(session, gallery.id, row.id)
 
 
+@dataclass(frozen=True)
+class EmbeddedTexts:
+    """What the model's embedder returned for some items' texts, as a two-stage search or a
+    re-embed job hands it to be stored (``store_embedded``, or in place for an attached
+    collection, ``app.migration.in_place_texts.store_embedded_in_place``): ``names`` maps each
+    row's internal id (in ``matrix`` order) to its item id, ``texts`` to the text that was
+    embedded, and ``matrix`` holds the embedder's vectors, one row per name."""
+
+    names: dict[int, str]
+    texts: dict[int, str]
+    matrix: np.ndarray
+
+
 def store_embedded(
     session: Session,
     store: IndexStore,
     gallery: Gallery,
     row: TrainedModel,
-    names: dict[int, str],
-    texts: dict[int, str],
-    matrix: np.ndarray,
+    embedded: EmbeddedTexts,
 ) -> int:
-    """Store features a search embedded lazily (two-stage search) as re-embedded items of
-    ``row``: ``names`` maps each row's internal id (in ``matrix`` order) to its item id,
-    ``texts`` to the text that was embedded. Under the gallery's locks: an item deleted, or
-    whose text changed, since the search read it is skipped (its new content has no features
-    yet), one that another search stored meanwhile is left as it is. Committed; returns how
-    many were stored."""
+    """Store features a search or a re-embed job embedded as re-embedded items of ``row``.
+    Under the gallery's locks: an item deleted, or whose text changed, since it was read is
+    skipped (its new content has no features yet), one that another search stored meanwhile is
+    left as it is. Committed; returns how many were stored."""
+    names, texts, matrix = embedded.names, embedded.texts, embedded.matrix
     vector_ids = list(names)
     blobs = {
         v: np.ascontiguousarray(r, dtype="<f4").tobytes()

@@ -46,7 +46,13 @@ from app.galleries.models import Gallery, GalleryText
 from app.galleries.service import get_gallery
 from app.jobs.models import QUEUED, RUNNING, UpgradeJob
 from app.migration import in_place_texts
-from app.migration.reembed import backbone_for, plan, reembedded_ids, store_embedded
+from app.migration.reembed import (
+    EmbeddedTexts,
+    backbone_for,
+    plan,
+    reembedded_ids,
+    store_embedded,
+)
 from app.migration.schemas import ReembedCreate
 from app.ml.methods.training import TrainingHooks
 from app.models.models import TrainedModel
@@ -288,20 +294,21 @@ def run(db: Database, settings: Settings, job: UpgradeJob, hooks: TrainingHooks)
                 fresh_row = session.get(TrainedModel, row.id)
                 if fresh_gallery is None or fresh_row is None:
                     raise ValueError("the gallery or the model was deleted while the job ran")
-                write = (
-                    store_embedded
-                    if fresh_gallery.vector_storage not in ATTACHED
-                    else _store_in_place
+                batch_embedded = EmbeddedTexts(
+                    {v: names[v] for v in wanted}, {v: texts[v] for v in wanted}, vectors
                 )
-                stored = write(
-                    session,
-                    store,
-                    fresh_gallery,
-                    fresh_row,
-                    {v: names[v] for v in wanted},
-                    {v: texts[v] for v in wanted},
-                    vectors,
-                )
+                if fresh_gallery.vector_storage in ATTACHED:
+                    # Written in place, as an upload would be (items the collection lost, or
+                    # whose text changed, left out).
+                    stored = len(
+                        in_place_texts.store_embedded_in_place(
+                            session, store, fresh_gallery, fresh_row, batch_embedded
+                        )
+                    )
+                else:
+                    stored = store_embedded(
+                        session, store, fresh_gallery, fresh_row, batch_embedded
+                    )
             embedded += stored
             # Items a search stored meanwhile, deleted or whose text changed: not this job's.
             skipped += len(wanted) - stored
@@ -324,22 +331,6 @@ def run(db: Database, settings: Settings, job: UpgradeJob, hooks: TrainingHooks)
             "fraction_reembedded": reembedded / total if total else 0.0,
         }
     }
-
-
-def _store_in_place(
-    session: Session,
-    store: IndexStore,
-    gallery: Gallery,
-    row: TrainedModel,
-    names: dict[int, str],
-    texts: dict[int, str],
-    matrix: np.ndarray,
-) -> int:
-    """``store_embedded`` of an attached collection: written in place, as an upload would be
-    (items the collection lost, or whose text changed, left out); how many were written."""
-    return len(
-        in_place_texts.store_embedded_in_place(session, store, gallery, row, names, texts, matrix)
-    )
 
 
 executor.register_kind(METHOD, run)

@@ -1,8 +1,7 @@
 """A two-stage search's second stage for a whole batch at once: the candidates ranked by the new
-model (issue 43's speed target). The same answer as ``app.search.two_stage.ranked`` — per query
-the candidates with a new vector by the new cosine, or by the fused score, ties in the old
-index's order, then the others in the old index's order — with no loop over the queries but the
-one that hands the hits out: the new vectors' lookup, the cosines (float32 products, as there)
+model (issue 43's speed target): per query the candidates with a new vector by the new cosine,
+or by the fused score, ties in the old index's order, then the others in the old index's order —
+with no loop over the queries but the one that hands the hits out: the new vectors' lookup, the cosines (float32 products, as there)
 and the orders are whole-array operations, the cosines worked in blocks of queries whose rows
 stay in cache."""
 
@@ -52,8 +51,11 @@ def ranked(
     k: int,
     fusion: Fusion | None = None,
 ) -> list[list[Hit]]:
-    """Per query its k hits as (internal id, distance, score, scored by the new model), as
-    ``app.search.two_stage.ranked`` answers them: padded candidates (id −1) skipped."""
+    """Per query its k hits as (internal id, distance, score, scored by the new model): the
+    candidates with a new vector by the new cosine — or, with ``fusion``, by the fused score
+    w·z(old cosine) + (1 − w)·z(new cosine) (``app.ml.backfill.two_stage``) — ties in the old
+    index's order, then the others in the old index's order; padded candidates (id −1)
+    skipped."""
     nq, m = ids.shape
     if nq == 0:
         return []

@@ -6,10 +6,10 @@ order by itself.
 The math is ``app.ml.backfill.two_stage`` (the same rerank the benchmark measures, weight 0: the
 new model alone among the candidates). Here: which candidates have new vectors, one batched
 embedder call per request for those that do not (their texts), the guards (a circuit per
-embedder, a budget per tenant), and the order of the hits. Anything the embedder gets wrong
-raises ``Degraded``: the caller answers the single-stage search instead, and nothing
-half-embedded is stored (vectors are checked whole before ``store_embedded`` writes them in one
-transaction).
+embedder, a budget per tenant); the order of the hits is ``app.search.ranking``'s (the whole
+batch at once). Anything the embedder gets wrong raises ``Degraded``: the caller answers the
+single-stage search instead, and nothing half-embedded is stored (vectors are checked whole
+before ``store_embedded`` writes them in one transaction).
 
 An attached collection (issue 43, item 2) takes part when its source names a ``text_field``:
 stage one is the collection's own search, the candidates' new vectors and texts are read from
@@ -37,7 +37,7 @@ from app.embedders.service import spec_of
 from app.galleries.models import Gallery
 from app.galleries.service import item_texts
 from app.migration import in_place_texts
-from app.migration.reembed import reembedded_by_id, store_embedded
+from app.migration.reembed import EmbeddedTexts, reembedded_by_id, store_embedded
 from app.ml.backfill.two_stage import FusionScale, unit
 from app.models.models import TrainedModel
 from app.vectors.engine import ATTACHED
@@ -195,9 +195,7 @@ def new_vectors(
             store,
             gallery,
             row,
-            {v: names[v][0] for v in wanted},
-            {v: texts[v] for v in wanted},
-            vectors,
+            EmbeddedTexts({v: names[v][0] for v in wanted}, {v: texts[v] for v in wanted}, vectors),
         )
         return NewVectors.stored(session, gallery.id, row.id), stored
 
@@ -238,9 +236,7 @@ def _in_place_vectors(
         store,
         gallery,
         row,
-        {v: missing[v] for v in wanted},
-        {v: texts[v] for v in wanted},
-        vectors,
+        EmbeddedTexts({v: missing[v] for v in wanted}, {v: texts[v] for v in wanted}, vectors),
     )
     if not written:
         return have, 0
@@ -249,62 +245,6 @@ def _in_place_vectors(
     rows = new_rows if have_ids.size == 0 else np.vstack([have_rows, new_rows])
     ids = np.concatenate([have_ids, np.asarray(written, dtype=np.int64)])
     return NewVectors.of(ids, rows), len(written)
-
-
-def ranked(
-    ids: np.ndarray,
-    distances: np.ndarray,
-    old_scores: np.ndarray,
-    query_features: np.ndarray,
-    vectors: NewVectors,
-    k: int,
-    fusion: Fusion | None = None,
-) -> list[list[tuple[int, float, float, bool]]]:
-    """Per query its k hits as (internal id, distance, score, scored by the new model): the
-    candidates with a new vector by the new cosine — or, with ``fusion``, by the fused score
-    w·z(old cosine) + (1 − w)·z(new cosine) (``app.ml.backfill.two_stage``) — ties in the old
-    index's order, then the others in the old index's order."""
-    queries = unit(query_features)
-    out = []
-    for q in range(ids.shape[0]):
-        valid = ids[q] >= 0
-        row_ids, row_dist, row_old = ids[q][valid], distances[q][valid], old_scores[q][valid]
-        at = vectors.positions(row_ids)
-        scored = at >= 0
-        cos = np.zeros(row_ids.shape, dtype=np.float64)
-        if scored.any():
-            cos[scored] = vectors.rows[at[scored]] @ queries[q]
-        key = cos
-        if fusion is not None:
-            sc = fusion.scale
-            key = (
-                fusion.weight * (row_old - sc.old_mean) / sc.old_std
-                + (1 - fusion.weight) * (cos - sc.new_mean) / sc.new_std
-            )
-        # Only the k returned hits are built, as whole arrays: building every candidate's hit
-        # one by one (depth 200 × 256 queries) cost more than the ranking itself.
-        new_order = np.nonzero(scored)[0][np.argsort(-key[scored], kind="stable")][:k]
-        old_order = np.nonzero(~scored)[0][: k - new_order.size]
-        c = np.clip(cos[new_order], -1.0, 1.0)
-        score = c if fusion is None else key[new_order]
-        hits = list(
-            zip(
-                row_ids[new_order].tolist(),
-                np.arccos(c).tolist(),
-                score.tolist(),
-                [True] * new_order.size,
-                strict=True,
-            )
-        )
-        hits += zip(
-            row_ids[old_order].tolist(),
-            row_dist[old_order].tolist(),
-            row_old[old_order].tolist(),
-            [False] * old_order.size,
-            strict=True,
-        )
-        out.append(hits)
-    return out
 
 
 def check_depth(settings: Settings, depth: int | None, n_queries: int, k: int) -> int:

@@ -78,31 +78,38 @@ def stop_process(process: subprocess.Popen, timeout: float = 60.0) -> None:
 
 
 def start_service(
-    data_dir: Path, extra_env: Mapping[str, str] | None = None, startup_timeout: float = 900.0
+    data_dir: Path,
+    extra_env: Mapping[str, str] | None = None,
+    startup_timeout: float = 900.0,
+    cli_serve: bool = False,
 ) -> RunningService:
     """``uvicorn app.main:create_app`` on a free local port; returns once /healthz answers (the
-    startup check may first rebuild a large gallery's index from the database)."""
+    startup check may first rebuild a large gallery's index from the database). ``cli_serve``:
+    the server as ``nobackfill serve`` runs it instead (uvicorn with the bounded-headers
+    protocol of ``app.api.http_protocol``, which the plain ``uvicorn`` command lacks)."""
     data_dir.mkdir(parents=True, exist_ok=True)
     port = free_port()
     log_path = data_dir / "server.log"
-    log = log_path.open("ab")
-    command = [
-        sys.executable,
-        "-m",
-        "uvicorn",
-        "app.main:create_app",
-        "--factory",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--log-level",
-        "warning",
-        "--no-access-log",
-    ]
-    process = subprocess.Popen(
-        command, cwd=REPO_ROOT, env=service_env(data_dir, extra_env), stdout=log, stderr=log
-    )
+    address = ["--host", "127.0.0.1", "--port", str(port)]
+    if cli_serve:
+        command = [sys.executable, "-m", "app.cli", "serve", *address]
+    else:
+        command = [
+            sys.executable,
+            "-m",
+            "uvicorn",
+            "app.main:create_app",
+            "--factory",
+            *address,
+            "--log-level",
+            "warning",
+            "--no-access-log",
+        ]
+    # The child writes to its own copy of the log's descriptor; the parent's closes here.
+    with log_path.open("ab") as log:
+        process = subprocess.Popen(
+            command, cwd=REPO_ROOT, env=service_env(data_dir, extra_env), stdout=log, stderr=log
+        )
     service = RunningService(f"http://127.0.0.1:{port}", process, log_path)
     deadline = time.monotonic() + startup_timeout
     while time.monotonic() < deadline:

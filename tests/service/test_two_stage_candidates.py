@@ -1,15 +1,16 @@
-"""A two-stage search's stage one without the over-fetch, and its batched second stage (issue
-43's speed target), answer through the API what the previous path answered: on the test gallery
-(400 real MiniLM glosses, a procrustes model, the embedder stand-in answering real MPNet vectors)
-the same hits with the same distances and scores — bridged, fused with the old score, and cold
-(every candidate embedded by the search) as well as warm."""
+"""A two-stage search's stage one without the over-fetch (issue 43's speed target) answers
+through the API what the previous path answered: on the test gallery (400 real MiniLM glosses, a
+procrustes model, the embedder stand-in answering real MPNet vectors) the same hits with the same
+distances and scores — bridged, fused with the old score, and cold (every candidate embedded by
+the search) as well as warm. (The batched second stage, ``app.search.ranking``, is checked
+against its rule worked candidate by candidate in ``tests/test_stage_one_candidates.py``.)"""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from app.search import ranking, service, two_stage
+from app.search import service
 from tests.service.test_two_stage_search import embedder, search, setup  # noqa: F401
 
 
@@ -82,7 +83,6 @@ def test_two_stage_answers_as_the_previous_path(
     with monkeypatch.context() as m:
         m.setattr(service, "_stage_one", previous_stage_one)
         m.setattr(service, "_candidate_names", previous_names)
-        m.setattr(ranking, "ranked", two_stage.ranked)
         before_fused = answers(search(setup, wordnet_small, rerank={"depth": 30}))
         with client.app.state.service.db.sessions() as session:
             job = session.get(UpgradeJob, upgrade_id)

@@ -12,7 +12,7 @@ from fastapi.testclient import TestClient
 
 from app.galleries.models import Gallery
 from app.migration import reembed
-from app.migration.reembed import reembedded_features, store_embedded
+from app.migration.reembed import EmbeddedTexts, reembedded_features, store_embedded
 from app.models.service import get_model
 from app.search.two_stage import NewVectors
 from app.vectors.storage import storage_for
@@ -119,9 +119,11 @@ def test_items_a_search_embeds_are_appended_to_the_copy_as_a_read_would_give(
                 state.indexes,
                 gallery,
                 get_model(session, gallery.tenant_id, model_id),
-                {internal[ids[n]]: ids[n] for n in wanted},
-                {internal[ids[n]]: glosses[n] for n in wanted},
-                features[wanted] * 3.0,  # not unit: the copy holds unit rows
+                EmbeddedTexts(
+                    {internal[ids[n]]: ids[n] for n in wanted},
+                    {internal[ids[n]]: glosses[n] for n in wanted},
+                    features[wanted] * 3.0,  # not unit: the copy holds unit rows
+                ),
             )
 
     # From an empty copy (no dimension yet): items 0–4.
