@@ -10,6 +10,8 @@ import pytest
 import torch
 
 from app.ml.backfill.mixed import (
+    REFERENCE_SIZE,
+    TAIL_SIZE,
     Candidates,
     calibrate,
     merge,
@@ -66,6 +68,17 @@ def test_the_tail_estimates_the_share_above() -> None:
     for share in (0.001, 0.003):
         s = np.quantile(population, 1 - share)
         assert abs(np.exp(-calibrate(np.array([[s]]), fit))[0, 0] / share - 1) < 0.3
+
+
+@pytest.mark.parametrize(("reference", "tail"), [(480, 23), (2048, 100), (5000, 100), (30, 2)])
+def test_a_smaller_reference_fits_the_same_share_as_a_full_one(reference: int, tail: int) -> None:
+    """The tail is a share fixed a priori (TAIL_SIZE of REFERENCE_SIZE): 100 of 480 reference
+    documents (21 %) is not the top 5 % the fit is meant for; the fit's share ln(m/n) says which
+    m it used."""
+    assert (TAIL_SIZE, REFERENCE_SIZE) == (100, 2048)  # the table above assumes them
+    rng = np.random.default_rng(3)
+    _, _, log_share, _ = reference_fit(rng.normal(size=(2, reference)))
+    np.testing.assert_allclose(np.exp(log_share) * reference, tail)
 
 
 def test_merge_interleaves_by_calibrated_score_and_pads() -> None:

@@ -60,8 +60,8 @@ from app.ml.backfill.relevance import RelevanceMap, merge_key
 # ``REFERENCE_SIZE`` reference documents, the usual share for a peaks-over-threshold fit (enough
 # points for the mean excess, few enough to stay in the tail); the estimate needs ≥ 2 items.
 # Comparisons of 20, 50 and 100 were once made on evaluation figures; they are no part of the
-# reason. A reference smaller than ``REFERENCE_SIZE`` (an upgrade with fewer paired items) fits
-# a larger share of it (100 of 480 is 21 %): not yet changed (issue 42 item 5).
+# reason. The reason is a share, so a reference smaller than ``REFERENCE_SIZE`` (an upgrade with
+# fewer paired items) fits the same share of it (``tail_size``: 23 of 480, not 100, which was 21 %).
 TAIL_SIZE = 100
 # Reference documents (a seeded sample of the upgrade's paired items, both sides) on which each
 # query's two tails are fitted: one population for both lists, so their estimates agree.
@@ -220,11 +220,21 @@ def pick_reference(n: int, seed: int = 0, size: int = REFERENCE_SIZE) -> np.ndar
     return np.sort(np.random.default_rng([seed, 1212]).choice(n, size, replace=False))
 
 
+def tail_size(reference: int, m: int = TAIL_SIZE) -> int:
+    """The tail fitted over ``reference`` documents: m for a full reference (``REFERENCE_SIZE``
+    or more), the same share m/REFERENCE_SIZE of a smaller one, rounded, at least 2 (the mean
+    excess needs two points)."""
+    if reference >= REFERENCE_SIZE:
+        return m
+    return max(2, round(m * reference / REFERENCE_SIZE))
+
+
 def reference_fit(
     reference_scores: np.ndarray, m: int = TAIL_SIZE, end: float | None = None
 ) -> tuple[np.ndarray, ...]:
-    """The tail of each query's scores over the reference documents (nq × r); ``end``: the
-    scores' upper end (None: unbounded)."""
+    """The tail of each query's scores over the reference documents (nq × r), ``tail_size(r,
+    m)`` of them; ``end``: the scores' upper end (None: unbounded)."""
+    m = tail_size(np.asarray(reference_scores).shape[1], m)
     _, top = top_of(np.asarray(reference_scores), m + 1)
     return tail_fit(top, reference_scores.shape[1], m, end)
 
