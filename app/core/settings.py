@@ -159,6 +159,25 @@ class Settings(BaseSettings):
     milvus_attach_timeout_s: float = Field(
         default=10.0, gt=0, description="timeout of one request to an attached Milvus server"
     )
+    pgvector_allowed_dsns: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="the PostgreSQL databases an attached pgvector table may name as `dsn`: "
+        "each entry a DSN (`postgresql://host:port/db` or `host=/socket/dir port=5432 "
+        "dbname=db`); a `dsn` matches an entry with the same host (or socket folder), port and "
+        "database. Comma-separated or a JSON list. Empty (the default): no pgvector attach at "
+        "all: a tenant must not make the server connect to databases of its choosing",
+    )
+    pgvector_password_env_prefix: str = Field(
+        default="NOBACKFILL_PGVECTOR_PASSWORD",
+        min_length=1,
+        description="an attached pgvector table's `password_env` must be this name or start "
+        "with it (its value is sent to the tenant's database: no other variable may be named)",
+    )
+    pgvector_timeout_s: float = Field(
+        default=10.0,
+        gt=0,
+        description="connect and statement timeout of an attached pgvector table",
+    )
 
     # Embedders and two-stage search (issue 43).
     embedder_allowed_urls: Annotated[list[str], NoDecode] = Field(
@@ -406,6 +425,7 @@ class Settings(BaseSettings):
         "qdrant_allowed_urls",
         "milvus_allowed_urls",
         "attach_shared_urls",
+        "pgvector_allowed_dsns",
         "embedder_allowed_urls",
         "trusted_proxies",
         mode="before",

@@ -1,6 +1,7 @@
-"""Attaching a Qdrant or Milvus collection as a gallery: checked, described, its ids mapped; no
-vector copied. The gallery then reads the collection through ``app.vectors.qdrant_storage`` or
-``app.vectors.milvus_attached`` like any storage, and refuses writes (``refuse_writes``): the
+"""Attaching a Qdrant or Milvus collection or a pgvector table as a gallery: checked, described,
+its ids mapped; no vector copied. The gallery then reads the collection through
+``app.vectors.qdrant_storage``, ``app.vectors.milvus_attached`` or
+``app.vectors.pgvector.storage`` like any storage, and refuses writes (``refuse_writes``): the
 collection belongs to its owner. pymilvus is an optional dependency: the Milvus modules load
 only when a Milvus collection is attached or read."""
 
@@ -17,15 +18,16 @@ from app.core.db import new_id
 from app.core.errors import Problem, invalid
 from app.core.settings import Settings
 from app.galleries.models import AttachedOwner, Gallery
-from app.galleries.schemas import GalleryCreate, MilvusSourceIn
+from app.galleries.schemas import GalleryCreate, MilvusSourceIn, PgvectorSourceIn
 from app.ml.geometry.space import DEFAULT_CURVATURE, DEFAULT_LIFT_SCALE
 from app.vectors import qdrant_ids
-from app.vectors.engine import ATTACHED_MILVUS, QDRANT
+from app.vectors.engine import ATTACHED, ATTACHED_MILVUS, ATTACHED_PGVECTOR, QDRANT
 from app.vectors.faiss_index import validate_index_params
 from app.vectors.qdrant_source import QdrantSource, describe
 from app.vectors.qdrant_storage import qdrant_storage, read_only
 from app.vectors.qdrant_texts import check_text_field
 from app.vectors.source_rules import (
+    dsn_allowed,
     normalized_url,
     owner_key,
     server_collection,
@@ -45,6 +47,10 @@ def refuse_writes(gallery: Gallery) -> None:
         from app.vectors.milvus_attached import read_only as milvus_read_only
 
         raise milvus_read_only(gallery.id)
+    if gallery.vector_storage == ATTACHED_PGVECTOR:
+        from app.vectors.pgvector.storage import read_only as pgvector_read_only
+
+        raise pgvector_read_only(gallery.id)
 
 
 def attach_gallery(
@@ -56,6 +62,8 @@ def attach_gallery(
     assert request.source is not None
     if isinstance(request.source, MilvusSourceIn):
         return _attach_milvus(session, settings, tenant_id, request, request.source)
+    if isinstance(request.source, PgvectorSourceIn):
+        return _attach_pgvector(session, settings, tenant_id, request, request.source)
     given = request.source
     if given.path is not None and settings.job_runner == "celery":
         # Local mode locks its folder to one process: the worker could never open it.
@@ -131,6 +139,45 @@ def _attach_milvus(
     return gallery
 
 
+def _attach_pgvector(
+    session: Session,
+    settings: Settings,
+    tenant_id: str,
+    request: GalleryCreate,
+    given: PgvectorSourceIn,
+) -> Gallery:
+    """A pgvector table's gallery: the DSN allowed, the owner claim taken before the database is
+    contacted, then the table's shape checked (``describe``) and its ids mapped."""
+    from app.vectors.pgvector.source import PgvectorSource, allowed_dsn
+    from app.vectors.pgvector.source import describe as describe_pgvector
+    from app.vectors.pgvector.storage import pgvector_storage
+
+    source = PgvectorSource(
+        dsn=given.dsn,
+        # Schema-qualified: one table has one spelling in the owners' table (``_claim``).
+        table=given.table if "." in given.table else f"public.{given.table}",
+        id_column=given.id_column,
+        vector_column=given.vector_column,
+        distance=given.distance,
+        password_env=given.password_env,
+        text_field=given.text_field,
+    )
+    allowed_dsn(settings, source.dsn)
+    claim = _claim(session, settings, tenant_id, source.as_dict())
+    shape = describe_pgvector(settings, source)
+    source = PgvectorSource.of(
+        {**source.as_dict(), "id_type": shape.id_type, "column_type": shape.column_type}
+    )
+    gallery = _gallery(session, settings, tenant_id, request, shape.dim, shape.count)
+    gallery.vector_storage, gallery.source = ATTACHED_PGVECTOR, source.as_dict()
+    if claim is not None:
+        session.add(claim)
+    session.flush()
+    keys = pgvector_storage(settings).mapped_keys(gallery)
+    _record_ids(session, gallery, keys, count=None if source.string_ids else shape.count)
+    return gallery
+
+
 def _folder(session: Session, tenant_id: str) -> str:
     """The tenant's own folder under the attach roots (``source_rules.tenant_folder``)."""
     tenant = session.get(Tenant, tenant_id)
@@ -163,8 +210,10 @@ def _claim(
     found = server_collection(source)
     if found is None:
         return None
-    url = source.get("url") or source.get("uri") or ""
-    if url_allowed(settings.attach_shared_urls, url):
+    if found[0] == "pgvector":
+        if dsn_allowed(settings.attach_shared_urls, str(source.get("dsn"))):
+            return None
+    elif url_allowed(settings.attach_shared_urls, source.get("url") or source.get("uri") or ""):
         return None
     key = owner_key(*found)
     owner = session.get(AttachedOwner, key)
@@ -194,7 +243,7 @@ def release(session: Session, tenant_id: str, source: dict[str, Any] | None) -> 
     key = owner_key(*found)
     others = session.scalars(
         select(Gallery.source).where(
-            Gallery.tenant_id == tenant_id, Gallery.vector_storage.in_((QDRANT, ATTACHED_MILVUS))
+            Gallery.tenant_id == tenant_id, Gallery.vector_storage.in_(ATTACHED)
         )
     )
     if any(
@@ -276,11 +325,16 @@ def recheck(session: Session, settings: Settings, gallery: Gallery) -> dict[str,
     the gallery's (staged; the caller commits) and returned for the job's report:
     ``{"points_recorded", "points_now", "changed"}``. None for a gallery that is not attached.
     A collection out of reach raises the 503 ``Problem`` (the job fails, it may be retried)."""
-    if gallery.vector_storage not in (QDRANT, ATTACHED_MILVUS):
+    if gallery.vector_storage not in ATTACHED:
         return None
     try:
         if gallery.vector_storage == QDRANT:
             shape = describe(settings, QdrantSource.of(gallery.source or {}))
+        elif gallery.vector_storage == ATTACHED_PGVECTOR:
+            from app.vectors.pgvector.source import PgvectorSource
+            from app.vectors.pgvector.source import describe as describe_pgvector
+
+            shape = describe_pgvector(settings, PgvectorSource.of(gallery.source or {}))
         else:
             from app.vectors.milvus_source import MilvusSource
             from app.vectors.milvus_source import describe as describe_milvus

@@ -97,6 +97,53 @@ class MilvusSourceIn(StrictModel):
         return self
 
 
+# A PostgreSQL name as the service accepts it (``app.vectors.pgvector.source.IDENTIFIER``):
+# checked here for the 422, and again before any statement, where it is sent quoted.
+PG_NAME = r"^[A-Za-z_][A-Za-z0-9_$]{0,62}$"
+
+
+class PgvectorSourceIn(StrictModel):
+    """A PostgreSQL table with a pgvector column to attach: read-only, its rows with a vector
+    are the gallery's items (item ids: the id column's values as strings)."""
+
+    engine: Literal["pgvector"]
+    dsn: str = Field(
+        min_length=1,
+        max_length=1024,
+        description="the database: postgresql://user@host:5432/db or host=… port=… dbname=… "
+        "user=…; it must name a database listed in NOBACKFILL_PGVECTOR_ALLOWED_DSNS, and carry "
+        "no password",
+    )
+    table: str = Field(
+        min_length=1,
+        max_length=127,
+        pattern=r"^[A-Za-z_][A-Za-z0-9_$]{0,62}(\.[A-Za-z_][A-Za-z0-9_$]{0,62})?$",
+        description="the table, or schema.table (default schema public)",
+    )
+    id_column: str = Field(
+        pattern=PG_NAME,
+        description="an integer or text column, the primary key or with a unique index",
+    )
+    vector_column: str = Field(pattern=PG_NAME, description="a vector(D) or halfvec(D) column")
+    distance: Literal["cosine", "inner_product", "l2"] = Field(
+        default="cosine",
+        description="how the owner searches the table; inner_product and l2 only on unit-length "
+        "rows (checked), where they rank as cosine, the attached galleries' metric",
+    )
+    password_env: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=128,
+        pattern=r"^[A-Z_][A-Z0-9_]*$",
+        description="the server's environment variable holding the password",
+    )
+    text_field: str | None = Field(
+        default=None,
+        pattern=PG_NAME,
+        description="a text column holding each item's document text (checked on attach)",
+    )
+
+
 class GalleryCreate(StrictModel):
     """External gallery: ``name``, ``dim``, ``model_name``, ``metric``. Model-bound gallery:
     ``name``, ``model_id`` (a model this service trained) and ``modality`` when it has several.
@@ -120,12 +167,13 @@ class GalleryCreate(StrictModel):
     index_params: dict[str, int] | None = Field(
         default=None, description="ivf: nlist, nprobe; hnsw: m, ef_construction, ef_search"
     )
-    source: Annotated[QdrantSourceIn | MilvusSourceIn, Field(discriminator="engine")] | None = (
-        Field(
-            default=None,
-            description="attach an existing collection (Qdrant or Milvus) instead of storing "
-            "vectors",
-        )
+    source: (
+        Annotated[QdrantSourceIn | MilvusSourceIn | PgvectorSourceIn, Field(discriminator="engine")]
+        | None
+    ) = Field(
+        default=None,
+        description="attach an existing collection (Qdrant or Milvus) or pgvector table "
+        "instead of storing vectors",
     )
 
     @model_validator(mode="after")

@@ -31,6 +31,7 @@ from app.models.service import ModelCache, embed_features, get_model, resolve_mo
 from app.vectors.engine import (
     ATTACHED,
     ATTACHED_MILVUS,
+    ATTACHED_PGVECTOR,
     MILVUS,
     QDRANT,
     SEARCHED_IN_ENGINE,
@@ -47,6 +48,7 @@ from app.vectors.tables import ReembeddedVector
 if TYPE_CHECKING:
     from app.vectors.milvus_attached import MilvusAttachedSearcher
     from app.vectors.milvus_storage import MilvusSearcher
+    from app.vectors.pgvector.storage import PgvectorSearcher
     from app.vectors.qdrant_storage import QdrantSearcher
 
 log = logging.getLogger(__name__)
@@ -525,7 +527,7 @@ def delete_gallery(
         session.commit()
         storage.drop(gallery.id)
         store.drop(gallery.id)
-    if kind in (QDRANT, ATTACHED_MILVUS):
+    if kind in ATTACHED:
         release(session, tenant_id, attached)
         session.commit()
     if reembedded:
@@ -552,11 +554,11 @@ def _forget_in_collection(
 
 def index_for(
     session: Session, store: IndexStore, gallery: Gallery
-) -> LorentzIndex | MilvusSearcher | QdrantSearcher | MilvusAttachedSearcher:
+) -> LorentzIndex | MilvusSearcher | QdrantSearcher | MilvusAttachedSearcher | PgvectorSearcher:
     """What searches the gallery: its in-memory FAISS index, or for a Milvus gallery a
     ``MilvusSearcher`` (same ``ntotal`` and ``search_with_points``) that holds nothing, and
-    for an attached Qdrant or Milvus collection a ``QdrantSearcher`` or a
-    ``MilvusAttachedSearcher``."""
+    for an attached Qdrant or Milvus collection or pgvector table a ``QdrantSearcher``, a
+    ``MilvusAttachedSearcher`` or a ``PgvectorSearcher``."""
     if gallery.vector_storage == QDRANT:
         from app.vectors.qdrant_storage import QdrantSearcher, qdrant_storage
 
@@ -565,6 +567,10 @@ def index_for(
         from app.vectors.milvus_attached import MilvusAttachedSearcher, milvus_attached_storage
 
         return MilvusAttachedSearcher(milvus_attached_storage(session_settings(session)), gallery)
+    if gallery.vector_storage == ATTACHED_PGVECTOR:
+        from app.vectors.pgvector.storage import PgvectorSearcher, pgvector_storage
+
+        return PgvectorSearcher(pgvector_storage(session_settings(session)), gallery)
     if gallery.vector_storage == MILVUS:
         from app.vectors.milvus_storage import MilvusSearcher, milvus_storage
 

@@ -33,11 +33,23 @@ from app.migration.mixed_search import Lists
 from app.migration.reembed import reembedded_count
 from app.models.models import TrainedModel
 from app.vectors import qdrant_ids, qdrant_named
-from app.vectors.engine import ATTACHED_MILVUS, QDRANT
+from app.vectors.engine import ATTACHED_MILVUS, ATTACHED_PGVECTOR, QDRANT
 from app.vectors.index_store import IndexStore
 from app.vectors.qdrant_source import QdrantSource
 from app.vectors.qdrant_storage import QdrantSearcher, QdrantVectorStorage, qdrant_storage
 from app.vectors.storage import session_settings
+
+
+def refuse_pgvector(gallery: Gallery, what: str) -> None:
+    """409 for ``what`` on an attached pgvector table: the service writes nothing into it yet
+    (an in-place migration's ``vector(D)`` column per model is not built), so neither
+    re-embedded items nor the searches that embed texts into them have a place."""
+    if gallery.vector_storage == ATTACHED_PGVECTOR:
+        raise conflict(
+            f"{what} stores re-embedded vectors in the attached collection, and gallery "
+            f"{gallery.id} is a pgvector table, which has no in-place migration yet: search it "
+            "old→old or through a trained model's bridge (a transition search)"
+        )
 
 
 def store_in_place(
@@ -51,6 +63,7 @@ def store_in_place(
     model's named vector of those points (a Milvus collection: ``in_place_milvus``), and count
     them. Ids that cannot name a point answer 422 (nothing written); points no longer in the
     collection are skipped and listed under ``skipped``."""
+    refuse_pgvector(gallery, "an upload of re-embedded items")
     if gallery.vector_storage == ATTACHED_MILVUS:
         from app.migration import in_place_milvus
 
@@ -125,6 +138,8 @@ def search_lists(
         from app.migration import in_place_milvus
 
         return in_place_milvus.search_lists(session, gallery, row, features, query_points, k)
+    if gallery.vector_storage == ATTACHED_PGVECTOR:
+        return None  # nothing re-embedded in place (``refuse_pgvector``): the old list alone
     if reembedded_count(session, gallery.id, row.id) == 0:
         return None
     storage = qdrant_storage(session_settings(session))

@@ -38,7 +38,10 @@ def text_field(gallery: Gallery) -> str | None:
 
 def refuse_without_texts(gallery: Gallery, what: str) -> None:
     """409 for ``what`` (a two-stage search, a re-embed job) on an attached gallery whose
-    source names no text field: the service has no texts of its items to embed."""
+    source names no text field: the service has no texts of its items to embed; and for any
+    ``what`` on a pgvector table, which has no in-place migration yet
+    (``in_place.refuse_pgvector``)."""
+    in_place.refuse_pgvector(gallery, what)
     if gallery.vector_storage in ATTACHED and text_field(gallery) is None:
         raise conflict(
             f"{what} embeds items' document texts, and attached gallery {gallery.id} names no "

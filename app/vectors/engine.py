@@ -50,7 +50,7 @@ class StoredGallery(Protocol):
 
     id: str
     dim: int  # Euclidean dimension of a stored vector
-    vector_storage: str  # "sql", "segments", MILVUS, QDRANT or ATTACHED_MILVUS
+    vector_storage: str  # "sql", "segments", MILVUS, QDRANT, ATTACHED_MILVUS or ATTACHED_PGVECTOR
     vector_manifest: dict[str, Any] | None
     # How stored vectors become Lorentz space components (``app.vectors.points``).
     bound_model_id: str | None  # set: vectors are already a model's space components
@@ -59,7 +59,8 @@ class StoredGallery(Protocol):
     lift_scale: float | None
     index_kind: str  # "flat" asks an engine for exact search
     # QDRANT / ATTACHED_MILVUS: the attached collection (``app.vectors.qdrant_source.QdrantSource``,
-    # ``app.vectors.milvus_source.MilvusSource``); else None.
+    # ``app.vectors.milvus_source.MilvusSource``, ``app.vectors.pgvector.source.PgvectorSource``);
+    # else None.
     source: dict[str, Any] | None
 
 
@@ -129,7 +130,10 @@ MILVUS = "milvus"
 QDRANT = "qdrant"
 # ``vector_storage`` of a gallery attached to a Milvus collection of its owner's (read-only).
 ATTACHED_MILVUS = "milvus_attached"
+# ``vector_storage`` of a gallery attached to a pgvector table of its owner's (read-only); the
+# column holds 16 characters.
+ATTACHED_PGVECTOR = "pgvector"
 # Galleries reading a collection their owner keeps: the service never writes its vectors.
-ATTACHED = (QDRANT, ATTACHED_MILVUS)
+ATTACHED = (QDRANT, ATTACHED_MILVUS, ATTACHED_PGVECTOR)
 # Storages that search their own vectors: no FAISS index of the gallery lives in this process.
-SEARCHED_IN_ENGINE = (MILVUS, QDRANT, ATTACHED_MILVUS)
+SEARCHED_IN_ENGINE = (MILVUS, QDRANT, ATTACHED_MILVUS, ATTACHED_PGVECTOR)

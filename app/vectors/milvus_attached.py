@@ -19,7 +19,6 @@ copied gallery's FAISS search gives). A transport failure answers 503 and writes
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -41,8 +40,6 @@ READ_BATCH = 1024
 SEARCH_BATCH = 64
 # Hits asked for past the k-th place (the search keeps the k nearest, ties by id).
 TIE_ROOM = 16
-INT64 = re.compile(r"^-?(0|[1-9][0-9]*)$")
-INT64_LIMIT = 2**63
 
 
 def read_only(gallery_id: str) -> Exception:
@@ -52,15 +49,8 @@ def read_only(gallery_id: str) -> Exception:
     )
 
 
-def point_of(item: str, string_ids: bool) -> int | str | None:
-    """The primary key an item id names, None when it names none (an INT64 key is written in
-    canonical decimal)."""
-    if string_ids:
-        return item
-    if not (item.isascii() and INT64.match(item)):
-        return None
-    value = int(item)
-    return value if -INT64_LIMIT <= value < INT64_LIMIT else None
+# The primary key an item id names (shared with the other attached engines).
+point_of = qdrant_ids.key_of
 
 
 class MilvusAttachedStorage:

@@ -17,6 +17,7 @@ stable int64s (FAISS ids, what re-embedded features and access counts point at):
 from __future__ import annotations
 
 import hashlib
+import re
 import threading
 import uuid
 from collections import OrderedDict
@@ -30,6 +31,8 @@ from app.vectors.tables import AttachedPointId
 
 PLAIN_LIMIT = 2**62
 UINT64_LIMIT = 2**64
+INT64 = re.compile(r"^-?(0|[1-9][0-9]*)$")
+INT64_LIMIT = 2**63
 IN_CHUNK = 500
 # Mapped ids this process has read from collections, for answers naming points added after
 # attach; bounded (the table holds every id known at attach).
@@ -54,6 +57,18 @@ def point_of(item: str) -> PointId | None:
     except ValueError:
         return None
     return item if str(parsed) == item else None
+
+
+def key_of(item: str, string_ids: bool) -> int | str | None:
+    """The key of a row with integer or string keys (a Milvus primary key, a pgvector id
+    column) an item id names, None when it names none (an integer key is written in canonical
+    decimal, within int64)."""
+    if string_ids:
+        return item
+    if not (item.isascii() and INT64.match(item)):
+        return None
+    value = int(item)
+    return value if -INT64_LIMIT <= value < INT64_LIMIT else None
 
 
 def hashed(item: str) -> int:

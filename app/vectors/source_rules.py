@@ -119,13 +119,71 @@ def owner_key(engine: str, place: str, collection: str) -> str:
 
 def server_collection(source: dict[str, Any]) -> tuple[str, str, str] | None:
     """(engine, place, collection) of an attached source on a server; None for an embedded
-    store (a folder or file of its tenant's own) or a URL ``place_of`` refuses."""
+    store (a folder or file of its tenant's own) or a URL ``place_of`` refuses. A pgvector
+    table's place is its database (``dsn_place``), its collection the table."""
     engine = source.get("engine")
+    if engine == "pgvector":
+        dsn = source.get("dsn")
+        found = dsn_place(dsn) if isinstance(dsn, str) else None
+        return None if found is None else (engine, found, str(source.get("table")))
     url = source.get("url") if engine == "qdrant" else source.get("uri")
     if engine not in ("qdrant", "milvus") or not isinstance(url, str):
         return None
     place = place_of(url)
     return None if place is None else (engine, place, str(source.get("collection")))
+
+
+# The libpq parameters a tenant's DSN may carry: where (host, port, database), who, and TLS
+# mode. Every other one is refused: ``passfile``, ``sslkey``, ``sslrootcert`` and ``service``
+# make the server read files of its disk, ``hostaddr`` connects elsewhere than ``host`` says,
+# ``options`` sets server settings, and ``password`` belongs in a server variable.
+DSN_KEYS = frozenset({"host", "port", "dbname", "user", "sslmode"})
+PG_PORT = 5432
+
+
+def dsn_parts(dsn: str) -> dict[str, str] | None:
+    """A PostgreSQL DSN (a ``postgresql://`` URI or ``key=value`` pairs) as libpq reads it, with
+    ``port`` made explicit; None for one the service does not connect to: unparsable, a key
+    outside ``DSN_KEYS``, several hosts, no host (libpq's default socket) or no database."""
+    from psycopg import conninfo
+
+    try:
+        parts = conninfo.conninfo_to_dict(dsn)
+    except Exception:  # psycopg.ProgrammingError: not a DSN
+        return None
+    parts = {key: str(value) for key, value in parts.items() if value is not None}
+    host, port, dbname = parts.get("host", ""), parts.get("port", str(PG_PORT)), parts.get("dbname")
+    if (
+        set(parts) - DSN_KEYS
+        or not host
+        or "," in host
+        or not port.isdigit()
+        or not dbname
+        or any(c.isspace() or ord(c) < 32 for value in parts.values() for c in value)
+    ):
+        return None
+    parts["host"] = host if host.startswith("/") else host.lower()
+    parts["port"] = str(int(port))
+    return parts
+
+
+def dsn_place(dsn: str) -> str | None:
+    """The database a DSN reaches, as one string (host or socket folder, port, database): two
+    spellings of one database give the same string. None where ``dsn_parts`` is None."""
+    parts = dsn_parts(dsn)
+    if parts is None:
+        return None
+    host = parts["host"]
+    if host.startswith("/"):
+        host = _without_dot_segments(host).rstrip("/") or "/"
+    return f"postgresql://{host}:{parts['port']}/{parts['dbname']}"
+
+
+def dsn_allowed(entries: list[str], dsn: str) -> bool:
+    """Whether ``dsn`` names the database of an entry: the same host (or socket folder), port
+    and database (``dsn_place``); user and TLS mode may differ."""
+    place = dsn_place(dsn)
+    return place is not None and any(dsn_place(entry) == place for entry in entries)
 
 
 def url_allowed(entries: list[str], url: str) -> bool:

@@ -9,7 +9,14 @@ from pathlib import Path
 from sqlalchemy.orm import Session
 
 from app.core.settings import Settings, get_settings
-from app.vectors.engine import ATTACHED_MILVUS, MILVUS, QDRANT, StoredGallery, VectorStorage
+from app.vectors.engine import (
+    ATTACHED_MILVUS,
+    ATTACHED_PGVECTOR,
+    MILVUS,
+    QDRANT,
+    StoredGallery,
+    VectorStorage,
+)
 
 
 def storage_for(session: Session, gallery: StoredGallery) -> VectorStorage:
@@ -31,6 +38,10 @@ def storage_for(session: Session, gallery: StoredGallery) -> VectorStorage:
         from app.vectors.milvus_attached import milvus_attached_storage
 
         return milvus_attached_storage(session_settings(session))
+    if gallery.vector_storage == ATTACHED_PGVECTOR:
+        from app.vectors.pgvector.storage import pgvector_storage
+
+        return pgvector_storage(session_settings(session))
     from app.vectors.sql import SqlVectorStorage
 
     return SqlVectorStorage()

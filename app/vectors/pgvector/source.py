@@ -1,0 +1,352 @@
+"""A pgvector table attached as a gallery's source: where it is, what the service may connect
+to, and the checks of its shape — the pgvector twin of ``app.vectors.milvus_source``.
+
+A gallery with ``vector_storage = "pgvector"`` keeps no vector of its own: its
+``source`` (a JSON column) names a database (``dsn``), a table (``table`` or ``schema.table``),
+its id column (an integer or text primary key / unique column: the item ids) and its vector
+column (``vector(D)`` or ``halfvec(D)``). The service only reads it: every connection opens
+with ``default_transaction_read_only`` on.
+
+Multi-tenant rules (``app.vectors.source_rules``), checked on attach and again on every
+connect:
+
+* the ``dsn`` must name the database of an entry of ``settings.pgvector_allowed_dsns`` (same
+  host or socket folder, port and database; none by default), carry only the libpq keys of
+  ``source_rules.DSN_KEYS`` and no password;
+* the password comes only from the server environment variable ``password_env``, whose name
+  must carry ``settings.pgvector_password_env_prefix`` (as Qdrant's API keys);
+* the service's own database is never a source: its tables hold every tenant's rows.
+
+Identifiers are validated (``IDENTIFIER``) and always sent quoted (``psycopg.sql.Identifier``),
+never formatted into the SQL text.
+
+Distance: an attached gallery is a cosine gallery (the methods lift unit vectors), so exact
+search orders by pgvector's cosine distance ``<=>`` whatever ``distance`` names. ``distance``
+records how the owner searches the table; ``inner_product`` and ``l2`` rank as cosine only on
+unit-length rows, so those are attached only when every row is unit length (checked on
+attach and by each job's recheck), refused rather than trusted otherwise.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+from psycopg import conninfo, errors, sql
+
+from app.core.errors import Problem, conflict, invalid, unavailable
+from app.core.settings import Settings
+from app.vectors import source_rules
+from app.vectors.source_rules import dsn_allowed, dsn_parts, dsn_place, env_secret
+
+ENGINE = "pgvector"
+DISTANCES = ("cosine", "inner_product", "l2")
+COLUMN_TYPES = ("vector", "halfvec")
+INTEGER_TYPES = ("int2", "int4", "int8")
+TEXT_TYPES = ("text", "varchar", "bpchar")
+# An unquoted-style PostgreSQL name (at most 63 bytes, the server's NAMEDATALEN − 1): anything
+# else is refused before it reaches SQL, and what passes is still sent quoted.
+IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_$]{0,62}")
+# Seconds a client is told to wait before retrying after the table could not be reached.
+RETRY_AFTER_S = 5
+# How far from 1 a row's norm may be for inner_product / l2 to rank as cosine.
+UNIT_TOLERANCE = 1e-3
+
+
+@dataclass(frozen=True)
+class PgvectorSource:
+    dsn: str
+    table: str  # "name" or "schema.name"
+    id_column: str
+    vector_column: str
+    distance: str = "cosine"
+    password_env: str | None = None
+    text_field: str | None = None
+    # Learnt on attach: "int" or "text" ids, "vector" or "halfvec" column.
+    id_type: str | None = None
+    column_type: str | None = None
+
+    @classmethod
+    def of(cls, source: dict[str, Any]) -> PgvectorSource:
+        return cls(
+            dsn=source["dsn"],
+            table=source["table"],
+            id_column=source["id_column"],
+            vector_column=source["vector_column"],
+            distance=source.get("distance", "cosine"),
+            password_env=source.get("password_env"),
+            text_field=source.get("text_field"),
+            id_type=source.get("id_type"),
+            column_type=source.get("column_type"),
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "engine": ENGINE,
+            "dsn": self.dsn,
+            "table": self.table,
+            "id_column": self.id_column,
+            "vector_column": self.vector_column,
+            "distance": self.distance,
+        }
+        optional = {
+            "password_env": self.password_env,
+            "text_field": self.text_field,
+            "id_type": self.id_type,
+            "column_type": self.column_type,
+        }
+        out.update({key: value for key, value in optional.items() if value is not None})
+        return out
+
+    @property
+    def string_ids(self) -> bool:
+        return self.id_type == "text"
+
+    @property
+    def schema_table(self) -> tuple[str, str]:
+        schema, _, name = self.table.rpartition(".")
+        return schema or "public", name
+
+    def table_sql(self) -> sql.Identifier:
+        return sql.Identifier(*self.schema_table)
+
+
+@dataclass(frozen=True)
+class TableShape:
+    dim: int
+    count: int
+    id_type: str
+    column_type: str
+
+
+def check_names(source: PgvectorSource) -> None:
+    """422 naming the field whose identifier is not a plain PostgreSQL name."""
+    names = {
+        "source.id_column": [source.id_column],
+        "source.vector_column": [source.vector_column],
+        "source.table": source.table.split("."),
+    }
+    if source.text_field is not None:
+        names["source.text_field"] = [source.text_field]
+    for field, parts in names.items():
+        if len(parts) > 2 or not all(IDENTIFIER.fullmatch(part) for part in parts):
+            raise invalid(field, "a PostgreSQL name: a letter or _, then letters, digits, _ or $")
+    if source.distance not in DISTANCES:
+        raise invalid("source.distance", f"one of {', '.join(DISTANCES)}")
+
+
+def allowed_dsn(settings: Settings, dsn: str) -> dict[str, str]:
+    """The DSN's parts (``source_rules.dsn_parts``) when the service may connect to it; 422 on
+    ``source.dsn`` otherwise."""
+    try:
+        given = conninfo.conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError as exc:
+        raise invalid("source.dsn", f"not a PostgreSQL DSN: {exc}") from exc
+    if given.get("password"):
+        raise invalid(
+            "source.dsn",
+            "carries a password: name a server environment variable holding it in "
+            "source.password_env instead",
+        )
+    parts = dsn_parts(dsn)
+    if parts is None:
+        raise invalid(
+            "source.dsn",
+            "needs a host (or socket folder) and a database, and may carry only "
+            f"{', '.join(sorted(source_rules.DSN_KEYS))}",
+        )
+    if not dsn_allowed(settings.pgvector_allowed_dsns, dsn):
+        raise invalid(
+            "source.dsn",
+            "not an allowed database: the operator lists the databases tenants may attach in "
+            f"NOBACKFILL_PGVECTOR_ALLOWED_DSNS ({len(settings.pgvector_allowed_dsns)} allowed)",
+        )
+    own = settings.resolved_database_url.replace("postgresql+psycopg://", "postgresql://")
+    if own.startswith("postgresql://") and dsn_place(own) == dsn_place(dsn):
+        raise invalid("source.dsn", "the service's own database cannot be attached")
+    return parts
+
+
+def password(settings: Settings, name: str | None) -> str | None:
+    return env_secret(settings.pgvector_password_env_prefix, name, "source.password_env")
+
+
+def is_unreachable(exc: BaseException) -> bool:
+    """A transport failure (refused, lost, timed out, the server shutting down) as opposed to an
+    answer about the table."""
+    return isinstance(
+        exc,
+        psycopg.OperationalError
+        | errors.AdminShutdown
+        | errors.CannotConnectNow
+        | errors.QueryCanceled
+        | ConnectionError
+        | TimeoutError,
+    )
+
+
+def _changed(exc: BaseException) -> bool:
+    """The table or one of its columns is gone, its type changed, or the service's user may no
+    longer read it, since the attach."""
+    return isinstance(
+        exc,
+        errors.InsufficientPrivilege
+        | errors.UndefinedColumn
+        | errors.UndefinedTable
+        | errors.InvalidSchemaName
+        | errors.DatatypeMismatch
+        | errors.UndefinedFunction,
+    )
+
+
+@contextlib.contextmanager
+def connected(settings: Settings, source: PgvectorSource) -> Iterator[psycopg.Connection]:
+    """A read-only connection to the source's database, checked against the rules first,
+    closed after. While it is used: the server out of reach answers 503 with Retry-After, the
+    table or a column gone (its owner dropped it) 409; nothing is written either way."""
+    parts = allowed_dsn(settings, source.dsn)
+    secret = password(settings, source.password_env)
+    timeout_ms = int(settings.pgvector_timeout_s * 1000)
+    params: dict[str, Any] = {
+        **parts,
+        "connect_timeout": max(1, int(settings.pgvector_timeout_s)),
+        "application_name": "nobackfill",
+        "options": f"-c default_transaction_read_only=on -c statement_timeout={timeout_ms}",
+    }
+    if secret is not None:
+        params["password"] = secret
+    try:
+        with psycopg.connect(**params) as conn:
+            yield conn
+    except Problem:
+        raise
+    except Exception as exc:
+        if is_unreachable(exc):
+            raise unavailable(
+                f"the gallery's pgvector table {source.table!r} is unreachable; retry shortly",
+                RETRY_AFTER_S,
+            ) from exc
+        if _changed(exc):
+            raise conflict(
+                f"the gallery's pgvector table {source.table!r} changed under the service "
+                f"({exc.__class__.__name__}: {str(exc).splitlines()[0]}); attach it again as "
+                "recorded, or as a new gallery"
+            ) from exc
+        if isinstance(exc, psycopg.Error):
+            # Any other answer of the database (out of memory, a statement timeout…): the
+            # dependency failed, retry later; nothing was written.
+            raise unavailable(
+                f"the database of the gallery's pgvector table {source.table!r} failed: "
+                f"{exc.__class__.__name__}; retry shortly",
+                RETRY_AFTER_S,
+            ) from exc
+        raise
+
+
+def describe(settings: Settings, source: PgvectorSource) -> TableShape:
+    """Check the table can serve as a cosine gallery; 422 naming the field otherwise (the
+    server out of reach: 422 on ``source.dsn``)."""
+    check_names(source)
+    try:
+        with connected(settings, source) as conn:
+            return _shape(conn, source)
+    except Problem as exc:
+        if exc.status == 503:
+            raise invalid("source.dsn", f"the database is unreachable: {exc.detail}") from exc
+        if exc.status == 409:
+            raise invalid("source.table", exc.detail) from exc
+        raise
+
+
+def _column_types(conn: psycopg.Connection, source: PgvectorSource) -> dict[str, tuple[str, int]]:
+    """Column name → (type name, type modifier) of the table; 422 when there is no such table."""
+    schema, name = source.schema_table
+    rows = conn.execute(
+        "SELECT a.attname, t.typname, a.atttypmod FROM pg_attribute a "
+        "JOIN pg_class c ON c.oid = a.attrelid JOIN pg_namespace n ON n.oid = c.relnamespace "
+        "JOIN pg_type t ON t.oid = a.atttypid "
+        "WHERE n.nspname = %s AND c.relname = %s AND c.relkind IN ('r', 'p', 'v', 'm') "
+        "AND a.attnum > 0 AND NOT a.attisdropped",
+        (schema, name),
+    ).fetchall()
+    if not rows:
+        raise invalid("source.table", f"no table {source.table!r} in this database")
+    return {column: (typname, int(typmod)) for column, typname, typmod in rows}
+
+
+def _unique(conn: psycopg.Connection, source: PgvectorSource) -> bool:
+    """Whether the id column alone is the primary key or carries a unique index."""
+    schema, name = source.schema_table
+    return bool(
+        conn.execute(
+            "SELECT EXISTS (SELECT 1 FROM pg_index i JOIN pg_class c ON c.oid = i.indrelid "
+            "JOIN pg_namespace n ON n.oid = c.relnamespace "
+            "JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum = i.indkey[0] "
+            "WHERE n.nspname = %s AND c.relname = %s AND i.indisunique AND i.indnatts = 1 "
+            "AND i.indpred IS NULL AND a.attname = %s)",
+            (schema, name, source.id_column),
+        ).fetchone()[0]  # type: ignore[index]
+    )
+
+
+def _shape(conn: psycopg.Connection, source: PgvectorSource) -> TableShape:
+    columns = _column_types(conn, source)
+    id_type = columns.get(source.id_column, ("", 0))[0]
+    if id_type not in INTEGER_TYPES + TEXT_TYPES:
+        raise invalid(
+            "source.id_column",
+            f"{source.id_column!r}: an integer or text column of the table (found "
+            f"{id_type or 'no such column'})",
+        )
+    if not _unique(conn, source):
+        raise invalid(
+            "source.id_column",
+            f"{source.id_column!r}: ids must name one row each: the primary key or a column "
+            "with a unique index of its own",
+        )
+    column_type, dim = columns.get(source.vector_column, ("", -1))
+    if column_type not in COLUMN_TYPES:
+        raise invalid(
+            "source.vector_column",
+            f"{source.vector_column!r}: a vector(D) or halfvec(D) column (found "
+            f"{column_type or 'no such column'})",
+        )
+    if dim < 1:
+        raise invalid(
+            "source.vector_column",
+            f"{source.vector_column!r} declares no dimension: the gallery needs one "
+            f"({column_type}(D))",
+        )
+    if source.text_field is not None and columns.get(source.text_field, ("",))[0] not in (
+        TEXT_TYPES
+    ):
+        raise invalid("source.text_field", f"{source.text_field!r}: a text column of the table")
+    table, column = source.table_sql(), sql.Identifier(source.vector_column)
+    # Rows without a vector are no items of the gallery (no search finds them).
+    count = int(
+        conn.execute(sql.SQL("SELECT count({}) FROM {}").format(column, table)).fetchone()[0]  # type: ignore[index]
+    )
+    if source.distance != "cosine":
+        off_unit = conn.execute(
+            sql.SQL(
+                "SELECT count(*) FROM {} WHERE {} IS NOT NULL AND abs(vector_norm({}::vector) - 1) > %s"
+            ).format(table, column, column),
+            (UNIT_TOLERANCE,),
+        ).fetchone()[0]  # type: ignore[index]
+        if off_unit:
+            raise invalid(
+                "source.distance",
+                f"{off_unit} rows are not unit length, so {source.distance} does not rank as "
+                "cosine, the attached galleries' metric: normalise the rows, or upload them as a "
+                "gallery of their own",
+            )
+    return TableShape(
+        dim=dim,
+        count=count,
+        id_type="int" if id_type in INTEGER_TYPES else "text",
+        column_type=column_type,
+    )
