@@ -19,6 +19,7 @@ NON_DEFAULT = {
     "extra_dims": 8,
     "adapter_rank": 16,
     "adapter_hidden": 32,
+    "centred": True,
 }
 
 

@@ -239,3 +239,19 @@ def orthogonal_procrustes(source: Tensor, target: Tensor) -> tuple[Tensor, float
     w = u @ vh
     scale = float(sigma.sum() / torch.clamp((s64 * s64).sum(), min=1e-12))
     return w.to(source.dtype), scale
+
+
+def centred_orthogonal_procrustes(source: Tensor, target: Tensor) -> tuple[Tensor, float, Tensor]:
+    """Orthogonal Procrustes with a scale and an offset: W, s and b with s·(x·W) + b ≈ t.
+
+    With μ_s, μ_t the means of the source (N×D) and target (N×d) rows, W = U Vᵀ from the thin
+    SVD (source − μ_s)ᵀ(target − μ_t) = U Σ Vᵀ, s = tr(Σ)/‖source − μ_s‖² (the norm clamped at
+    1e-12, as ``orthogonal_procrustes`` clamps it) and b = μ_t − s·μ_s·W. ``orthogonal_procrustes``
+    fits through the origin, so an offset between the two spaces' means is left in its residual
+    and also bends W and s toward fitting it; centring first removes both.
+    """
+    s64, t64 = source.double(), target.double()
+    source_mean, target_mean = s64.mean(dim=0), t64.mean(dim=0)
+    w, scale = orthogonal_procrustes(s64 - source_mean, t64 - target_mean)
+    bias = target_mean - scale * (source_mean @ w)
+    return w.to(source.dtype), scale, bias.to(source.dtype)
