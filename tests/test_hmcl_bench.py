@@ -7,17 +7,21 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from app.ml.hmcl import METHODS
 from bench.common.wordnet import FIXTURE_DATA_DIR, OLD_MODEL, load_wordnet
 from bench.quality.continual import (
     Config,
+    full_config,
     kind_figures,
     quick_config,
     run_benchmark,
+    run_method,
     selection_score,
 )
 from bench.quality.continual_report import render_markdown, render_streams, targets, verdict
@@ -146,7 +150,43 @@ def test_the_two_streams_alternate_the_same_tasks_in_other_orders() -> None:
 def test_quick_configuration_is_small_and_fair() -> None:
     config = quick_config()
     assert config.seeds == (0,) and config.timing_dims == (384,)
-    assert len(config.settings()) == 2  # the same trials for every method
+    assert config.check_equal_budgets() == {m: 2 for m in METHODS}
+
+
+# The settings each method's training reads, beyond the shared ones (lr, epochs, min_steps, …):
+# a trial that differs from another only in a setting its method ignores is no new trial.
+OWN_SETTINGS = {
+    "hmcl-ca": {"energy", "min_rank", "anchor", "residual_weight"},
+    "hmcl-mr": {"energy", "min_rank", "anchor"},
+    "finetune": set(),
+    "ewc": {"ewc_lambda", "fisher_batch_size"},
+}
+ANY_METHOD_OWN = set().union(*OWN_SETTINGS.values())
+
+
+def distinct_trials(settings: list[dict], method: str) -> int:
+    """Trials that train differently: settings compared on the keys ``method`` reads."""
+    ignored = ANY_METHOD_OWN - OWN_SETTINGS[method]
+    return len({tuple(sorted((k, v) for k, v in s.items() if k not in ignored)) for s in settings})
+
+
+def test_every_method_gets_as_many_distinct_trials_as_hmcl() -> None:
+    """Issue 42 item 2: EWC's λ and fine-tuning's own settings get HMCL's trial budget."""
+    config = full_config()
+    hmcl = distinct_trials(config.settings("hmcl-ca"), "hmcl-ca")
+    assert hmcl == 12  # ρ 0.3–0.6 × min_steps {0, 50, 100}
+    assert {m: distinct_trials(config.settings(m), m) for m in METHODS} == {
+        m: hmcl for m in METHODS
+    }
+    assert config.check_equal_budgets() == {m: hmcl for m in METHODS}
+    # EWC's λ is tuned, over decades around its default.
+    lambdas = sorted({s["ewc_lambda"] for s in config.settings("ewc")})
+    assert 1.0 in lambdas and lambdas[-1] / lambdas[0] >= 100
+    assert len({s["lr"] for s in config.settings("finetune")}) > 1
+    # A budget that drops one of EWC's λ is refused before any training.
+    fewer = {**config.method_grid, "ewc": {"ewc_lambda": tuple(lambdas[1:])}}
+    with pytest.raises(ValueError, match="unequal trial budgets"):
+        Config(**{**config.__dict__, "method_grid": fewer}).check_equal_budgets()
 
 
 def test_a_tiny_benchmark_produces_every_figure_and_table(wordnet_small: dict) -> None:
@@ -169,11 +209,13 @@ def test_a_tiny_benchmark_produces_every_figure_and_table(wordnet_small: dict) -
     )
     assert [c["config"]["seeds"] for c in checkpoints] == [(0,), (0, 1)]
     for m in config.methods:
-        trials = result["selection"][m]["trials"]
-        assert [t["setting"] for t in trials] == config.settings()
-        best = max(t["score"] for t in trials)
-        chosen = next(t for t in trials if t["setting"] == result["selection"][m]["chosen"])
-        assert chosen["score"] == best
+        assert [e["seed"] for e in result["selection"][m]] == [0, 1]
+        for entry in result["selection"][m]:
+            trials = entry["trials"]
+            assert [t["setting"] for t in trials] == config.settings(m)
+            best = max(t["score"] for t in trials)
+            chosen = next(t for t in trials if t["setting"] == entry["chosen"])
+            assert chosen["score"] == best
     ca = result["per_seed"]["hmcl-ca"][0]
     assert set(ca["by_kind"]) == {CLASSIFICATION, RETRIEVAL}
     assert set(ca["no_backfill"]) == {CLASSIFICATION, RETRIEVAL}
@@ -203,6 +245,75 @@ def test_a_tiny_benchmark_produces_every_figure_and_table(wordnet_small: dict) -
     both = render_streams([{"command": "test", **result}, other])
     assert both.index("### Stream `interleaved`") < both.index("### Stream `reordered`")
     assert both.count("| hmcl-ca |") == 2 * markdown.count("| hmcl-ca |")
+
+
+def _one_class_fit_rows(task: Task, seed: int) -> Task:
+    """A classification ``task`` whose rows that ``carve_validation(task, seed)`` fits on are all
+    relabelled to its first class, the validation rows left as they are: on this seed's own
+    carve training can only hurt, so its validation prefers the smallest step size."""
+    cut = round(0.2 * task.train_rows)
+    fit = np.random.default_rng([seed, 7]).permutation(task.train_rows)[cut:]
+    text, labels = task.train[TEXT].copy(), task.train_labels.copy()
+    text[fit], labels[fit] = task.class_names[0], 0
+    return replace(task, train={**task.train, TEXT: text}, train_labels=labels)
+
+
+def _relabelled_train_rows(task: Task) -> Task:
+    """A classification ``task`` whose training rows (so its validation carve too) name every
+    class by the next class's name: the untrained (identity) heads score near zero on that
+    carve and training learns it, so its validation prefers the largest step size."""
+    labels = (task.train_labels + 1) % len(task.class_names)
+    train = {**task.train, TEXT: task.class_names[labels]}
+    return replace(task, train=train, train_labels=labels)
+
+
+def test_each_seed_chooses_on_its_own_validation_and_uses_its_own_choice(
+    wordnet_small: dict,
+) -> None:
+    """Issue 42 item 2: settings chosen per seed. Seed 1's stream is built so that its own
+    validation carve prefers the smallest step size while seed 0's prefers the largest; each seed's
+    choice must follow its own carve, and its test-side run must train with that choice. A run
+    that chose on seed 0 alone, or used seed 0's choice for every seed, fails here."""
+    config = Config(
+        quick=True,
+        seeds=(0, 1),
+        retrieval_items=0,
+        per_class=0,
+        methods=("finetune", "ewc"),
+        base_params={"epochs": 1, "min_steps": 30},  # heads start as the identity (d = D)
+        grid={"lr": (1e-6, 2e-3)},
+        timing_repeats=2,
+        timing_dims=(384,),
+        method_grid={"ewc": {"ewc_lambda": (1.0,)}},
+    )
+
+    def stream(seed: int) -> list[Task]:
+        # Two classification tasks (a retrieval task has no classes to relabel).
+        tasks = _fixture_tasks(wordnet_small, seed)[::2]
+        if seed % 2:
+            return [_one_class_fit_rows(t, seed) for t in tasks]
+        return [_relabelled_train_rows(t) for t in tasks]
+
+    result = run_benchmark(config, stream=stream)
+    for m in config.methods:
+        lrs = [e["chosen"]["lr"] for e in result["selection"][m]]
+        assert lrs == [2e-3, 1e-6], (m, lrs)  # each seed its own carve's preference
+        for i, seed in enumerate(config.seeds):
+            entry = result["selection"][m][i]
+            assert entry["seed"] == seed
+            assert [t["setting"] for t in entry["trials"]] == config.settings(m)
+            params = {**config.base_params, **entry["chosen"]}
+            assert result["params"][m][i] == params
+            # The recorded score is the one on this seed's own validation carve.
+            own = [carve_validation(t, seed) for t in stream(seed)]
+            chosen = next(t for t in entry["trials"] if t["setting"] == entry["chosen"])
+            assert chosen["score"] == selection_score(run_method(m, own, params, seed, False))
+            # The test-side run trained with this seed's own choice.
+            run = run_method(m, stream(seed), params, seed)
+            np.testing.assert_array_equal(result["per_seed"][m][i]["matrix"], run["matrix"])
+    markdown = render_markdown({"command": "test", **result})
+    assert "Settings per method **and seed**" in markdown
+    assert "| finetune | " in markdown and "lr 0.002 (0); lr 1e-06 (1) |" in markdown
 
 
 # Issue 13's targets for hmcl-ca, restated here so that the verdicts are checked against the
@@ -467,9 +578,9 @@ def test_worker_processes_give_the_figures_of_a_run_in_this_process() -> None:
     assert [c["config"]["seeds"] for c in checkpoints] == [(0,), (0, 1)]
     assert pooled["config"]["jobs"] == 2
     for m in config.methods:
-        assert pooled["selection"][m]["chosen"] == sequential["selection"][m]["chosen"]
-        scores = [t["score"] for t in pooled["selection"][m]["trials"]]
-        assert scores == [t["score"] for t in sequential["selection"][m]["trials"]]
+        for got, want in zip(pooled["selection"][m], sequential["selection"][m], strict=True):
+            assert got["chosen"] == want["chosen"]
+            assert [t["score"] for t in got["trials"]] == [t["score"] for t in want["trials"]]
         for split in (pooled, pooled[HELD_BACK]):
             other = sequential if split is pooled else sequential[HELD_BACK]
             for a, b in zip(split["per_seed"][m], other["per_seed"][m], strict=True):

@@ -3,7 +3,7 @@ alternates classification-style and retrieval tasks (``bench.quality.continual_s
 ``--stream interleaved`` C1 R1 C2 R2 …, the default, or ``reordered`` R4 C1′ R3 C2′ …).
 
     python -m bench.quality.continual --quick   # one seed, small tasks, two settings per method (< 2 min)
-    python -m bench.quality.continual --jobs 7  # 5 seeds, full tasks, twelve settings per method (1.6 min on 16 CPUs)
+    python -m bench.quality.continual --jobs 7  # 5 seeds, full tasks, twelve settings per method and seed
     python -m bench.quality.continual --final   # the same, also scored on the held-back split
     python -m bench.quality.continual --params '{"energy": 0.6}' --methods hmcl-ca finetune \
         --out bench/results/continual_energy0.6.json           # a variant: overrides for every method
@@ -13,12 +13,14 @@ alternates classification-style and retrieval tasks (``bench.quality.continual_s
         bench/results/continual_reordered.json bench/results/continual_final.json \
         bench/results/continual_reordered_final.json --publish   # into BENCHMARKS.md
 
-Each method gets its own settings (lr × min_steps), chosen on validation rows carved from every
-task's **training** rows (``carve_validation``) of the first seed's stream: the same grid, so the
-same number of trials, for every method; the criterion is the validation Overall (mean over t of
-the mean performance on tasks 1…t after task t), averaged over the two kinds of task. The test
-rows are never seen before the chosen settings are fixed. Then every seed's stream is trained on
-the full training rows with the chosen settings and scored on the test rows. Every seed draws its
+Each method gets its own settings, chosen **per seed** on validation rows carved from every
+task's **training** rows (``carve_validation``) of that seed's stream: min_steps × the one setting
+the method reads itself (ρ for HMCL, λ for EWC, the learning rate for fine-tuning), the same
+number of distinct trials for every method (``Config.check_equal_budgets``); the criterion is the
+validation Overall (mean over t of the mean performance on tasks 1…t after task t), averaged over
+the two kinds of task. The test rows are never seen before the chosen settings are fixed. Then
+every seed's stream is trained on its full training rows with that seed's chosen settings and
+scored on its test rows. Every seed draws its
 own items and train/test split (``build_tasks``), so the spread over seeds includes split
 sampling: every figure is reported as the mean and its 95 % Student-t interval over the seeds
 (``bench.common.stats``), and a target counts as met only when that interval clears it
@@ -109,6 +111,7 @@ __all__ = ["Corpus", "Task", "build_tasks", "load_corpus", "run_method", "time_s
 
 RESULTS = REPO_ROOT / "bench/results"
 DRIFT_ANCHORS = 300  # test rows per old task used for the drift measures
+HMCL_ENERGIES = (0.3, 0.4, 0.5, 0.6)  # ρ; how the grid got here: ``full_config``
 
 
 @dataclass
@@ -119,7 +122,7 @@ class Config:
     per_class: int
     methods: tuple[str, ...]
     base_params: dict[str, Any]
-    grid: dict[str, tuple[Any, ...]]
+    grid: dict[str, tuple[Any, ...]]  # the axes every method is tried on
     timing_repeats: int
     timing_dims: tuple[int, ...] = field(default=(384, 768))
     stream: str = INTERLEAVED
@@ -128,13 +131,27 @@ class Config:
     # results do not depend on it: each training is seeded by its seed and task alone.
     jobs: int = 1
     threads: int = 1  # torch threads per worker process
+    # Each method's own axis, crossed with ``grid``: the setting the method itself reads (ρ for
+    # HMCL, λ for EWC, the learning rate for fine-tuning), so that every trial of every method
+    # is a distinct training; ``check_equal_budgets`` holds every method to the same count.
+    method_grid: dict[str, dict[str, tuple[Any, ...]]] = field(default_factory=dict)
 
-    def settings(self) -> list[dict[str, Any]]:
-        keys = list(self.grid)
+    def settings(self, method: str) -> list[dict[str, Any]]:
+        """The trials of ``method``: its own axes (first) × the shared ``grid``."""
+        axes = {**self.method_grid.get(method, {}), **self.grid}
         return [
-            dict(zip(keys, values, strict=True))
-            for values in itertools.product(*self.grid.values())
+            dict(zip(axes, values, strict=True)) for values in itertools.product(*axes.values())
         ]
+
+    def check_equal_budgets(self) -> dict[str, int]:
+        """The number of distinct trials of every method; a ValueError unless they are equal
+        (issue 42 item 2: the same trial budget for every method)."""
+        counts = {
+            m: len({json.dumps(s, sort_keys=True) for s in self.settings(m)}) for m in self.methods
+        }
+        if len(set(counts.values())) > 1:
+            raise ValueError(f"unequal trial budgets per method: {counts}")
+        return counts
 
 
 def quick_config(seeds: Sequence[int] | None = None) -> Config:
@@ -145,9 +162,15 @@ def quick_config(seeds: Sequence[int] | None = None) -> Config:
         per_class=15,
         methods=tuple(METHODS),
         base_params={"epochs": 5},
-        grid={"energy": (0.6, 0.8), "min_steps": (60,)},
+        grid={"min_steps": (60,)},
         timing_repeats=10,
         timing_dims=(384,),
+        method_grid={
+            "hmcl-ca": {"energy": (0.6, 0.8)},
+            "hmcl-mr": {"energy": (0.6, 0.8)},
+            "finetune": {"lr": (5e-4, 1e-3)},
+            "ewc": {"ewc_lambda": (0.1, 1.0)},
+        },
     )
 
 
@@ -167,10 +190,23 @@ def full_config(seeds: Sequence[int] | None = None) -> Config:
         # both streams (2026-12-03), with {0.4, 0.5, 0.6, 0.8} × {50, 100, 200} every method but
         # one chose ρ 0.4 and every method 50 steps (2026-12-04; hmcl-ca on the reordered
         # stream chose ρ 0.5), so the grid moves down once more: min_steps 0 is its natural end
-        # (the ``epochs`` floor alone). Fine-tuning and EWC ignore ρ, so their trials repeat
-        # across ρ: the same twelve trials for every method.
-        grid={"energy": (0.3, 0.4, 0.5, 0.6), "min_steps": (0, 50, 100)},
+        # (the ``epochs`` floor alone). Fine-tuning and EWC ignore ρ: until issue 42 their
+        # twelve trials were three distinct ones. Each method now crosses min_steps with four
+        # values of the setting it reads itself (``method_grid``): twelve distinct trials each.
+        grid={"min_steps": (0, 50, 100)},
         timing_repeats=40,
+        method_grid={
+            "hmcl-ca": {"energy": HMCL_ENERGIES},
+            "hmcl-mr": {"energy": HMCL_ENERGIES},
+            # Fine-tuning's only stability knob is its step size: factor-2 steps around the
+            # paper's 5e-4 (the base), two below and one above, chosen before any run with them
+            # (2e-3 had lost to 5e-4 on validation for every method, 2026-12-01).
+            "finetune": {"lr": (1.25e-4, 2.5e-4, 5e-4, 1e-3)},
+            # EWC's λ scales an unnormalised Fisher, so only its order of magnitude is known a
+            # priori: decades around the default 1.0, down to 0.01 (near fine-tuning, λ → 0) and
+            # up to 10 (a stiffer anchor), chosen before any run with them.
+            "ewc": {"ewc_lambda": (0.01, 0.1, 1.0, 10.0)},
+        },
     )
 
 
@@ -377,12 +413,12 @@ def submit_selection(
 ) -> dict[str, Any]:
     """``select_settings``'s trials submitted to ``pool``, not waited for."""
     carved = [carve_validation(t, seed) for t in tasks]
-    settings = config.settings()
+    settings = config.settings(method)
     futures = [
         pool.submit(_selection_trial, method, carved, {**config.base_params, **s}, seed)
         for s in settings
     ]
-    return {"futures": futures, "settings": settings, "method": method}
+    return {"futures": futures, "settings": settings, "method": method, "seed": seed}
 
 
 def selection_result(pending: Mapping[str, Any]) -> dict[str, Any]:
@@ -391,7 +427,7 @@ def selection_result(pending: Mapping[str, Any]) -> dict[str, Any]:
     for setting, future in zip(pending["settings"], pending["futures"], strict=True):
         trials.append({"setting": setting, **future.result()})
         print(
-            f"  select {pending['method']:9s} {setting}: validation Overall "
+            f"  seed {pending['seed']} select {pending['method']:9s} {setting}: validation Overall "
             f"{trials[-1]['score']:.4f} "
             + " ".join(
                 f"{k} task-end {v['task_end']:.3f} bwt {v['bwt']:+.3f}"
@@ -400,7 +436,7 @@ def selection_result(pending: Mapping[str, Any]) -> dict[str, Any]:
             flush=True,
         )
     best = max(range(len(trials)), key=lambda j: (trials[j]["score"], -j))
-    return {"chosen": trials[best]["setting"], "trials": trials}
+    return {"seed": pending["seed"], "chosen": trials[best]["setting"], "trials": trials}
 
 
 def stream_constants() -> dict[str, Any]:
@@ -436,7 +472,8 @@ def run_benchmark(
     held_back_stream: Callable[[int], list[Task]] | None = None,
     timed: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Select settings per method, run every seed, time the steps (or take ``timed``, an
+    """Select settings per method and seed (on that seed's validation carve), run every seed
+    with its own choice, time the steps (or take ``timed``, an
     earlier run's ``timing``, when the training code has not changed since); the results record
     (``checkpoint`` gets it after every seed, over the seeds finished so far). ``stream(seed)``
     replaces the WordNet stream (tests); timing at another width than the stream's loads the
@@ -462,17 +499,24 @@ def run_benchmark(
 
     if config.final and held_back_stream is None:
         raise ValueError("config.final needs the held-back stream of the caller's tasks")
-    selection_seed = config.seeds[0]
-    first = stream(selection_seed)
-    print(f"selecting settings on validation carves of seed {selection_seed}'s stream", flush=True)
+    config.check_equal_budgets()
+    first_seed = config.seeds[0]
+    streams = {first_seed: stream(first_seed)}
+    first = streams[first_seed]
+    print("selecting settings per seed, on validation carves of its own stream", flush=True)
     per_seed: dict[str, list[dict]] = {m: [] for m in config.methods}
     per_seed_held_back: dict[str, list[dict]] = {m: [] for m in config.methods}
     held_back_sizes: list[dict[str, Any]] = []
     timing: dict[str, Any] = {}
     result: dict[str, Any] = {}
+    # Per method, one entry per seed (in seed order): that seed's trials and choice, and the
+    # settings its test-side run used (issue 42 item 2: chosen per seed).
+    selection: dict[str, list[dict[str, Any]]] = {m: [] for m in config.methods}
+    params: dict[str, list[dict[str, Any]]] = {m: [] for m in config.methods}
 
     def record(runs: dict[str, list[dict]], sizes: list[dict[str, Any]]) -> dict[str, Any]:
         summary = summarise(runs)
+        done = len(runs[config.methods[0]])
         return {
             "date": time.strftime("%Y-%m-%d"),
             "seconds": time.perf_counter() - tic,
@@ -482,15 +526,16 @@ def run_benchmark(
             "threads": config.threads if config.jobs > 1 else torch.get_num_threads(),
             "config": {
                 **config.__dict__,
-                "seeds": config.seeds[: len(runs[config.methods[0]])],
+                "seeds": config.seeds[:done],
                 "seeds_planned": config.seeds,
-                "settings": config.settings(),
+                "settings": {m: config.settings(m) for m in config.methods},
+                "trials_per_method": config.check_equal_budgets(),
                 "stream": {"order": config.stream, **stream_constants()},
             },
             "encoder": corpus.encoder if corpus is not None else "caller's stream",
             "tasks": sizes,
-            "selection": selection,
-            "params": params,
+            "selection": {m: v[:done] for m, v in selection.items()},
+            "params": {m: v[:done] for m, v in params.items()},
             "summary": summary,
             "targets": targets(summary, timing),
             "per_seed": runs,
@@ -503,20 +548,33 @@ def run_benchmark(
             out[HELD_BACK] = {**record(per_seed_held_back, held_back_sizes), "split": HELD_BACK}
         return out
 
-    with trainer_pool(config) as pool:
-        pending = {
-            m: submit_selection(m, first, config, selection_seed, pool) for m in config.methods
-        }
-        selection = {m: selection_result(pending[m]) for m in config.methods}
-        params = {m: {**config.base_params, **selection[m]["chosen"]} for m in config.methods}
+    def seed_stream(seed: int) -> list[Task]:
+        if seed not in streams:
+            streams[seed] = stream(seed)
+        return streams[seed]
 
-        def submit_seed(seed: int) -> tuple[Sequence[Task] | None, dict[str, Future]]:
-            tasks = first if seed == selection_seed else stream(seed)
-            held_back = held_back_stream(seed) if config.final else None
-            futures = {
-                m: pool.submit(run_method, m, tasks, params[m], seed, held_back=held_back)
+    with trainer_pool(config) as pool:
+        # Every seed's trials are queued first (workers stay busy); each seed's test-side runs
+        # follow as soon as its own choice is known.
+        pending = {
+            seed: {
+                m: submit_selection(m, seed_stream(seed), config, seed, pool)
                 for m in config.methods
             }
+            for seed in config.seeds
+        }
+
+        def submit_seed(seed: int) -> tuple[Sequence[Task] | None, dict[str, Future]]:
+            tasks = seed_stream(seed)
+            held_back = held_back_stream(seed) if config.final else None
+            futures = {}
+            for m in config.methods:
+                chosen = selection_result(pending[seed][m])
+                selection[m].append(chosen)
+                params[m].append({**config.base_params, **chosen["chosen"]})
+                futures[m] = pool.submit(
+                    run_method, m, tasks, params[m][-1], seed, held_back=held_back
+                )
             return held_back, futures
 
         # Worker processes get every seed at once; in this process each seed runs in its turn,
@@ -524,7 +582,7 @@ def run_benchmark(
         submitted = [submit_seed(seed) for seed in config.seeds] if config.jobs > 1 else None
         for i, seed in enumerate(config.seeds):
             held_back, futures = submitted[i] if submitted is not None else submit_seed(seed)
-            if held_back is not None and seed == selection_seed:
+            if held_back is not None and seed == first_seed:
                 held_back_sizes = task_sizes(held_back)
             for m in config.methods:
                 run = futures[m].result()
@@ -553,9 +611,9 @@ def run_benchmark(
         if dim != first[0].train[GLOSS].shape[1]:
             other = load_corpus(NEW_MODEL)
             tasks = build_tasks(
-                other, config.retrieval_items, selection_seed, config.per_class, config.stream
+                other, config.retrieval_items, first_seed, config.per_class, config.stream
             )
-        timing[str(dim)] = time_steps(tasks, step_params, config.timing_repeats, selection_seed)
+        timing[str(dim)] = time_steps(tasks, step_params, config.timing_repeats, first_seed)
         print(f"  timed steps at d = {dim}", flush=True)
     result = records()
     if checkpoint is not None:
