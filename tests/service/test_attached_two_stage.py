@@ -10,7 +10,8 @@ nothing. It answers the same top 10 as the same two-stage search of a copied gal
 same vectors and texts. The re-embed job reads the texts from the collection and writes in place.
 Items without a usable text are skipped and counted; a bad ``text_field`` answers 422, none 409.
 
-Real vectors (tests/fixtures/wordnet_small.npz): item i is synset i's gloss. Both SQL backends;
+Real vectors (tests/fixtures/wordnet_small.npz): item i is synset i's gloss. Both SQL backends
+for the in-place two-stage search, SQLite for the rest (``sqlite_only``: no SQL path of their own);
 FAISS only (attached galleries keep no vector in the service's engine). Milvus runs on milvus-lite
 and, on SQLite, on the real Milvus 2.3.5 server (``milvus-server``; skipped where it cannot start,
 failed instead with ``NOBACKFILL_TEST_MILVUS_SERVER=1``).
@@ -205,6 +206,7 @@ def in_place_keys(migration: dict) -> set[str]:
         return {str(r["id"]) for r in rows}
 
 
+@pytest.mark.sqlite_only("an attach's own checks; PostgreSQL: the in-place search test")
 def test_attach_shows_the_text_field(client: TestClient, source: dict) -> None:
     created = client.post(
         "/v1/galleries",
@@ -215,6 +217,7 @@ def test_attach_shows_the_text_field(client: TestClient, source: dict) -> None:
     assert shown["source"]["text_field"] == "gloss"
 
 
+@pytest.mark.sqlite_only("an attach's own checks; PostgreSQL: the in-place search test")
 @pytest.mark.parametrize("field", ["nope", "embedding_or_key"])
 def test_a_bad_text_field_is_refused_and_changes_nothing(
     client: TestClient, source: dict, engine: str, field: str
@@ -230,6 +233,7 @@ def test_a_bad_text_field_is_refused_and_changes_nothing(
     assert snapshot(client) == before
 
 
+@pytest.mark.sqlite_only("an attach's own checks; PostgreSQL: the in-place search test")
 def test_without_a_text_field_two_stage_and_reembed_answer_409_with_the_hint(
     client: TestClient, source: dict
 ) -> None:
@@ -285,6 +289,7 @@ def reembed_job(migration: dict, **body) -> dict:
     return job["report"]["reembed"]
 
 
+@pytest.mark.sqlite_only("an attach's own checks; PostgreSQL: the in-place search test")
 def test_the_reembed_job_reads_texts_from_the_collection(
     migration: dict, wordnet_small: dict
 ) -> None:
@@ -310,6 +315,10 @@ def test_the_reembed_job_reads_texts_from_the_collection(
     assert calls(migration["embedder"]) == calls_before
 
 
+@pytest.mark.sqlite_only("an attach's own checks; PostgreSQL: the in-place search test")
+@pytest.mark.parametrize(
+    "engine_place", ["qdrant", "milvus"], indirect=True
+)  # the server: the other tests
 def test_a_failing_embedder_degrades_and_stores_nothing(
     migration: dict, wordnet_small: dict
 ) -> None:
@@ -325,6 +334,10 @@ def test_a_failing_embedder_degrades_and_stores_nothing(
     assert in_place_keys(migration) == set()
 
 
+@pytest.mark.sqlite_only("an attach's own checks; PostgreSQL: the in-place search test")
+@pytest.mark.parametrize(
+    "engine_place", ["qdrant", "milvus"], indirect=True
+)  # the server: the other tests
 def test_the_collection_unreachable_mid_two_stage_is_a_503_and_writes_nothing(
     migration: dict, wordnet_small: dict, monkeypatch: pytest.MonkeyPatch
 ) -> None:
