@@ -549,7 +549,11 @@ def test_the_quick_run_on_real_data(tmp_path: Path) -> None:
     result = json.loads(out.read_text())
     assert [t["kind"] for t in result["tasks"]] == [CLASSIFICATION, RETRIEVAL] * 4
     assert all(t["classes"] == 20 for t in result["tasks"][::2])
-    assert {len(s["trials"]) for s in result["selection"].values()} == {2}
+    # One selection per method and seed (issue 42 item 2), each of the quick grid's 2 trials.
+    per_method = result["selection"].values()
+    entries = [e for per_seed in per_method for e in per_seed]
+    assert {len(per_seed) for per_seed in per_method} == {len(result["config"]["seeds"])}
+    assert {len(e["trials"]) for e in entries} == {2}
     assert "Issue 13's targets" in done.stdout
     # The suite points the data lookup nowhere: the quick run says it used the mini fixture.
     assert "running on the mini fixture" in done.stderr
