@@ -117,8 +117,9 @@ def test_services_and_gpu_request() -> None:
     for name in ("api", "worker", "redis", "postgres"):
         assert "healthcheck" in services[name], name
     assert services["api"]["depends_on"]["migrate"]["condition"] == "service_completed_successfully"
-    cpu = compose(CPU)
-    assert cpu == {"services": {"worker": {"deploy": RESET}}}
+    cpu = compose(CPU)["services"]
+    assert cpu["worker"]["deploy"] is RESET
+    assert set(cpu) == {"api", "migrate", "worker"}
 
 
 def project_commands() -> list[tuple[str, list[str]]]:
@@ -148,13 +149,10 @@ def test_api_and_worker_images_are_separate_build_targets() -> None:
     assert services["migrate"]["build"]["target"] == "api"
     assert services["worker"]["build"]["target"] == "worker"
     assert services["api"]["image"] != services["worker"]["image"]
-    # The API image is CPU-only (torch's CPU index); the worker has CUDA torch and FAISS's GPU
-    # build in place of faiss-cpu (both provide `faiss`).
-    assert re.search(
-        r'pip install "torch==2\.13\.0" --index-url "\$TORCH_CPU_INDEX_URL"', stages["api"]
-    )
-    assert "TORCH_CPU_INDEX_URL=" in stages["api"] and "/cpu" in stages["api"]
-    assert "--index-url" not in stages["worker"]
+    # Both install torch first, through the same line (test_torch_comes_from_...); the worker
+    # has FAISS's GPU build in place of faiss-cpu (both provide `faiss`).
+    for stage in ("api", "worker"):
+        assert TORCH_LINE in stages[stage], stage
     assert "pip uninstall -y faiss-cpu" in stages["worker"]
     assert re.search(r'pip install "faiss-gpu==[\d.]+"', stages["worker"])
     # The worker image's own command is compose's worker command.
@@ -164,6 +162,49 @@ def test_api_and_worker_images_are_separate_build_targets() -> None:
     assert any(spec.startswith("pymilvus") for spec in milvus_extra())
     for stage in ("api", "worker"):
         assert 'RUN pip install ".[milvus]"' in stages[stage], stage
+
+
+TORCH_LINE = 'RUN pip install "torch==2.13.0" ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"}'
+CPU_WHEELS = "https://download.pytorch.org/whl/cpu"
+
+
+def torch_install(env: dict[str, str]) -> list[str]:
+    """The arguments the images' torch line gives pip under ``env`` (run by sh, as Docker's
+    RUN does, with pip replaced by a printer)."""
+    command = TORCH_LINE.removeprefix("RUN ").replace("pip install", "printf '%s\\n'", 1)
+    done = subprocess.run(
+        ["sh", "-c", command], env=env, capture_output=True, text=True, check=True
+    )
+    return done.stdout.splitlines()
+
+
+def test_torch_comes_from_the_registry_of_everything_else_unless_told() -> None:
+    """Issue 44 item 8: by default torch comes from PIP_INDEX_URL, the registry every other
+    package comes from (pip reads it from the environment: the base stage sets it from its build
+    argument, PyPI by default); the CPU override names torch's CPU-wheel index for every image it
+    builds, and only for torch."""
+    base = dockerfile_stages()["base"]
+    assert "ARG PIP_INDEX_URL=https://pypi.org/simple\n" in base
+    assert "ARG TORCH_INDEX_URL=\n" in base
+    assert "ENV PIP_INDEX_URL=$PIP_INDEX_URL" in base and "TORCH_INDEX_URL=$TORCH_INDEX_URL" in base
+    assert torch_install({}) == ["torch==2.13.0"]
+    assert torch_install({"TORCH_INDEX_URL": ""}) == ["torch==2.13.0"]
+    assert torch_install({"TORCH_INDEX_URL": CPU_WHEELS}) == [
+        "torch==2.13.0",
+        "--index-url",
+        CPU_WHEELS,
+    ]
+    services = compose()["services"]
+    built = {name: s["build"] for name, s in services.items() if "build" in s}
+    assert set(built) == {"api", "migrate", "worker"}
+    for name, build in built.items():
+        args = {k: interpolate(v) for k, v in build["args"].items()}
+        assert args == {"PIP_INDEX_URL": "https://pypi.org/simple", "TORCH_INDEX_URL": ""}, name
+    cpu = project(BASE, CPU)["services"]
+    for name in built:
+        assert cpu[name]["build"]["args"]["TORCH_INDEX_URL"] == CPU_WHEELS, name
+        assert cpu[name]["build"]["args"]["PIP_INDEX_URL"] == built[name]["args"]["PIP_INDEX_URL"]
+        assert cpu[name]["build"]["target"] == built[name]["target"], name
 
 
 @pytest.mark.parametrize(("where", "command"), project_commands())
