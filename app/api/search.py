@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from dataclasses import replace
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import StreamingResponse
+from starlette.background import BackgroundTask
 from starlette.concurrency import run_in_threadpool
 
 from app.api.deps import SessionDep, StateDep, TenantDep
@@ -17,7 +19,8 @@ from app.core.limits import ArrayLimits
 from app.core.schemas import NpyModalityQuery, openapi_body
 from app.core.uploads import read_body, read_json_model
 from app.galleries.service import get_gallery
-from app.search import service, streaming
+from app.migration.returned import DeferredTally
+from app.search import npz_answer, service, streaming
 from app.search.schemas import NPY_MEDIA_TYPE, SearchRequest, SearchResponse
 
 router = APIRouter(prefix="/v1/galleries", tags=["search"])
@@ -65,6 +68,16 @@ def _search_openapi() -> dict[str, Any]:
     response_model=SearchResponse,
     response_model_exclude_none=True,
     openapi_extra=_search_openapi(),
+    responses={
+        200: {
+            "content": {
+                streaming.NDJSON_MEDIA_TYPE: {"schema": {"type": "string"}},
+                streaming.NPZ_MEDIA_TYPE: {"schema": {"type": "string", "format": "binary"}},
+            }
+        },
+        406: {"description": "A two-stage search asked for NDJSON or .npz: ask for JSON"},
+        507: {"description": "The data directory filled while an .npz answer was spooled"},
+    },
 )
 async def search(
     gallery_id: str,
@@ -108,7 +121,15 @@ async def search(
     per query (`{"query": i, "hits": [...]}`) and a last `{"done": true, ...}` line, searched and
     written in chunks of at most `MAX_HITS_PER_REQUEST` hits, so queries × k may exceed it (up
     to `MAX_VECTORS_PER_REQUEST` × `MAX_K`) in bounded memory; a failure after the first chunk
-    ends the stream with an `{"error": ...}` line. Not for two-stage searches (406)."""
+    ends the stream with an `{"error": ...}` line. With `Accept: application/x-npz` (no NumPy
+    media type is registered; `x-npz` beside the `x-npy` bodies) the same chunks answer one
+    `.npz` archive for `np.load(..., allow_pickle=False)`: `ids` (unicode, the longest id's
+    width), `distances` and `scores` (float64), `labels` and `spaces` (unicode, "" where a hit
+    has none) as queries × k arrays padded with "" and NaN where a query has fewer than k hits,
+    and `counts` (hits per query). It is spooled to a temporary file in the data directory and
+    written whole before the response starts, so every failure is a problem with its status (a
+    full disk 507); memory holds one chunk, the disk the spool and the archive (each about the
+    answer's size, at most `MAX_NPZ_ANSWER_BYTES`: 413). Not for two-stage searches (406)."""
     content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if content_type == "application/json":
         given = [n for n, v in (("k", k), ("model_id", model_id), ("modality", modality)) if v]
@@ -143,8 +164,9 @@ async def search(
             f"send application/json, {NPY_MEDIA_TYPE} or multipart/form-data with .npy parts",
         )
 
-    if streaming.wants_ndjson(request.headers.get("accept")):
-        return await _streamed(gallery_id, state, session, tenant_id, query)
+    media = streaming.streamed_media(request.headers.get("accept"))
+    if media is not None:
+        return await _streamed(gallery_id, state, session, tenant_id, query, media)
 
     if query.rerank:
 
@@ -195,13 +217,19 @@ async def _streamed(
     session: Any,
     tenant_id: str,
     query: service.SearchQuery,
+    media: str,
 ) -> StreamingResponse:
     """The NDJSON answer (``app.search.streaming``): the first chunk searched here, on the
     request's session, so its errors are still problems; each later chunk on a session of its
-    own as the client reads."""
+    own as the client reads. The ``.npz`` answer (``app.search.npz_answer``): every chunk
+    searched so, and the archive written, before the response starts."""
     streaming.check_streamable(state.settings, query)
     parts = streaming.chunks(state.settings, query)
     headers: dict[str, str] = {}
+    # What the answer returns is tallied once it is sent (NDJSON: as each chunk is written); an
+    # .npz answer refused after its search (too large, a full disk) returned nothing.
+    deferred = DeferredTally(state.returned)
+    tally = deferred if media == streaming.NPZ_MEDIA_TYPE else state.returned
 
     def search_part(own: Any, part: service.SearchQuery) -> list:
         gallery = get_gallery(own, tenant_id, gallery_id)
@@ -213,7 +241,7 @@ async def _streamed(
             tenant_id,
             gallery,
             part,
-            state.returned,
+            tally,
         )
 
     def first() -> list:
@@ -233,6 +261,37 @@ async def _streamed(
 
     async def search_chunk(part: service.SearchQuery) -> list:
         return await run_in_threadpool(later, part)
+
+    if media == streaming.NPZ_MEDIA_TYPE:
+        # Before any work: the least such an answer can take (one-character strings).
+        npz_answer.check_size(len(query.vectors), query.k, {}, state.settings.max_npz_answer_bytes)
+
+        def archived() -> npz_answer.ArchiveFile:
+            def searched() -> Iterator[list]:
+                yield first()
+                for part in parts[1:]:
+                    yield later(part)
+
+            return npz_answer.build(
+                searched(),
+                state.settings.data_dir,
+                query.k,
+                len(query.vectors),
+                state.settings.max_npz_answer_bytes,
+            )
+
+        archive = await run_in_threadpool(archived)
+        deferred.commit()
+        return StreamingResponse(
+            archive.pieces(),
+            media_type=streaming.NPZ_MEDIA_TYPE,
+            headers=headers
+            | {
+                "Content-Length": str(archive.size),
+                "Content-Disposition": 'attachment; filename="search.npz"',
+            },
+            background=BackgroundTask(archive.close),
+        )
 
     results = await run_in_threadpool(first)
     return StreamingResponse(

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import io
 import json
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,7 @@ from app.client.uploads import (
 )
 
 NPY_MEDIA_TYPE = "application/x-npy"
+NPZ_MEDIA_TYPE = "application/x-npz"
 TERMINAL = ("succeeded", "failed", "cancelled")
 
 
@@ -470,6 +472,70 @@ class Client(Transport):
         ``rerank`` (or a ``rerank_depth``) with ``model_id``: a two-stage search — candidates
         from the old index (by ``old_queries`` when given), ranked by the new model; each
         batch's report is in ``SearchResults.reranks``."""
+        rows: list[list[dict[str, Any]]] = []
+        reranks: list[dict[str, Any]] = []
+        warnings: list[str] = []
+        batches = self._search_batches(
+            gallery_id, queries, k, model_id, modality, old_queries, rerank_depth, rerank, {}
+        )
+        for response in batches:
+            answer = response.json()
+            rows += answer["results"]
+            if "rerank" in answer:
+                reranks.append(answer["rerank"])
+            if answer.get("warning") and answer["warning"] not in warnings:
+                warnings.append(answer["warning"])
+        found = SearchResults.from_rows(rows, k)
+        found.reranks = reranks
+        found.warnings = warnings
+        return found
+
+    def search_npz(
+        self,
+        gallery_id: str,
+        queries: np.ndarray | Sequence[Sequence[float]],
+        k: int = 10,
+        *,
+        model_id: str | None = None,
+        modality: str | None = None,
+        old_queries: np.ndarray | Sequence[Sequence[float]] | None = None,
+    ) -> dict[str, np.ndarray]:
+        """The same search answered as ``.npz`` archives (``Accept: application/x-npz``), for
+        answers past the server's JSON limit on queries × k: the archives' arrays, batches
+        concatenated — ``ids``, ``distances``, ``scores``, ``labels``, ``spaces`` (queries × k,
+        "" and NaN where a query has fewer hits) and ``counts`` (hits per query). Not for
+        two-stage searches (the server answers 406)."""
+        batches = self._search_batches(
+            gallery_id,
+            queries,
+            k,
+            model_id,
+            modality,
+            old_queries,
+            None,
+            False,
+            {"Accept": NPZ_MEDIA_TYPE},
+        )
+        parts: list[dict[str, np.ndarray]] = []
+        for response in batches:
+            with np.load(io.BytesIO(response.content), allow_pickle=False) as archive:
+                parts.append({name: archive[name] for name in archive.files})
+        return {name: np.concatenate([part[name] for part in parts]) for name in parts[0]}
+
+    def _search_batches(
+        self,
+        gallery_id: str,
+        queries: np.ndarray | Sequence[Sequence[float]],
+        k: int,
+        model_id: str | None,
+        modality: str | None,
+        old_queries: np.ndarray | Sequence[Sequence[float]] | None,
+        rerank_depth: int | None,
+        rerank: bool,
+        headers: dict[str, str],
+    ) -> Iterator[httpx.Response]:
+        """One search's answers, a batch of query rows each (a 413 naming a lower limit lowers
+        the batch and sends it again)."""
         matrix = float_matrix(queries, "queries")
         old = None if old_queries is None else float_matrix(old_queries, "old_queries")
         if old is not None and (model_id is None or len(old) != len(matrix)):
@@ -481,9 +547,6 @@ class Client(Transport):
         params = drop_none({"k": k, "model_id": model_id, "modality": modality})
         if rerank:
             params["rerank"] = drop_none({"depth": rerank_depth})
-        rows: list[list[dict[str, Any]]] = []
-        reranks: list[dict[str, Any]] = []
-        warnings: list[str] = []
         start = 0
         while start < len(matrix):
             batch = self.limits.rows_for(parts)
@@ -492,7 +555,7 @@ class Client(Transport):
                 body: dict[str, Any] = {
                     "params": params,
                     "content": npy_bytes(matrix[start:stop]),
-                    "headers": {"Content-Type": NPY_MEDIA_TYPE},
+                    "headers": {"Content-Type": NPY_MEDIA_TYPE} | headers,
                 }
             else:
                 files = (
@@ -511,7 +574,7 @@ class Client(Transport):
                         for name, value in params.items()
                     }
                 )
-                body = {"files": files}
+                body = {"files": files, "headers": headers}
             try:
                 response = self.request(
                     "POST", f"/v1/galleries/{gallery_id}/search", retry=True, **body
@@ -520,17 +583,8 @@ class Client(Transport):
                 if exc.status == 413 and self.limits.lower_from(exc.detail, stop - start, parts):
                     continue
                 raise
-            answer = response.json()
-            rows += answer["results"]
-            if "rerank" in answer:
-                reranks.append(answer["rerank"])
-            if answer.get("warning") and answer["warning"] not in warnings:
-                warnings.append(answer["warning"])
+            yield response
             start = stop
-        found = SearchResults.from_rows(rows, k)
-        found.reranks = reranks
-        found.warnings = warnings
-        return found
 
     # -- keys (an admin key) --------------------------------------------------------------------
     def create_key(self, name: str | None = None, *, admin: bool = False) -> dict[str, Any]:

@@ -375,6 +375,13 @@ class Settings(BaseSettings):
         description="queries × k one search may ask for (422 before any work): 10,000 queries × "
         "k = 1,000 answered 931 MiB and took 8 GB of memory",
     )
+    max_npz_answer_bytes: int = Field(
+        default=2**30,
+        ge=1024,
+        description="bytes of one .npz search answer (413 once its projected size passes it, "
+        "before the response starts): the answer is spooled to the data directory, so its disk "
+        "is about twice this while the archive is written",
+    )
     max_galleries_per_tenant: int = Field(default=100, ge=1)
     max_datasets_per_tenant: int = Field(default=100, ge=1)
     max_keys_per_tenant: int = Field(

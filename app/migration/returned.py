@@ -87,8 +87,11 @@ class ReturnedTally:
         """Add one search's hits (internal ids, queries × k in rank order, −1 for none)."""
         if not self.enabled:
             return
-        distinct, weights = rank_weights(ids)
-        if not len(distinct):
+        self.add(gallery_id, *rank_weights(ids))
+
+    def add(self, gallery_id: str, distinct: np.ndarray, weights: np.ndarray) -> None:
+        """Add weights already reduced by ``rank_weights`` (``DeferredTally.commit``)."""
+        if not self.enabled or not len(distinct):
             return
         with self._lock:
             tally = self._pending.setdefault(gallery_id, {})
@@ -204,6 +207,35 @@ class ReturnedTally:
             self.flush()
         except Exception:
             log.exception("final returned tally flush failed")
+
+
+class DeferredTally:
+    """A search's tally held back until its answer is known to be sent (an ``.npz`` answer is
+    searched whole before it is written, and one refused then — too large, a full disk — returned
+    nothing): ``record`` as ``ReturnedTally``'s, ``commit`` passes the sum on. It holds one weight
+    per distinct item returned, not the hits."""
+
+    def __init__(self, tally: ReturnedTally) -> None:
+        self.tally = tally
+        self._held: dict[str, dict[int, float]] = {}
+
+    @property
+    def enabled(self) -> bool:
+        return self.tally.enabled
+
+    def record(self, gallery_id: str, ids: np.ndarray) -> None:
+        if not self.tally.enabled:
+            return
+        held = self._held.setdefault(gallery_id, {})
+        for vector_id, weight in zip(*(a.tolist() for a in rank_weights(ids)), strict=True):
+            held[vector_id] = held.get(vector_id, 0.0) + weight
+
+    def commit(self) -> None:
+        for gallery_id, held in self._held.items():
+            ids = np.fromiter(held.keys(), dtype=np.int64, count=len(held))
+            weights = np.fromiter(held.values(), dtype=np.float64, count=len(held))
+            self.tally.add(gallery_id, ids, weights)
+        self._held.clear()
 
 
 def weights_by_point(session: Session, gallery_id: str, point_ids: np.ndarray) -> np.ndarray | None:

@@ -17,7 +17,7 @@ from app.embedders.guard import EmbeddingGuards
 from app.galleries.frames import frame_map, same_space
 from app.galleries.models import Gallery
 from app.galleries.service import check_texts, index_for
-from app.migration.returned import ReturnedTally
+from app.migration.returned import DeferredTally, ReturnedTally
 from app.models.service import BACKBONE, ModelCache, embed_features, get_model, resolve_modality
 from app.search.schemas import SearchRequest
 from app.vectors.engine import ATTACHED
@@ -195,7 +195,7 @@ def _mixed_search(
     gallery: Gallery,
     request: SearchQuery,
     queries: np.ndarray,
-    tally: ReturnedTally | None,
+    tally: ReturnedTally | DeferredTally | None,
 ) -> list[list[dict[str, Any]]] | None:
     """A backbone model's search of a gallery holding items re-embedded for it (partial
     backfill, ``app.migration.mixed_search``); None when it holds none."""
@@ -335,7 +335,7 @@ def search_gallery(
     tenant_id: str,
     gallery: Gallery,
     request: SearchQuery | SearchRequest,
-    tally: ReturnedTally | None = None,
+    tally: ReturnedTally | DeferredTally | None = None,
 ) -> list[list[dict[str, Any]]]:
     """The hits of every query row; ``tally`` (the service's) records what was returned."""
     if isinstance(request, SearchRequest):
@@ -365,7 +365,7 @@ def _plain_search(
     queries: np.ndarray,
     k: int,
     old_space: bool,
-    tally: ReturnedTally | None,
+    tally: ReturnedTally | DeferredTally | None,
 ) -> list[list[dict[str, Any]]]:
     index = index_for(session, store, gallery)
     ids, distances, points = index.search_with_points(
@@ -453,7 +453,7 @@ def search_two_stage(
     tenant_id: str,
     gallery: Gallery,
     request: SearchQuery,
-    tally: ReturnedTally | None = None,
+    tally: ReturnedTally | DeferredTally | None = None,
 ) -> tuple[list[list[dict[str, Any]]], dict[str, Any]]:
     """A two-stage search (``app.search.two_stage``): (the hits of every query, how it went).
     Every part of the request is checked before anything is searched or embedded; an embedder

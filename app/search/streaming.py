@@ -1,4 +1,5 @@
-"""Large search answers, streamed (issue 45 item 6): `Accept: application/x-ndjson`.
+"""Large search answers, streamed (issue 45 item 6): `Accept: application/x-ndjson`, or
+`application/x-npz` for the same chunks as one NumPy archive (``app.search.npz_answer``).
 
 A JSON answer is built whole, so its size — queries × k hits — is bounded per request
 (``MAX_HITS_PER_REQUEST``, 422 before any work). A streamed answer is not built whole: the
@@ -36,19 +37,23 @@ from app.search.service import SearchQuery
 log = logging.getLogger(__name__)
 
 NDJSON_MEDIA_TYPE = "application/x-ndjson"
+# No NumPy media type is registered: an ``x-`` type beside the ``application/x-npy`` bodies
+# (``app.search.npz_answer`` says why not ``application/zip``).
+NPZ_MEDIA_TYPE = "application/x-npz"
 
 
-def wants_ndjson(accept: str | None) -> bool:
-    """Whether the ``Accept`` header asks for the streamed answer (and not JSON first)."""
+def streamed_media(accept: str | None) -> str | None:
+    """The answer's form the ``Accept`` header asks for first: ``NDJSON_MEDIA_TYPE`` or
+    ``NPZ_MEDIA_TYPE``; None for JSON (the default, and what ``*/*`` gets)."""
     if not accept:
-        return False
+        return None
     for part in accept.split(","):
         media = part.split(";")[0].strip().lower()
-        if media == NDJSON_MEDIA_TYPE:
-            return True
+        if media in (NDJSON_MEDIA_TYPE, NPZ_MEDIA_TYPE):
+            return media
         if media in ("application/json", "*/*", "application/*"):
-            return False
-    return False
+            return None
+    return None
 
 
 def check_streamable(settings: Settings, query: SearchQuery) -> None:
@@ -57,8 +62,8 @@ def check_streamable(settings: Settings, query: SearchQuery) -> None:
         raise Problem(
             406,
             "Not acceptable",
-            "two-stage answers are not streamed (their candidates are bounded per request by "
-            "RERANK_MAX_CANDIDATES and embedded in one call): ask for application/json",
+            "two-stage answers are not streamed or archived (their candidates are bounded per "
+            "request by RERANK_MAX_CANDIDATES and embedded in one call): ask for application/json",
         )
     if query.k > settings.max_k:
         raise invalid("k", f"must be ≤ {settings.max_k}")
