@@ -47,6 +47,11 @@ def t_interval(
     return mean, mean - half, mean + half
 
 
+def interval_text(v: Sequence[float]) -> str:
+    """A (mean, low, high) triple as the reports print it: ``0.512 [0.498, 0.526]``."""
+    return f"{v[0]:.3f} [{v[1]:.3f}, {v[2]:.3f}]"
+
+
 def target_state(interval: Sequence[float], target: float) -> str:
     """A target "at least ``target``" judged on ``(mean, low, high)``: "met" when the interval
     clears it, "missed by" the mean's shortfall when the whole interval lies below it, else

@@ -73,11 +73,11 @@ from app.ml.upgrade.fit_view import (
 )
 from bench.common.partial import upgrade_on
 from bench.common.report import publish
-from bench.common.stats import t_interval, target_state
+from bench.common.stats import interval_text, t_interval, target_state
 from bench.common.wordnet import REPO_ROOT
 from bench.common.workers import exit_with_parent
 from bench.quality.querydoc import load_arrays
-from bench.quality.transition import TRAIN_FRACTION, _ci, _hits, split
+from bench.quality.transition import TRAIN_FRACTION, recall_hits, split
 
 RESULTS = REPO_ROOT / "bench/results/traffic.json"
 SECTION, TITLE = "bench.quality.traffic", "Skewed traffic (bench.quality.traffic)"
@@ -295,7 +295,7 @@ def run_seed(
 
 def _searches(ranks: np.ndarray, per_search: np.ndarray) -> dict[str, np.ndarray]:
     """Per future search (repeats included), its query's hits."""
-    return {m: v[per_search] for m, v in _hits(ranks).items()}
+    return {m: v[per_search] for m, v in recall_hits(ranks).items()}
 
 
 def seed_job(quick: bool, seed: int, method: str, threads: int, arrays=None) -> dict[str, Any]:
@@ -415,18 +415,18 @@ def targets(payload: dict[str, Any]) -> list[str]:
     out = [
         f"- transition R@10 with the plan's {TARGET_FRACTION:.0%} {plan:.3f} ≥ {TARGET_SHARE} × "
         f"reindex ({plan / reindex:.3f} × reindex; plan − {TARGET_SHARE} × reindex "
-        f"{_ci(share)}) — " + target_state(share, 0.0)
+        f"{interval_text(share)}) — " + target_state(share, 0.0)
     ]
     diff = s["plan_minus"]["transition"]["random"][f]["R@10"]
     out.append(
-        f"- transition R@10 at {TARGET_FRACTION:.0%}, plan − random {_ci(diff)} ≥ "
+        f"- transition R@10 at {TARGET_FRACTION:.0%}, plan − random {interval_text(diff)} ≥ "
         f"{TARGET_MARGIN} — " + target_state(diff, TARGET_MARGIN)
     )
     # Runs from before issue 42 item 6 hold no steps (and no membership-blind curves).
     merges = (("the served merge", ""), ("without membership", "/plain")) if "steps" in s else ()
     for merge, suffix in merges:
         lowered = [
-            f"{key} {step} {_ci(v)}"
+            f"{key} {step} {interval_text(v)}"
             for key, steps in s["steps"].items()
             if key.endswith("/plain") == bool(suffix)
             for step, v in steps.items()
@@ -479,7 +479,9 @@ def _membership_tables(
     ]
     for key, diffs in s["membership_minus_plain"].items():
         search, order = key.split("/")
-        lines.append(f"| {search} | {order} | " + " | ".join(_ci(diffs[f]) for f in inner) + " |")
+        lines.append(
+            f"| {search} | {order} | " + " | ".join(interval_text(diffs[f]) for f in inner) + " |"
+        )
     lines += [
         "",
         "Without membership (the merge before issue 42 item 6), R@10:",
@@ -491,7 +493,9 @@ def _membership_tables(
         for order in orders:
             curve = s["plain_curves"][search][order]
             lines.append(
-                f"| {search} | {order} | " + " | ".join(_ci(curve[f]["R@10"]) for f in fs) + " |"
+                f"| {search} | {order} | "
+                + " | ".join(interval_text(curve[f]["R@10"]) for f in fs)
+                + " |"
             )
     return lines
 
@@ -516,15 +520,15 @@ def render_markdown(payload: dict[str, Any]) -> str:
         f"[{s.get('interval', 'a bootstrap over future searches within each seed')}].",
         "",
         "Baselines on the future searches (R@10): stay "
-        + _ci(b["stay"]["R@10"])
+        + interval_text(b["stay"]["R@10"])
         + ", reindex "
-        + _ci(b["reindex"]["R@10"])
+        + interval_text(b["reindex"]["R@10"])
         + f", bridge alone ({payload['method']}) "
-        + _ci(b["bridge"]["R@10"])
+        + interval_text(b["bridge"]["R@10"])
         + "; R@1: stay "
-        + _ci(b["stay"]["R@1"])
+        + interval_text(b["stay"]["R@1"])
         + ", reindex "
-        + _ci(b["reindex"]["R@1"])
+        + interval_text(b["reindex"]["R@1"])
         + ".",
         "",
         "Planner per seed (fitted on the upgrade's held-out part, as the service fits it): "
@@ -554,7 +558,7 @@ def render_markdown(payload: dict[str, Any]) -> str:
                 curve = s["curves"][search][order]
                 lines.append(
                     f"| {search} | {order} | {m} | "
-                    + " | ".join(_ci(curve[f][m]) for f in fs)
+                    + " | ".join(interval_text(curve[f][m]) for f in fs)
                     + " |"
                 )
     inner = [f for f in fs if 0 < float(f) < 1]
@@ -568,7 +572,9 @@ def render_markdown(payload: dict[str, Any]) -> str:
     for search in SEARCHES:
         for other, diffs in s["plan_minus"][search].items():
             lines.append(
-                f"| {search} | {other} | " + " | ".join(_ci(diffs[f]["R@10"]) for f in inner) + " |"
+                f"| {search} | {other} | "
+                + " | ".join(interval_text(diffs[f]["R@10"]) for f in inner)
+                + " |"
             )
     if "membership_minus_plain" in s:
         lines += _membership_tables(s, orders, fs, inner)

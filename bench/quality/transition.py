@@ -63,7 +63,7 @@ from app.ml.upgrade.fit_view import (
 )
 from bench.common.partial import upgrade_on
 from bench.common.report import replace_section
-from bench.common.stats import t_interval, target_state
+from bench.common.stats import interval_text, t_interval, target_state
 from bench.common.wordnet import REPO_ROOT
 from bench.quality.querydoc import load_arrays
 
@@ -138,7 +138,7 @@ def run_seed(
         "bridge": ranks_of(others["bridged"], relevant),
     }
     order = rng.permutation(n)
-    hits: dict[str, Any] = {name: _hits(r) for name, r in baselines.items()}
+    hits: dict[str, Any] = {name: recall_hits(r) for name, r in baselines.items()}
     exact: dict[str, int] = {}
     for calibration in CALIBRATIONS:
         for search in SEARCHES:
@@ -154,7 +154,7 @@ def run_seed(
                 mask = np.zeros(n, dtype=bool)
                 mask[order[: round(fraction * n)]] = True
                 ranks = ranks_of(mixed(*keys, mask), relevant)
-                curve[str(fraction)] = _hits(ranks)
+                curve[str(fraction)] = recall_hits(ranks)
                 if fraction in (0.0, 1.0):
                     ends = baselines[
                         "reindex" if fraction else ("stay" if space == "old" else "bridge")
@@ -179,7 +179,8 @@ def run_seed(
     }
 
 
-def _hits(ranks: np.ndarray) -> dict[str, np.ndarray]:
+def recall_hits(ranks: np.ndarray) -> dict[str, np.ndarray]:
+    """Each query's hit (a bool per rank) at R@1 and R@10."""
     return {"R@1": ranks < 1, "R@10": ranks < 10}
 
 
@@ -269,10 +270,6 @@ def render_saved(path: Path) -> Path:
     return path
 
 
-def _ci(v: tuple[float, float, float]) -> str:
-    return f"{v[0]:.3f} [{v[1]:.3f}, {v[2]:.3f}]"
-
-
 def render_markdown(payload: dict[str, Any]) -> str:
     s = payload["summary"]
     fractions = list(next(iter(s["curves"].values())).keys())
@@ -288,15 +285,15 @@ def render_markdown(payload: dict[str, Any]) -> str:
     b = s["baselines"]
     lines.append(
         "Baselines (R@10): stay "
-        + _ci(b["stay"]["R@10"])
+        + interval_text(b["stay"]["R@10"])
         + ", reindex "
-        + _ci(b["reindex"]["R@10"])
+        + interval_text(b["reindex"]["R@10"])
         + f", bridge alone ({payload['method']}) "
-        + _ci(b["bridge"]["R@10"])
+        + interval_text(b["bridge"]["R@10"])
         + "; R@1: stay "
-        + _ci(b["stay"]["R@1"])
+        + interval_text(b["stay"]["R@1"])
         + ", reindex "
-        + _ci(b["reindex"]["R@1"])
+        + interval_text(b["reindex"]["R@1"])
         + "."
     )
     lines += ["", "Targets:", ""]
@@ -305,7 +302,9 @@ def render_markdown(payload: dict[str, Any]) -> str:
     for name, curve in s["curves"].items():
         for m in ("R@10", "R@1"):
             lines.append(
-                f"| {name} | {m} | " + " | ".join(_ci(curve[f][m]) for f in fractions) + " |"
+                f"| {name} | {m} | "
+                + " | ".join(interval_text(curve[f][m]) for f in fractions)
+                + " |"
             )
     paired = "per seed" if "interval" in s else "per query"
     tables = [("interpolation_gap", "Gap to the linear interpolation", "+ is above the line")]
@@ -317,7 +316,9 @@ def render_markdown(payload: dict[str, Any]) -> str:
         lines += [head.replace("| metric ", ""), "|---|" + "---|" * len(fractions)]
         for name, diffs in s[key].items():
             lines.append(
-                f"| {name} | " + " | ".join(_ci(diffs[f]["R@10"]) for f in fractions) + " |"
+                f"| {name} | "
+                + " | ".join(interval_text(diffs[f]["R@10"]) for f in fractions)
+                + " |"
             )
     ends = {
         k: max(r["max_rank_change_at_ends"][k] for r in payload["runs"])
@@ -362,7 +363,7 @@ def targets(payload: dict[str, Any]) -> list[str]:
         gap = s["interpolation_gap"][served][str(f)]["R@10"]
         out.append(
             f"- transition R@10 at {f:.0%} ≥ the stay→reindex interpolation: gap "
-            f"{_ci(gap)} — {target_state(gap, 0.0)}"
+            f"{interval_text(gap)} — {target_state(gap, 0.0)}"
         )
     f, share = BRIDGED_TARGET
     bridged = s["curves"][f"bridged ({calibration})"][str(f)]["R@10"][0]
@@ -375,7 +376,9 @@ def targets(payload: dict[str, Any]) -> list[str]:
     if diff is None:  # results from before issue 42 item 4: no paired interval to judge on
         out.append(line + " — not shown (no paired interval in these results)")
     else:
-        out.append(f"{line}: bridged − {share} × reindex {_ci(diff)} — {target_state(diff, 0.0)}")
+        out.append(
+            f"{line}: bridged − {share} × reindex {interval_text(diff)} — {target_state(diff, 0.0)}"
+        )
     return out
 
 
