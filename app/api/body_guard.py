@@ -38,7 +38,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app.core.errors import Problem, send_problem
+from app.core.errors import Problem, database_outage, log_outage, send_problem
 
 BODY_METHODS = {"POST", "PUT", "PATCH"}
 log = logging.getLogger(__name__)
@@ -79,8 +79,9 @@ def _presented_key(scope: Scope) -> str | None:
 async def identify(scope: Scope) -> str:
     """Who the caps count against — the valid key's identity — or a ``Problem`` raised (401, or 429 while
     the address or key prefix is throttled), from the headers alone. Without the service's
-    state (the app used without its lifespan) or when the key cannot be looked up now (the
-    database is down), the client's address: the route then answers as it would."""
+    state (the app used without its lifespan), or when the lookup fails for a reason other than
+    the database not answering (then a 503 ``Problem``), the client's address: the route then
+    answers as it would."""
     from app.api.deps import authenticate, count_auth_failure
     from app.auth.service import tenant_for_key
 
@@ -106,7 +107,17 @@ async def identify(scope: Scope) -> str:
         )
     except Problem:
         raise
-    except Exception:
+    except Exception as exc:
+        # The database does not answer (wedged, restarting, out of connections): the route
+        # could not check the key either. Its 503 at once, before the body: counted against the
+        # client's address instead, every tenant behind one address (a proxy, a NAT) shared one
+        # key's upload cap and got 429 for the others' requests (issue 45, the soak bench).
+        outage = database_outage(exc)
+        if outage is not None:
+            log_outage(
+                "body guard: the key could not be checked, the database does not answer: %s", exc
+            )
+            raise outage from None
         log.warning("body guard: the key could not be checked now; the route will", exc_info=True)
         return f"addr:{address}"
     # A valid key (authenticate raised otherwise): counted by the key itself, hashed, however

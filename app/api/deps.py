@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session
 
 from app.auth.throttle import AuthThrottle
 from app.core.db import Database
-from app.core.errors import Problem
+from app.core.errors import Problem, database_outage, log_outage
 from app.core.idempotency import IdempotencyRequest
 from app.core.settings import Settings
 from app.core.storage import StorageHealth
@@ -52,12 +52,20 @@ StateDep = Annotated[ServiceState, Depends(get_state)]
 
 
 def get_session(state: StateDep) -> Iterator[Session]:
-    """One session per request; services commit explicitly, anything left is rolled back."""
+    """One session per request; services commit explicitly, anything left is rolled back. A
+    rollback the database cannot take now (it stopped answering after the request's last
+    statement) is given up: its connection is dropped already, nothing uncommitted survives
+    that, and the request's answer — ready, perhaps sent — stands (raising here lost it)."""
     with state.db.sessions() as session:
         try:
             yield session
         finally:
-            session.rollback()
+            try:
+                session.rollback()
+            except Exception as exc:
+                if database_outage(exc) is None:
+                    raise
+                log_outage("request session: the database did not take its rollback: %s", exc)
 
 
 SessionDep = Annotated[Session, Depends(get_session)]

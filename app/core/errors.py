@@ -162,6 +162,23 @@ def unavailable(detail: str, retry_after_s: int) -> Problem:
     return Problem(503, "Service unavailable", detail, headers={"Retry-After": str(retry_after_s)})
 
 
+def database_outage(exc: BaseException) -> Problem | None:
+    """The 503 a request answers when ``exc`` says the database cannot serve it now (every
+    pooled connection busy, or the server unreachable, wedged or restarting), as the handlers
+    below answer it; None for any other error. For code that meets such an error outside a
+    request's handlers (the body guard, the job runner)."""
+    if isinstance(exc, PoolTimeout):
+        return unavailable("every database connection is busy; retry shortly", 1)
+    if (
+        isinstance(exc, DBAPIError)
+        and not isinstance(exc, IntegrityError)
+        and not is_no_space(exc)
+        and _is_unavailable(exc)
+    ):
+        return unavailable("the database is unreachable or busy; retry shortly", 5)
+    return None
+
+
 def insufficient_storage(where: str) -> Problem:
     """507: the disk (or a quota, or a file-size limit) is full; nothing was stored."""
     return Problem(

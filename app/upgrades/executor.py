@@ -34,6 +34,7 @@ from sqlalchemy.orm import Session, aliased
 
 from app.auth.models import Tenant
 from app.core.db import Database, as_utc, new_id, utcnow
+from app.core.errors import database_outage, log_outage
 from app.core.settings import Settings
 from app.datasets.models import Dataset
 from app.galleries import attach
@@ -49,6 +50,8 @@ from app.upgrades.trained import TrainedOutput
 log = logging.getLogger(__name__)
 # How often the cancel flag is read from the database at most (the trainer polls per epoch).
 CANCEL_POLL_S = 1.0
+# While the database does not answer, how often a job it interrupted tries to go back to the queue.
+OUTAGE_RETRY_S = 1.0
 
 
 # Job kinds other than training, by ``method``: run(db, settings, job, hooks) → the job's report.
@@ -276,17 +279,28 @@ class _JobHooks:
                     session.execute(
                         update(UpgradeJob).where(*self._owned()).values(heartbeat_at=utcnow())
                     )
-            except Exception:
-                log.exception("upgrade %s: heartbeat failed", self.job_id)
+            except Exception as exc:
+                if database_outage(exc) is None:
+                    log.exception("upgrade %s: heartbeat failed", self.job_id)
+                else:
+                    log_outage("upgrade %s: heartbeat not written: %s", self.job_id, exc)
 
     def progress(self, values: dict[str, Any]) -> None:
+        """The trainer's report into the row. Best effort while the database does not answer
+        (as the heartbeat and the cancel poll are): a short outage must not end a training
+        that does not need the database until it stores its model; the next report catches up."""
         clean = json_safe(values)
-        with self.db.session() as session:
-            session.execute(
-                update(UpgradeJob)
-                .where(*self._owned())
-                .values(progress=clean, heartbeat_at=utcnow())
-            )
+        try:
+            with self.db.session() as session:
+                session.execute(
+                    update(UpgradeJob)
+                    .where(*self._owned())
+                    .values(progress=clean, heartbeat_at=utcnow())
+                )
+        except Exception as exc:
+            if database_outage(exc) is None:
+                raise
+            log_outage("upgrade %s: progress not written: %s", self.job_id, exc)
 
     def cancel_requested(self) -> bool:
         with self.db.session() as session:
@@ -305,7 +319,12 @@ class _JobHooks:
             return True
         if now - self._last_poll >= CANCEL_POLL_S:
             self._last_poll = now
-            self._cancelled = self.cancel_requested()
+            try:
+                self._cancelled = self.cancel_requested()
+            except Exception as exc:  # read again at the next poll, as ``progress`` says
+                if database_outage(exc) is None:
+                    raise
+                log_outage("upgrade %s: cancel flag not read: %s", self.job_id, exc)
         return self._cancelled
 
 
@@ -479,10 +498,52 @@ def execute(
         _finish(db, job_id, worker, status=FAILED, error=str(exc), finished_at=utcnow())
         log.info("upgrade %s failed: %s", job_id, exc)
     except Exception as exc:
+        if database_outage(exc) is not None:
+            _requeue_after_outage(db, settings, job, worker, exc, stop)
+            return Claim.CLAIMED
         log.exception("upgrade %s crashed", job_id)
         detail = "".join(traceback.format_exception_only(exc)).strip()
         _finish(db, job_id, worker, status=FAILED, error=detail, finished_at=utcnow())
     return Claim.CLAIMED
+
+
+def _requeue_after_outage(
+    db: Database,
+    settings: Settings,
+    job: UpgradeJob,
+    worker: str,
+    exc: Exception,
+    stop: threading.Event,
+) -> None:
+    """The database stopped answering under a running job (wedged, restarting, out of
+    connections): not the job's fault, so not a failure (issue 45, the soak bench: a 5 s wedge
+    failed every job that was running). The job goes back to the queue as soon as the database
+    answers again; the attempt counts, so ``job_max_attempts`` still bounds a job that keeps
+    meeting outages (its last attempt fails, saying why). Tried for ``job_stale_after_s`` at
+    most, and not past the runner's shutdown: the job is then left running without a
+    heartbeat, and taken over as a dead worker's job would be."""
+    reason = "".join(traceback.format_exception_only(exc)).strip()
+    if job.attempts >= settings.job_max_attempts:
+        values: dict[str, Any] = {
+            "status": FAILED,
+            "finished_at": utcnow(),
+            "error": f"the database stopped answering during attempt {job.attempts} of "
+            f"{settings.job_max_attempts} (NOBACKFILL_JOB_MAX_ATTEMPTS): {reason}",
+        }
+    else:
+        values = {"status": QUEUED, "heartbeat_at": None}
+    log_outage(
+        "upgrade %s: the database stopped answering (%s); %s", job.id, reason, values["status"]
+    )
+    deadline = time.monotonic() + settings.job_stale_after_s
+    while True:
+        try:
+            _finish(db, job.id, worker, **values)
+            return
+        except Exception as again:
+            if database_outage(again) is None or time.monotonic() >= deadline or stop.is_set():
+                raise
+        stop.wait(OUTAGE_RETRY_S)
 
 
 def run_next(

@@ -20,7 +20,7 @@ import numpy as np
 from numpy.lib import format as npy_format
 
 from bench.common.service import npy_bytes
-from bench.perf.soak_checks import CLOSED, HOSTILE_EXPECTED, Tally
+from bench.perf.soak_checks import CLOSED, HOSTILE_EXPECTED, STREAM_503, Tally
 
 OCTET = "application/octet-stream"
 NPY = "application/x-npy"
@@ -47,18 +47,30 @@ class Target:
     local_address: str | None = None  # the loopback address to connect from
 
 
-async def read_status(reader: asyncio.StreamReader) -> tuple[int, str]:
-    """The status and body of one HTTP/1.1 response (Content-Length framed, as the API's are)."""
+@dataclass
+class Answer:
+    """What a raw exchange got: the status (None: no answer), the body (or why none came), and
+    whether the answer carried Retry-After."""
+
+    status: int | None
+    text: str
+    retry_after: bool = False
+
+
+async def read_status(reader: asyncio.StreamReader) -> Answer:
+    """The status, body and Retry-After of one HTTP/1.1 response (Content-Length framed, as the
+    API's are)."""
     head = await reader.readuntil(b"\r\n\r\n")
     lines = head.decode("latin-1").split("\r\n")
     status = int(lines[0].split()[1])
-    length = 0
+    length, retry_after = 0, False
     for line in lines[1:]:
         name, _, value = line.partition(":")
         if name.strip().lower() == "content-length":
             length = int(value)
+        retry_after |= name.strip().lower() == "retry-after"
     body = await reader.readexactly(length) if length else b""
-    return status, body.decode("utf-8", "replace")
+    return Answer(status, body.decode("utf-8", "replace"), retry_after)
 
 
 async def raw_exchange(
@@ -66,16 +78,16 @@ async def raw_exchange(
     head: str,
     feed: Callable[[asyncio.StreamWriter], Awaitable[None]],
     timeout: float,
-) -> tuple[int | None, str]:
+) -> Answer:
     """Send ``head``, then let ``feed`` write (or withhold) the body while waiting up to
-    ``timeout`` s for the answer: (status, body), or (None, why) when none came."""
+    ``timeout`` s for the answer (``Answer(None, why)`` when none came)."""
     try:
         local = (target.local_address, 0) if target.local_address else None
         reader, writer = await asyncio.wait_for(
             asyncio.open_connection(target.host, target.port, local_addr=local), timeout
         )
     except (OSError, TimeoutError) as exc:
-        return None, f"connect: {exc!r}"
+        return Answer(None, f"connect: {exc!r}")
     feeder = None
     try:
         writer.write(head.encode("latin-1"))
@@ -83,7 +95,7 @@ async def raw_exchange(
         feeder = asyncio.create_task(feed(writer))
         return await asyncio.wait_for(read_status(reader), timeout)
     except (OSError, TimeoutError, asyncio.IncompleteReadError, ValueError) as exc:
-        return None, repr(exc)
+        return Answer(None, repr(exc))
     finally:
         if feeder is not None:
             feeder.cancel()
@@ -108,6 +120,17 @@ async def _write(writer: asyncio.StreamWriter, data: bytes) -> None:
         await writer.drain()
 
 
+def _add(tally: Tally, got: Answer, sent: float, expected: set[int]) -> None:
+    tally.add(
+        got.status,
+        time.monotonic() - sent,
+        expected,
+        got.text,
+        sent=sent,
+        retry_after=got.retry_after,
+    )
+
+
 def _paths(target: Target, n: int) -> str:
     return f"/v1/galleries/{target.gallery}/" + ("vectors" if n % 2 else "search")
 
@@ -126,10 +149,10 @@ async def stalled_bodies(
         if time.monotonic() >= until:
             return
         head = _head(target, _paths(target, n), target.key, 100_000, "application/json")
-        tic = time.perf_counter()
-        status, text = await raw_exchange(target, head, feed, answer_timeout)
-        tally.add(status, time.perf_counter() - tic, HOSTILE_EXPECTED["stalled_body"], text)
-        if status == 429:
+        tic = time.monotonic()
+        got = await raw_exchange(target, head, feed, answer_timeout)
+        _add(tally, got, tic, HOSTILE_EXPECTED["stalled_body"])
+        if got.status == 429:
             await asyncio.sleep(0.5)
 
 
@@ -156,10 +179,10 @@ async def trickled_bodies(
         if time.monotonic() >= until:
             return
         head = _head(target, _paths(target, n), target.key, 100_000, "application/json")
-        tic = time.perf_counter()
-        status, text = await raw_exchange(target, head, feed, answer_timeout)
-        tally.add(status, time.perf_counter() - tic, HOSTILE_EXPECTED["trickle_body"], text)
-        if status == 429:
+        tic = time.monotonic()
+        got = await raw_exchange(target, head, feed, answer_timeout)
+        _add(tally, got, tic, HOSTILE_EXPECTED["trickle_body"])
+        if got.status == 429:
             await asyncio.sleep(0.5)
 
 
@@ -196,9 +219,9 @@ async def oversized_bodies(
         if time.monotonic() >= until:
             return
         head = _head(target, _paths(target, n // 2), target.key, length, "application/json")
-        tic = time.perf_counter()
-        status, text = await raw_exchange(target, head, feed, answer_timeout)
-        tallies[kind].add(status, time.perf_counter() - tic, HOSTILE_EXPECTED[kind], text)
+        tic = time.monotonic()
+        got = await raw_exchange(target, head, feed, answer_timeout)
+        _add(tallies[kind], got, tic, HOSTILE_EXPECTED[kind])
         await asyncio.sleep(pause)
 
 
@@ -301,14 +324,23 @@ def content_requests(target: Target, n: int) -> list[tuple[str, dict[str, Any]]]
 async def timed(
     client: httpx.AsyncClient, tally: Tally, expected: set[int], method: str, **kwargs: Any
 ) -> httpx.Response | None:
-    """Send one request; record its status (or no answer) and latency in ``tally``."""
-    tic = time.perf_counter()
+    """Send one request; record its status (or no answer), latency and Retry-After in
+    ``tally``."""
+    tic = time.monotonic()
     try:
         response = await client.request(method, **kwargs)
     except httpx.HTTPError as exc:
-        tally.add(None, time.perf_counter() - tic, expected, f"{type(exc).__name__}: {exc}")
+        why = f"{type(exc).__name__}: {exc}"
+        tally.add(None, time.monotonic() - tic, expected, why, sent=tic)
         return None
-    tally.add(response.status_code, time.perf_counter() - tic, expected, response.text)
+    tally.add(
+        response.status_code,
+        time.monotonic() - tic,
+        expected,
+        response.text,
+        sent=tic,
+        retry_after="retry-after" in response.headers,
+    )
     return response
 
 
@@ -388,12 +420,16 @@ async def streamed_search(
     ``{"done": true, "queries": n}`` for all ``n_queries`` queries, each line numbered in turn."""
     expected = HOSTILE_EXPECTED["big_search_streamed"]
     headers = {"Content-Type": "application/json", "Accept": "application/x-ndjson"}
-    tic = time.perf_counter()
+    tic = time.monotonic()
+
+    def add(status: int | str | None, text: str, retry_after: bool = False) -> None:
+        tally.add(status, time.monotonic() - tic, expected, text, sent=tic, retry_after=retry_after)
+
     try:
         async with client.stream("POST", url, content=body, headers=headers) as response:
             if response.status_code != 200:
                 text = (await response.aread()).decode("utf-8", "replace")
-                tally.add(response.status_code, time.perf_counter() - tic, expected, text)
+                add(response.status_code, text, "retry-after" in response.headers)
                 return
             last, seen = None, 0
             async for line in response.aiter_lines():
@@ -405,14 +441,19 @@ async def streamed_search(
                         raise ValueError(f"line {seen} numbered {last['query']}")
                     seen += 1
     except (httpx.HTTPError, ValueError) as exc:
-        tally.add(None, time.perf_counter() - tic, expected, f"{type(exc).__name__}: {exc}")
+        add(None, f"{type(exc).__name__}: {exc}")
         return
     done = isinstance(last, dict) and last.get("done") is True and last.get("queries") == seen
+    error = last.get("error") if isinstance(last, dict) else None
     if done and seen == n_queries:
-        tally.add(200, time.perf_counter() - tic, expected, f"{time.monotonic():.2f}")
+        add(200, f"{time.monotonic():.2f}")
+    elif (
+        isinstance(error, dict) and error.get("status") == 503 and error.get("queries_sent") == seen
+    ):
+        # Cut short by a wedged database after its 200 went out: its last line says so.
+        add(STREAM_503, f"after {seen} of {n_queries} queries: {error.get('detail')}")
     else:
-        why = f"stream ended after {seen} of {n_queries} queries; last line {str(last)[:200]}"
-        tally.add(None, time.perf_counter() - tic, expected, why)
+        add(None, f"stream ended after {seen} of {n_queries} queries; last line {str(last)[:200]}")
 
 
 async def streamed_searches(
@@ -460,9 +501,9 @@ async def junk_key_bodies(
             return
         key = "nbk_" + rng.bytes(24).hex()
         head = _head(target, _paths(target, n), key, claimed, "application/json")
-        tic = time.perf_counter()
-        status, text = await raw_exchange(target, head, feed, answer_timeout)
-        tally.add(status, time.perf_counter() - tic, HOSTILE_EXPECTED["junk_key_body"], text)
+        tic = time.monotonic()
+        got = await raw_exchange(target, head, feed, answer_timeout)
+        _add(tally, got, tic, HOSTILE_EXPECTED["junk_key_body"])
         await asyncio.sleep(pause)
 
 
@@ -489,12 +530,40 @@ async def header_slowlorises(
     for _ in range(MAX_LOOPS):
         if time.monotonic() >= until:
             return
-        tic = time.perf_counter()
-        status, text = await raw_exchange(target, head, feed, answer_timeout)
-        closed = status is None and ("IncompleteReadError" in text or "ConnectionReset" in text)
-        tally.add(
-            CLOSED if closed else status,
-            time.perf_counter() - tic,
-            HOSTILE_EXPECTED["header_slowloris"],
-            text,
+        tic = time.monotonic()
+        got = await raw_exchange(target, head, feed, answer_timeout)
+        closed = got.status is None and (
+            "IncompleteReadError" in got.text or "ConnectionReset" in got.text
         )
+        tally.add(
+            CLOSED if closed else got.status,
+            time.monotonic() - tic,
+            HOSTILE_EXPECTED["header_slowloris"],
+            got.text,
+            sent=tic,
+            retry_after=got.retry_after,
+        )
+
+
+async def job_flood(
+    client: httpx.AsyncClient,
+    body: dict[str, Any],
+    jobs: list[str],
+    tally: Tally,
+    until: float,
+    retry_s: float,
+) -> None:
+    """A tenant that keeps the queue full of the longest upgrades the server accepts: 202
+    until it holds as many jobs as it may, then 429, tried again every ``retry_s`` s (its
+    Retry-After ignored, as a hostile client would). The ids of its jobs go to ``jobs``."""
+    expected = HOSTILE_EXPECTED["job_flood"]
+    for n in range(MAX_LOOPS):
+        if time.monotonic() >= until:
+            return
+        response = await timed(
+            client, tally, expected, "POST", url="/v1/upgrades", json={**body, "seed": n}
+        )
+        if response is not None and response.status_code == 202:
+            jobs.append(str(response.json()["id"]))
+            continue
+        await asyncio.sleep(retry_s)

@@ -35,8 +35,8 @@ from sqlalchemy import event, select, text
 from app.core.db import Database
 from app.core.settings import Settings
 from app.main import create_app
+from bench.common.fault_proxy import FreezableProxy
 from tests.service.conftest import TEST_KEY, empty_database, problem, snapshot
-from tests.service.fault_proxy import FreezableProxy
 from tests.service.test_galleries_api import make_gallery, npy, seed_vectors
 
 NO_SPACE = [errno.ENOSPC, errno.EDQUOT, errno.EFBIG]

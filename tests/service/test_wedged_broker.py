@@ -16,8 +16,8 @@ from fastapi.testclient import TestClient
 from pydantic import ValidationError
 
 from app.core.settings import Settings
+from bench.common.fault_proxy import FreezableProxy
 from tests.service.celery_worker import REDIS_URL, require_redis
-from tests.service.fault_proxy import FreezableProxy
 from tests.service.test_jobs import job_row
 from tests.service.test_upgrades_api import paired_setup, quick_upgrade
 

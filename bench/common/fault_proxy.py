@@ -1,5 +1,6 @@
 """A TCP proxy that can be frozen: a wedged dependency (PostgreSQL, Redis) as its clients see it.
-Shared by the dependency-fault tests."""
+Shared by the dependency-fault tests (``tests/service``) and the soak bench's wedged-PostgreSQL
+phase (``bench.perf.soak``)."""
 
 from __future__ import annotations
 
