@@ -37,7 +37,7 @@ from app.galleries.service import verify_all_indexes
 from app.migration.returned import ReturnedTally
 from app.models.service import ModelCache, remove_orphan_artifacts
 from app.upgrades.runner import make_runner
-from app.vectors.index_store import IndexStore
+from app.vectors.faiss.index_store import IndexStore
 
 log = logging.getLogger("nobackfill")
 
@@ -69,7 +69,7 @@ def build_state(settings: Settings) -> ServiceState:
         health=storage,
     )
     if settings.vector_engine == "milvus":
-        from app.vectors.milvus_storage import hold_engine
+        from app.vectors.milvus.storage import hold_engine
 
         # Connect now: a Milvus that cannot be reached stops the start, not the first request.
         hold_engine(settings)
@@ -127,16 +127,16 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             state.runner.stop()
             state.indexes.close()
             state.db.dispose()
-            from app.vectors.qdrant_source import close_connections
+            from app.vectors.qdrant.source import close_connections
 
             # An embedded Qdrant folder stays locked while its client is open.
             close_connections()
-            attached_milvus = sys.modules.get("app.vectors.milvus_source")
+            attached_milvus = sys.modules.get("app.vectors.milvus.source")
             if attached_milvus is not None:
                 # Loaded only where a Milvus collection was attached (pymilvus is optional).
                 attached_milvus.close_connections()
             if settings.vector_engine == "milvus":
-                from app.vectors.milvus_storage import release_engine
+                from app.vectors.milvus.storage import release_engine
 
                 release_engine(settings)
 

@@ -25,7 +25,7 @@ START=$(date +%s)
 
 say() { echo "$*" | tee -a "$LOG"; }
 
-imports_ok() { "$1" -c "import torch, faiss, fastapi, numpy, app.vectors.faiss_index" 2>/dev/null; }
+imports_ok() { "$1" -c "import torch, faiss, fastapi, numpy, app.vectors.faiss.index" 2>/dev/null; }
 sees_gpu() { "$1" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; }
 
 PY=""

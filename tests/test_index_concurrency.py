@@ -16,7 +16,7 @@ STRESS = textwrap.dedent(
     """
     import sys, threading, time
     import numpy as np
-    from app.vectors.faiss_index import LorentzIndex
+    from app.vectors.faiss.index import LorentzIndex
 
     kind, engine, removes, seconds = sys.argv[1], sys.argv[2], sys.argv[3] == "1", float(sys.argv[4])
     dim, batch = 32, 500

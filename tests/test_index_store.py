@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from app.vectors.index_store import IndexSpec, IndexStore
+from app.vectors.faiss.index_store import IndexSpec, IndexStore
 
 DIM = 8
 

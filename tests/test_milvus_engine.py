@@ -25,14 +25,16 @@ from pymilvus import DataType, MilvusClient
 
 from app.galleries.models import Gallery
 from app.ml.geometry.space import EuclideanLift
-from app.vectors import milvus_search
 from app.vectors.engine import VectorStorage
-from app.vectors.faiss_index import LorentzIndex, exact_distances
-from app.vectors.milvus_attach import AttachedCollection, AttachError
-from app.vectors.milvus_engine import CollectionFormat, GalleryLayout, MilvusEngine, MilvusGallery
-from app.vectors.milvus_math import choose_layout, cosine_lift, exact_top_k, recall_within
-from app.vectors.milvus_search import DEFAULT_OVERFETCH, POINCARE_OVERFETCH, SearchHits
-from app.vectors.milvus_storage import MilvusVectorStorage, collection_name, layout_of
+from app.vectors.faiss.index import LorentzIndex
+from app.vectors.lorentz_rows import cosine_lift, exact_distances
+from app.vectors.milvus import search as milvus_search
+from app.vectors.milvus.attach import AttachedCollection, AttachError
+from app.vectors.milvus.engine import CollectionFormat, MilvusEngine, MilvusGallery
+from app.vectors.milvus.layouts import GalleryLayout, choose_layout
+from app.vectors.milvus.search import DEFAULT_OVERFETCH, POINCARE_OVERFETCH, SearchHits
+from app.vectors.milvus.storage import MilvusVectorStorage, collection_name, layout_of
+from app.vectors.rerank import exact_top_k, recall_within
 from bench.perf.engine_workload import spread_points
 from tests.service.milvus_server import (  # noqa: F401  (milvus_server_uri: the fixture)
     dropped_after,
@@ -397,7 +399,8 @@ def test_acknowledged_writes_survive_kill_9(tmp_path: Path, rows: dict) -> None:
         f"""
         import os, signal, sys
         import numpy as np
-        from app.vectors.milvus_engine import GalleryLayout, MilvusEngine
+        from app.vectors.milvus.layouts import GalleryLayout
+        from app.vectors.milvus.engine import MilvusEngine
         vectors = np.load({str(tmp_path / "vectors.npy")!r})
         engine = MilvusEngine({uri!r})
         gallery = engine.create_gallery(GalleryLayout("crash", 384, 384, 1.0, "tangent", "HNSW"))

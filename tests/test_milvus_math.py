@@ -1,12 +1,13 @@
-"""The pure layout math of the Milvus engine (``app.vectors.milvus_math``) on real WordNet rows."""
+"""The pure layout math of the Milvus engine (``app.vectors.milvus.layouts``) on real WordNet
+rows."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from app.vectors.faiss_index import exact_distances
-from app.vectors.milvus_math import (
+from app.vectors.lorentz_rows import exact_distances
+from app.vectors.milvus.layouts import (
     boundary_gap,
     choose_layout,
     gallery_search_vectors,
@@ -34,7 +35,7 @@ def test_galleries_at_many_radii_get_the_poincare_layout() -> None:
 def test_ball_distance_identity_gives_the_lorentz_distance(gloss: np.ndarray, curv: float) -> None:
     """cosh(√c d) = 1 + 2c‖p − q‖² / (δ_p δ_q): the ball's L2 distance and the stored gaps give
     the hyperbolic distance exactly (the docstring's formula, checked against the float64
-    Lorentz distance of ``app.vectors.faiss_index``)."""
+    Lorentz distance of ``app.vectors.faiss.index``)."""
     points = spread_points(gloss, 4.0, gloss)
     x, y = points[:40], points[40:80]
     p, q = poincare(x, curv), poincare(y, curv)

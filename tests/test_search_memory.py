@@ -11,7 +11,7 @@ import numpy as np
 
 from app.search import service, streaming
 from app.search.service import SearchQuery, hit_scores
-from app.vectors.faiss_index import RERANK_BUDGET
+from app.vectors.rerank import RERANK_BUDGET
 
 
 def _old_hit_scores(queries: np.ndarray, points: np.ndarray) -> np.ndarray:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from app.vectors.segment_format import (
+from app.vectors.faiss.segment_format import (
     DELETE,
     UPSERT,
     SegmentCorrupted,

@@ -15,7 +15,7 @@ import torch
 from app.ml.backfill.two_stage import FusionScale
 from app.ml.geometry.space import EuclideanLift
 from app.search import ranking, two_stage
-from app.vectors.faiss_index import LorentzIndex
+from app.vectors.faiss.index import LorentzIndex
 from app.vectors.lorentz_rows import exact_distances, exact_distances_and_cosines
 
 OLD = "all-MiniLM-L6-v2"

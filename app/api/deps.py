@@ -23,7 +23,7 @@ from app.migration.returned import ReturnedTally
 if TYPE_CHECKING:
     from app.models.service import ModelCache
     from app.upgrades.runner import JobRunner
-    from app.vectors.index_store import IndexStore
+    from app.vectors.faiss.index_store import IndexStore
 
 
 @dataclass

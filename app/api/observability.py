@@ -227,7 +227,7 @@ def _check_redis(state: ServiceState) -> None:
 
 
 def _check_milvus(state: ServiceState) -> None:
-    from app.vectors.milvus_storage import engine_for
+    from app.vectors.milvus.storage import engine_for
 
     engine_for(state.settings).client.list_collections(timeout=PROBE_TIMEOUT_S)
 

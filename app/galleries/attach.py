@@ -1,6 +1,6 @@
 """Attaching a Qdrant or Milvus collection or a pgvector table as a gallery: checked, described,
 its ids mapped; no vector copied. The gallery then reads the collection through
-``app.vectors.qdrant_storage``, ``app.vectors.milvus_attached`` or
+``app.vectors.qdrant.storage``, ``app.vectors.milvus.attached`` or
 ``app.vectors.pgvector.storage`` like any storage, and refuses writes (``refuse_writes``): the
 collection belongs to its owner. pymilvus is an optional dependency: the Milvus modules load
 only when a Milvus collection is attached or read."""
@@ -20,12 +20,12 @@ from app.core.settings import Settings
 from app.galleries.models import AttachedOwner, Gallery
 from app.galleries.schemas import GalleryCreate, MilvusSourceIn, PgvectorSourceIn
 from app.ml.geometry.space import DEFAULT_CURVATURE, DEFAULT_LIFT_SCALE
-from app.vectors import qdrant_ids
+from app.vectors import attached_ids
 from app.vectors.engine import ATTACHED, ATTACHED_MILVUS, ATTACHED_PGVECTOR, QDRANT
-from app.vectors.faiss_index import validate_index_params
-from app.vectors.qdrant_source import QdrantSource, describe
-from app.vectors.qdrant_storage import qdrant_storage, read_only
-from app.vectors.qdrant_texts import check_text_field
+from app.vectors.faiss.index import validate_index_params
+from app.vectors.qdrant.source import QdrantSource, describe
+from app.vectors.qdrant.storage import qdrant_storage, read_only
+from app.vectors.qdrant.texts import check_text_field
 from app.vectors.source_rules import (
     dsn_allowed,
     normalized_url,
@@ -44,7 +44,7 @@ def refuse_writes(gallery: Gallery) -> None:
     if gallery.vector_storage == QDRANT:
         raise read_only(gallery.id)
     if gallery.vector_storage == ATTACHED_MILVUS:
-        from app.vectors.milvus_attached import read_only as milvus_read_only
+        from app.vectors.milvus.attached import read_only as milvus_read_only
 
         raise milvus_read_only(gallery.id)
     if gallery.vector_storage == ATTACHED_PGVECTOR:
@@ -101,11 +101,11 @@ def _attach_milvus(
     request: GalleryCreate,
     given: MilvusSourceIn,
 ) -> Gallery:
-    from app.vectors.milvus_attached import milvus_attached_storage
-    from app.vectors.milvus_engine import is_remote
-    from app.vectors.milvus_source import MilvusSource
-    from app.vectors.milvus_source import describe as describe_milvus
-    from app.vectors.milvus_texts import check_text_field as check_milvus_text_field
+    from app.vectors.milvus.attached import milvus_attached_storage
+    from app.vectors.milvus.engine import is_remote
+    from app.vectors.milvus.source import MilvusSource
+    from app.vectors.milvus.source import describe as describe_milvus
+    from app.vectors.milvus.texts import check_text_field as check_milvus_text_field
 
     remote = is_remote(given.uri)
     if not remote and settings.job_runner == "celery":
@@ -296,20 +296,20 @@ def _gallery(
 def _record_ids(
     session: Session,
     gallery: Gallery,
-    pages: Iterable[list[qdrant_ids.PointId]],
+    pages: Iterable[list[attached_ids.PointId]],
     count: int | None = None,
 ) -> None:
-    """Map the collection's ids (``qdrant_ids.record``) and count them; ``count``: the
+    """Map the collection's ids (``attached_ids.record``) and count them; ``count``: the
     collection's own count, when ``pages`` hold only the ids that need a map."""
     points = [point for page in pages for point in page]
-    long = next((p for p in points if len(qdrant_ids.item_id(p)) > MAX_MAPPED_ID), None)
+    long = next((p for p in points if len(attached_ids.item_id(p)) > MAX_MAPPED_ID), None)
     if long is not None:
         raise invalid(
             "source.collection",
-            f"id {qdrant_ids.item_id(long)[:60]!r} is longer than {MAX_MAPPED_ID} characters, "
+            f"id {attached_ids.item_id(long)[:60]!r} is longer than {MAX_MAPPED_ID} characters, "
             "the longest item id an attached gallery maps",
         )
-    qdrant_ids.record(session, gallery.id, points)
+    attached_ids.record(session, gallery.id, points)
     gallery.count = len(points) if count is None else count
 
 
@@ -336,8 +336,8 @@ def recheck(session: Session, settings: Settings, gallery: Gallery) -> dict[str,
 
             shape = describe_pgvector(settings, PgvectorSource.of(gallery.source or {}))
         else:
-            from app.vectors.milvus_source import MilvusSource
-            from app.vectors.milvus_source import describe as describe_milvus
+            from app.vectors.milvus.source import MilvusSource
+            from app.vectors.milvus.source import describe as describe_milvus
 
             shape = describe_milvus(settings, MilvusSource.of(gallery.source or {}))
     except Problem as exc:

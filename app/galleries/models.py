@@ -39,13 +39,13 @@ class Gallery(Base):
     # carries the version it reflects, so a stale file is detected and rebuilt.
     index_version: Mapped[int] = mapped_column(default=0)
     # Where the vectors live: "segments" (append-only files under the data dir, committed by
-    # ``vector_manifest``, see app.vectors.segments) or "sql" (rows of gallery_vectors: every
+    # ``vector_manifest``, see app.vectors.faiss.segments) or "sql" (rows of gallery_vectors: every
     # gallery created before segment files existed, or with NOBACKFILL_VECTOR_STORAGE=sql).
     vector_storage: Mapped[str] = mapped_column(String(16), default="sql", server_default="sql")
     vector_manifest: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     # vector_storage "qdrant" / "milvus_attached": the attached collection the gallery reads
-    # (never writes); its keys are ``app.vectors.qdrant_source.QdrantSource``'s /
-    # ``app.vectors.milvus_source.MilvusSource``'s. None for every other gallery.
+    # (never writes); its keys are ``app.vectors.qdrant.source.QdrantSource``'s /
+    # ``app.vectors.milvus.source.MilvusSource``'s. None for every other gallery.
     source: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)

@@ -31,25 +31,21 @@ from app.models.service import ModelCache, embed_features, get_model, resolve_mo
 from app.vectors.engine import (
     ATTACHED,
     ATTACHED_MILVUS,
-    ATTACHED_PGVECTOR,
     MILVUS,
     QDRANT,
     SEARCHED_IN_ENGINE,
     VectorStorage,
 )
-from app.vectors.faiss_index import LorentzIndex, validate_index_params
-from app.vectors.index_store import IndexSpec, IndexStore
+from app.vectors.faiss.index import LorentzIndex, validate_index_params
+from app.vectors.faiss.index_store import IndexSpec, IndexStore
+from app.vectors.faiss.segment_format import SegmentCorrupted
+from app.vectors.faiss.segments import empty_manifest, segment_storage
 from app.vectors.points import lifted_points
-from app.vectors.segment_format import SegmentCorrupted
-from app.vectors.segments import empty_manifest, segment_storage
-from app.vectors.storage import session_settings, storage_for, vectors_dir
+from app.vectors.storage import engine_searcher, session_settings, storage_for, vectors_dir
 from app.vectors.tables import ReembeddedVector
 
 if TYPE_CHECKING:
-    from app.vectors.milvus_attached import MilvusAttachedSearcher
-    from app.vectors.milvus_storage import MilvusSearcher
-    from app.vectors.pgvector.storage import PgvectorSearcher
-    from app.vectors.qdrant_storage import QdrantSearcher
+    from app.vectors.storage import EngineSearcher
 
 log = logging.getLogger(__name__)
 # Bound on the number of SQL parameters in one IN (…) list (SQLite's limit is far above this).
@@ -541,40 +537,27 @@ def _forget_in_collection(
 ) -> None:
     settings = session_settings(session)
     if kind == QDRANT:
-        from app.vectors import qdrant_named
-        from app.vectors.qdrant_source import QdrantSource
+        from app.vectors.qdrant import named as qdrant_named
+        from app.vectors.qdrant.source import QdrantSource
 
         qdrant_named.forget_models(settings, gallery_id, QdrantSource.of(source), model_ids)
     elif kind == ATTACHED_MILVUS:
-        from app.vectors import milvus_sibling
-        from app.vectors.milvus_source import MilvusSource
+        from app.vectors.milvus import sibling as milvus_sibling
+        from app.vectors.milvus.source import MilvusSource
 
         milvus_sibling.forget_models(settings, gallery_id, MilvusSource.of(source), model_ids)
 
 
 def index_for(
     session: Session, store: IndexStore, gallery: Gallery
-) -> LorentzIndex | MilvusSearcher | QdrantSearcher | MilvusAttachedSearcher | PgvectorSearcher:
+) -> LorentzIndex | EngineSearcher:
     """What searches the gallery: its in-memory FAISS index, or for a Milvus gallery a
     ``MilvusSearcher`` (same ``ntotal`` and ``search_with_points``) that holds nothing, and
     for an attached Qdrant or Milvus collection or pgvector table a ``QdrantSearcher``, a
-    ``MilvusAttachedSearcher`` or a ``PgvectorSearcher``."""
-    if gallery.vector_storage == QDRANT:
-        from app.vectors.qdrant_storage import QdrantSearcher, qdrant_storage
-
-        return QdrantSearcher(qdrant_storage(session_settings(session)), gallery)
-    if gallery.vector_storage == ATTACHED_MILVUS:
-        from app.vectors.milvus_attached import MilvusAttachedSearcher, milvus_attached_storage
-
-        return MilvusAttachedSearcher(milvus_attached_storage(session_settings(session)), gallery)
-    if gallery.vector_storage == ATTACHED_PGVECTOR:
-        from app.vectors.pgvector.storage import PgvectorSearcher, pgvector_storage
-
-        return PgvectorSearcher(pgvector_storage(session_settings(session)), gallery)
-    if gallery.vector_storage == MILVUS:
-        from app.vectors.milvus_storage import MilvusSearcher, milvus_storage
-
-        return MilvusSearcher(milvus_storage(session_settings(session)), gallery)
+    ``MilvusAttachedSearcher`` or a ``PgvectorSearcher`` (``engine_searcher``)."""
+    searcher = engine_searcher(session, gallery)
+    if searcher is not None:
+        return searcher
     index = store.get(index_spec(gallery), point_loader(session, gallery))
     in_memory = store.current_version(gallery.id)
     if in_memory is not None and in_memory > gallery.index_version:

@@ -33,7 +33,7 @@ from app.ml.backfill.mixed import Candidates, lorentz_time, merge, top_cosines, 
 from app.ml.upgrade.fit_view import bridged_reference_fit, native_reference_fit
 from app.models.models import TrainedModel
 from app.models.service import ModelCache
-from app.vectors.index_store import IndexStore
+from app.vectors.faiss.index_store import IndexStore
 from app.vectors.lorentz_rows import best_by_id
 from app.vectors.points import lift_of
 

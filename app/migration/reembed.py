@@ -52,7 +52,7 @@ from app.ml.geometry.lorentz import uncertainty as norm_uncertainty
 from app.ml.upgrade.fit_view import build_fit_view
 from app.models.models import TrainedModel
 from app.models.service import BACKBONE, ModelCache, get_model, lock_model, resolve_modality
-from app.vectors.index_store import IndexStore
+from app.vectors.faiss.index_store import IndexStore
 from app.vectors.points import lift_of
 from app.vectors.storage import storage_for
 from app.vectors.tables import ReembeddedVector
@@ -114,7 +114,7 @@ def store_reembedded(
 class EmbeddedTexts:
     """What the model's embedder returned for some items' texts, as a two-stage search or a
     re-embed job hands it to be stored (``store_embedded``, or in place for an attached
-    collection, ``app.migration.in_place_texts.store_embedded_in_place``): ``names`` maps each
+    collection, ``app.migration.in_place.texts.store_embedded_in_place``): ``names`` maps each
     row's internal id (in ``matrix`` order) to its item id, ``texts`` to the text that was
     embedded, and ``matrix`` holds the embedder's vectors, one row per name."""
 

@@ -19,7 +19,7 @@ many items it stored (post it again to resume).
 An attached collection whose source names a ``text_field`` is migrated the same way: its items'
 texts are read from the collection batch by batch (items without one are skipped and counted),
 and the vectors are written in place as uploaded re-embedded vectors are
-(``app.migration.in_place_texts``); without a text field the job is refused with 409.
+(``app.migration.in_place.texts``); without a text field the job is refused with 409.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ from app.embedders.service import spec_of
 from app.galleries.models import Gallery, GalleryText
 from app.galleries.service import get_gallery
 from app.jobs.models import QUEUED, RUNNING, UpgradeJob
-from app.migration import in_place_texts
+from app.migration.in_place import texts as in_place_texts
 from app.migration.reembed import (
     EmbeddedTexts,
     backbone_for,
@@ -60,7 +60,7 @@ from app.models.service import ModelCache
 from app.upgrades import executor
 from app.upgrades.service import check_job_quota
 from app.vectors.engine import ATTACHED
-from app.vectors.index_store import IndexStore
+from app.vectors.faiss.index_store import IndexStore
 from app.vectors.storage import storage_for
 
 log = logging.getLogger(__name__)

@@ -23,7 +23,7 @@ from app.ml.backfill.traffic_model import (
     heavy_items,
     nearest_others,
 )
-from app.vectors.index_store import IndexStore
+from app.vectors.faiss.index_store import IndexStore
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ beside it when the weights are too large to inline), for an old space searched b
 inner product also ``gallery.onnx`` (raw old vectors → the vectors to index), and
 ``manifest.json`` saying exactly what goes in, what comes out and how to search with it.
 
-Why these outputs reproduce the service's ranking (app/vectors/faiss_index.py ranks by the exact
+Why these outputs reproduce the service's ranking (app/vectors/faiss/index.py ranks by the exact
 Lorentz distance d(q, x) = acosh(−c⟨q,x⟩_L)/√c, ⟨q,x⟩_L = q·x − q₀x₀):
 
 - cosine gallery: every stored vector f is lifted to x = exp₀(s·f/‖f‖), so ‖x‖ = R =

@@ -21,7 +21,7 @@ from app.migration.returned import DeferredTally, ReturnedTally
 from app.models.service import BACKBONE, ModelCache, embed_features, get_model, resolve_modality
 from app.search.schemas import SearchRequest
 from app.vectors.engine import ATTACHED
-from app.vectors.index_store import IndexStore
+from app.vectors.faiss.index_store import IndexStore
 from app.vectors.points import lifted_points
 from app.vectors.storage import storage_for
 

@@ -14,7 +14,7 @@ before ``store_embedded`` writes them in one transaction).
 An attached collection (issue 43, item 2) takes part when its source names a ``text_field``:
 stage one is the collection's own search, the candidates' new vectors and texts are read from
 the collection, and what the embedder returns is written in place (``_in_place_vectors``,
-``app.migration.in_place_texts``); without a text field the search answers 409 saying so.
+``app.migration.in_place.texts``); without a text field the search answers 409 saying so.
 """
 
 from __future__ import annotations
@@ -36,12 +36,12 @@ from app.embedders.models import Embedder
 from app.embedders.service import spec_of
 from app.galleries.models import Gallery
 from app.galleries.service import item_texts
-from app.migration import in_place_texts
+from app.migration.in_place import texts as in_place_texts
 from app.migration.reembed import EmbeddedTexts, reembedded_by_id, store_embedded
 from app.ml.backfill.two_stage import FusionScale, unit
 from app.models.models import TrainedModel
 from app.vectors.engine import ATTACHED
-from app.vectors.index_store import IndexStore
+from app.vectors.faiss.index_store import IndexStore
 
 # One lazy re-embed at a time per (gallery, model) in this process: two searches that need the
 # same candidates never embed them twice (the second finds them stored).
@@ -215,7 +215,7 @@ def _in_place_vectors(
     """``new_vectors`` of an attached collection (issue 43, item 2): the candidates' new vectors
     are read from the collection (the in-place migration's vector of them), the texts of those
     without one from the collection's text field, and what the embedder returns is written in
-    place (``in_place_texts``) as an upload of re-embedded items would be."""
+    place (``app.migration.in_place.texts``) as an upload of re-embedded items would be."""
     items = {v: names[v][0] for v in candidates.tolist() if v in names}
     have_ids, have_rows = in_place_texts.in_place_vectors(session, gallery, row.id, items)
     have = NewVectors.of(have_ids, have_rows)
@@ -268,6 +268,6 @@ def check_depth(settings: Settings, depth: int | None, n_queries: int, k: int) -
 
 def refuse_attached(gallery: Gallery, attached: Any) -> None:
     """409 for a two-stage search of an attached gallery that names no text field: its
-    candidates have no texts to embed (``in_place_texts.refuse_without_texts``)."""
+    candidates have no texts to embed (``app.migration.in_place.texts.refuse_without_texts``)."""
     if gallery.vector_storage in attached:
         in_place_texts.refuse_without_texts(gallery, "a two-stage search")

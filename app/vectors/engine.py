@@ -58,8 +58,8 @@ class StoredGallery(Protocol):
     lift_curv: float
     lift_scale: float | None
     index_kind: str  # "flat" asks an engine for exact search
-    # QDRANT / ATTACHED_MILVUS: the attached collection (``app.vectors.qdrant_source.QdrantSource``,
-    # ``app.vectors.milvus_source.MilvusSource``, ``app.vectors.pgvector.source.PgvectorSource``);
+    # QDRANT / ATTACHED_MILVUS: the attached collection (``app.vectors.qdrant.source.QdrantSource``,
+    # ``app.vectors.milvus.source.MilvusSource``, ``app.vectors.pgvector.source.PgvectorSource``);
     # else None.
     source: dict[str, Any] | None
 

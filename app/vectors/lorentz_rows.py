@@ -102,3 +102,12 @@ def best_by_id(ids: np.ndarray, scores: np.ndarray, k: int) -> tuple[np.ndarray,
     scores in increasing id order (``nearest_first``)."""
     order = nearest_first(-np.asarray(scores), ids, k)
     return np.take_along_axis(ids, order, axis=1), np.take_along_axis(scores, order, axis=1)
+
+
+def cosine_lift(vectors: np.ndarray, scale: float, curv: float) -> np.ndarray:
+    """exp₀(scale·v/‖v‖) in float64: space part sinh(√c·scale)/√c · v/‖v‖ (the cosine lift of
+    ``app.ml.geometry.space.EuclideanLift``, written out so that it runs on numpy rows)."""
+    v = np.asarray(vectors, dtype=np.float64)
+    # A zero vector has no direction; the floor keeps it at the origin instead of NaN.
+    unit = v / np.maximum(np.linalg.norm(v, axis=-1, keepdims=True), 1e-12)
+    return np.sinh(np.sqrt(curv) * scale) / np.sqrt(curv) * unit

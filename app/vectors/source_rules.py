@@ -1,6 +1,7 @@
-"""What every attached vector database shares (Qdrant, Milvus): the multi-tenant rules on what a
-tenant's ``source`` may make the server open, connect to, or send, and the process's one client
-per place (``Connections``) and what their searchers share (``AttachedSearcher``).
+"""What every attached vector database shares (Qdrant, Milvus, pgvector): the multi-tenant rules
+on what a tenant's ``source`` may make the server open, connect to, or send, and the process's
+one client per place (``Connections``); what their storages and searchers share is
+``app.vectors.attached``.
 
 A tenant names the place; the server goes there with its own network position and its own
 environment. So a URL must fall under an entry the operator allowed (``url_allowed``), a file
@@ -23,19 +24,12 @@ import re
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Generic, TypeVar
 from urllib.parse import unquote, urlsplit
 
 from app.core.errors import Problem, invalid, unavailable
 
 Client = TypeVar("Client")
-
-
-class CountsPoints(Protocol):
-    def points(self, gallery: Any) -> int: ...
-
-
-Storage = TypeVar("Storage", bound=CountsPoints)
 
 
 def _without_dot_segments(path: str) -> str:
@@ -305,17 +299,3 @@ def unreachable_is_503(
         if not is_unreachable(exc):
             raise
         raise unavailable(detail, retry_after_s) from exc
-
-
-class AttachedSearcher(Generic[Storage]):
-    """An attached collection behind the index calls the search services make (``ntotal`` here,
-    ``search_with_points`` in each engine's subclass); built per request, it holds no rows."""
-
-    def __init__(self, storage: Storage, gallery: Any) -> None:
-        self.dim = gallery.dim
-        self._storage = storage
-        self._gallery = gallery
-
-    @property
-    def ntotal(self) -> int:
-        return self._storage.points(self._gallery)

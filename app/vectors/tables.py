@@ -64,14 +64,14 @@ class ReembeddedVector(Base):
     vector_id: Mapped[int] = mapped_column(BigIntPK, index=True)
     # float32 little-endian, as uploaded; None where an attached collection holds them: Qdrant
     # as a named vector of the item's point (``app.migration.in_place``), Milvus in a sibling
-    # collection (``app.migration.in_place_milvus``).
+    # collection (``app.migration.in_place.milvus``).
     features: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
 class AttachedPointId(Base):
     """The internal id of one point of an attached collection whose own id cannot serve as one
-    (a UUID, or an integer ≥ 2⁶²: ``app.vectors.qdrant_ids``). Only ids are kept, never a vector:
+    (a UUID, or an integer ≥ 2⁶²: ``app.vectors.attached_ids``). Only ids are kept, never a vector:
     the collection stays the one copy of the gallery."""
 
     __tablename__ = "attached_point_ids"

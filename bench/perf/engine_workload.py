@@ -9,9 +9,9 @@ from collections.abc import Callable
 import numpy as np
 
 from app.ml.geometry.space import EuclideanLift
-from app.vectors.faiss_index import exact_distances
-from app.vectors.milvus_math import exact_top_k, recall_within
-from app.vectors.milvus_search import SearchHits
+from app.vectors.lorentz_rows import exact_distances
+from app.vectors.milvus.search import SearchHits
+from app.vectors.rerank import exact_top_k, recall_within
 from bench.common.tiled import lift_points, tiled, wordnet_rows
 
 K = 10

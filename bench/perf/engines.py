@@ -1,5 +1,5 @@
-"""Vector engines side by side: Milvus (``app.vectors.milvus_engine``) and FAISS
-(``app.vectors.faiss_index``), each against its raw engine, in one run per engine.
+"""Vector engines side by side: Milvus (``app.vectors.milvus.engine``) and FAISS
+(``app.vectors.faiss.index``), each against its raw engine, in one run per engine.
 
     python -m bench.perf.engines                 # 100k rows: bench/results/engines.json + BENCHMARKS.md
     python -m bench.perf.engines --rows 1000000 --radii 1  # the issue's size: about an hour a radius
@@ -44,16 +44,11 @@ import faiss
 import numpy as np
 import torch
 
-from app.vectors.faiss_index import LorentzIndex, lifted_gallery, lifted_queries
-from app.vectors.milvus_engine import (
-    DEFAULT_HNSW,
-    GalleryLayout,
-    MilvusEngine,
-    MilvusGallery,
-    drop_collection,
-    seal_collection,
-)
-from app.vectors.milvus_search import DEFAULT_OVERFETCH, SearchHits, search_defaults
+from app.vectors.faiss.index import LorentzIndex
+from app.vectors.lorentz_rows import lifted_gallery, lifted_queries
+from app.vectors.milvus.engine import MilvusEngine, MilvusGallery, drop_collection, seal_collection
+from app.vectors.milvus.layouts import DEFAULT_HNSW, GalleryLayout
+from app.vectors.milvus.search import DEFAULT_OVERFETCH, SearchHits, search_defaults
 from bench.common.machine import load_average, run_record
 from bench.common.report import command_line, publish
 from bench.common.wordnet import REPO_ROOT, quick_data_dir

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from app.vectors.milvus_engine import DEFAULT_HNSW
+from app.vectors.milvus.layouts import DEFAULT_HNSW
 from bench.common.machine import facts_markdown
 from bench.perf.engine_workload import (
     BATCHES,
@@ -262,7 +262,7 @@ def render_layouts(layouts: dict[str, Any], engines: dict[str, Any]) -> str:
 
 def render_validation(*payloads: dict[str, Any]) -> str:
     """The ``--validate`` grids of ``bench.perf.engines`` behind the poincare layout's k′ and ef
-    (``app.vectors.milvus_search``): recall@10 and batch speed per (radius, k′, ef) and seed.
+    (``app.vectors.milvus.search``): recall@10 and batch speed per (radius, k′, ef) and seed.
     A point measured more than once (a grid's first point, measured again at its end; radius 1,
     measured again by the ``--radii`` runs) shows the range of its measurements."""
     seeds = sorted({p["seed"] for p in payloads})

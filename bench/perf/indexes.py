@@ -25,7 +25,8 @@ import numpy as np
 import torch
 
 from app.ml.geometry.space import EuclideanLift
-from app.vectors.faiss_index import LorentzIndex, lifted_queries
+from app.vectors.faiss.index import LorentzIndex
+from app.vectors.lorentz_rows import lifted_queries
 from bench.common.machine import facts_markdown, load_average, run_record
 from bench.common.report import command_line, publish
 from bench.common.tiled import lift_points, tiled, wordnet_rows

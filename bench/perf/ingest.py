@@ -35,8 +35,8 @@ import faiss
 import numpy as np
 
 from app.ml.geometry.space import EuclideanLift
-from app.vectors.faiss_index import lifted_gallery
-from app.vectors.index_store import IndexSpec, IndexStore
+from app.vectors.faiss.index_store import IndexSpec, IndexStore
+from app.vectors.lorentz_rows import lifted_gallery
 from bench.common.machine import facts_markdown, load_average, run_record
 from bench.common.report import command_line, publish
 from bench.common.service import create_gallery, npy_bytes, start_service

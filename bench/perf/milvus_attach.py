@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 from pymilvus import DataType, MilvusClient
 
-from app.vectors.milvus_attach import AttachedCollection
+from app.vectors.milvus.attach import AttachedCollection
 from bench.common.machine import facts_markdown, load_average, run_record
 from bench.common.report import command_line, publish
 from bench.common.wordnet import REPO_ROOT

@@ -6,8 +6,8 @@ Two measurements behind BENCHMARKS.md's prose under "Vector engines":
 
 * ordering — brute force, no engine: for each query, the position of each of its exact Lorentz
   top-10 items in the Euclidean order of the tangent vectors log₀(x) and of the ball coordinates
-  p (``app.vectors.milvus_math``); the share within the first k′ is the recall an exact index over
-  that layout would give after the re-rank (30k-row gallery, seed 7, radii 1 / 3 / 6).
+  p (``app.vectors.milvus.layouts``); the share within the first k′ is the recall an exact index
+  over that layout would give after the re-rank (30k-row gallery, seed 7, radii 1 / 3 / 6).
 * search cost — a 100k-row poincare gallery at radius 3 (seed 0) in milvus-lite, searched at the
   engine's k′ and ef with batch 256: queries/s asking the engine for the hits' indexed rows and
   gaps (what the re-rank reads), for the gaps alone, and for nothing beyond the ids; and the time
@@ -27,9 +27,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from app.vectors.milvus_engine import ID_BATCH, MilvusEngine, ids_filter
-from app.vectors.milvus_math import exact_top_k, gallery_search_vectors, query_search_vectors
-from app.vectors.milvus_search import POINCARE_EF_FACTOR, POINCARE_OVERFETCH
+from app.vectors.milvus.engine import ID_BATCH, MilvusEngine, ids_filter
+from app.vectors.milvus.layouts import gallery_search_vectors, query_search_vectors
+from app.vectors.milvus.search import POINCARE_EF_FACTOR, POINCARE_OVERFETCH
+from app.vectors.rerank import exact_top_k
 from bench.common.machine import load_average, run_record
 from bench.common.report import command_line
 from bench.common.wordnet import REPO_ROOT

@@ -15,7 +15,7 @@ folder to one client, so the direct qdrant-client searches use the service's own
 
 1. **Equality.** Point i of the collection ``nouns`` is synset i's gloss by the old model
    (MiniLM); the copied gallery holds the same vectors under item ids ``"i"`` (an integer point id
-   below 2⁶² is its own internal id, ``app.vectors.qdrant_ids``, so both galleries name item i
+   below 2⁶² is its own internal id, ``app.vectors.attached_ids``, so both galleries name item i
    alike). One upgrade trained on the attached gallery (procrustes, query objective; a dataset
    pairing the first ``PAIRED`` items with their MPNet gloss, a log of ``LOGGED`` lemma queries
    relevant to their own gloss), used on both. Held-out lemma queries (synsets outside the pairs
@@ -63,7 +63,7 @@ from app.galleries.models import Gallery
 from app.galleries.service import get_gallery
 from app.main import create_app
 from app.search.service import SearchQuery, search_gallery
-from app.vectors.qdrant_source import QdrantSource, connection
+from app.vectors.qdrant.source import QdrantSource, connection
 from bench.common.machine import facts_markdown, load_average, run_record
 from bench.common.report import command_line, publish
 from bench.common.service import BENCH_KEY

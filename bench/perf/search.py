@@ -42,7 +42,8 @@ import torch
 
 from app.ml.geometry.space import EuclideanLift
 from app.ml.methods.compat import train_compatible_model
-from app.vectors.faiss_index import LorentzIndex, lifted_queries
+from app.vectors.faiss.index import LorentzIndex
+from app.vectors.lorentz_rows import lifted_queries
 from bench.common.machine import (
     facts_markdown,
     gemm_flops,

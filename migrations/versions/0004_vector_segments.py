@@ -1,7 +1,7 @@
 """vector segments: galleries say where their vectors live and hold the segment manifest
 
 New galleries keep their vectors in append-only segment files under the data dir
-(``app.vectors.segments``); the gallery row holds the manifest (segment names, committed byte
+(``app.vectors.faiss.segments``); the gallery row holds the manifest (segment names, committed byte
 lengths and record counts, next internal id, version). Existing galleries are marked ``sql`` and
 keep reading and writing their ``gallery_vectors`` rows: moving them would mean writing files from
 inside a migration, which a database rollback cannot undo, so no data moves here.
@@ -21,7 +21,6 @@ from collections.abc import Sequence
 
 import sqlalchemy as sa
 from alembic import op
-
 
 revision: str = "0004"
 down_revision: str | None = "0003"

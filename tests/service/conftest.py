@@ -270,8 +270,8 @@ def milvus_contents(settings: Settings) -> dict[str, tuple[str, str]]:
     """Per collection of the settings' Milvus: (its next internal id, a digest of every row)."""
     if settings.vector_engine != "milvus":
         return {}
-    from app.vectors.milvus_engine import NEXT_ROW_ID
-    from app.vectors.milvus_storage import engine_for
+    from app.vectors.milvus.engine import NEXT_ROW_ID
+    from app.vectors.milvus.storage import engine_for
 
     engine = engine_for(settings)
     contents = {}

@@ -5,11 +5,11 @@ local storage) behind its ``milvus-server`` script; ``MilvusClient(uri="http://1
 answers ``v2.3.5-lite``. It is a real Milvus server, unlike milvus-lite (``milvus_lite``: the
 engine files of the tests, and the gRPC server process ``bench.perf.api_memory.milvus_server``),
 so it shows what milvus-lite hides (issue 46, each handled where it matters): no nullable fields
-and one vector field per collection (``app.vectors.milvus_engine``); a collection created without
+and one vector field per collection (``app.vectors.milvus.engine``); a collection created without
 a consistency level reads at Bounded, so a read right after a write may miss it (the service reads
 Strong; so must the tests' own reads of such collections); query rows in primary-key order, not
 in insertion order (``MilvusGallery.row_batches``); no default ``efConstruction`` for HNSW; an
-empty filter refused without a limit; no ``add_collection_field`` (``app.vectors.milvus_sibling``).
+empty filter refused without a limit; no ``add_collection_field`` (``app.vectors.milvus.sibling``).
 
 One server per test process (``shared_uri``), started on first use and stopped when the session
 ends (``milvus_server_uri``): it starts in about 10 s on 2 cores, and its embedded etcd listens on

@@ -121,7 +121,7 @@ def test_a_source_recorded_without_a_tenant_folder_is_refused_on_open(
         row.source = {k: v for k, v in row.source.items() if k != "folder"}
         session.commit()
     # A fresh process: no client of the folder is open yet.
-    from app.vectors.qdrant_source import close_connections
+    from app.vectors.qdrant.source import close_connections
 
     close_connections()
     query = wordnet_small[OLD][:1].tolist()

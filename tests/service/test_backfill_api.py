@@ -11,8 +11,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from app.ml.backfill.relevance import fit_relevance
-from app.vectors import milvus_search
-from app.vectors.milvus_engine import MilvusGallery
+from app.vectors.milvus import search as milvus_search
+from app.vectors.milvus.engine import MilvusGallery
 from tests.service.conftest import field_names, problem, snapshot
 from tests.service.test_queries_api import NEW, OLD, npy, wordnet_setup
 

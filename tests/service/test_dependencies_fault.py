@@ -173,7 +173,7 @@ def no_space(number: int) -> OSError:
 
 def full_segments(monkeypatch: pytest.MonkeyPatch, number: int = errno.ENOSPC) -> None:
     """Segment writes take half their bytes, then fail as a full disk does."""
-    from app.vectors import segments
+    from app.vectors.faiss import segments
 
     real = os.pwrite
     calls = {"n": 0}
@@ -191,7 +191,7 @@ def full_index_files(monkeypatch: pytest.MonkeyPatch, number: int = errno.ENOSPC
     """Index files fail midway through, after their temp file got some bytes; so does the
     probe write that tells whether space is back."""
     from app.core import files, storage
-    from app.vectors import index_store
+    from app.vectors.faiss import index_store
 
     def probe(directory: Path, size: int = 0) -> None:
         raise no_space(number)

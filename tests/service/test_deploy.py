@@ -377,7 +377,7 @@ def test_api_and_worker_may_attach_the_qdrant_profiles_server(
     """The profile's server is allowed by default (the service allows none unless told), and
     the value, read from the environment as compose passes it, parses as the setting."""
     from app.core.settings import Settings
-    from app.vectors.qdrant_source import allowed_url
+    from app.vectors.qdrant.source import allowed_url
 
     services = compose()["services"]
     for name in ("api", "worker"):

@@ -8,12 +8,8 @@ import pytest
 import torch
 
 from app.ml.geometry.lorentz import exp_map0, pairwise_lorentz_distance
-from app.vectors.faiss_index import (
-    LorentzIndex,
-    exact_distances,
-    lifted_queries,
-    validate_index_params,
-)
+from app.vectors.faiss.index import LorentzIndex, validate_index_params
+from app.vectors.lorentz_rows import exact_distances, lifted_queries
 
 
 def points_at_radius(n: int, dim: int, radius: float, seed: int, curv: float = 1.0) -> np.ndarray:
@@ -146,7 +142,7 @@ def test_corrupt_bytes_are_refused() -> None:
 
 def test_rerank_works_in_bounded_chunks(monkeypatch) -> None:
     """Many queries are re-ranked in chunks; the answer is the one of a single pass."""
-    import app.vectors.faiss_index as index_module
+    import app.vectors.faiss.index as index_module
 
     points = points_at_radius(200, 8, 2.0, seed=11).astype(np.float32)
     queries = points_at_radius(37, 8, 2.0, seed=12)
@@ -179,7 +175,7 @@ def test_torch_scan_and_faiss_answer_alike(n_queries: int) -> None:
 def test_auto_engine_lets_faiss_scan_small_batches_on_cpu(monkeypatch, n_queries: int) -> None:
     """'auto' on a CPU: fewer than FAISS_BELOW_BATCH queries go through FAISS's flat scan,
     larger batches through torch; either way the answer is the brute-force one."""
-    import app.vectors.faiss_index as index_module
+    import app.vectors.faiss.index as index_module
 
     gallery = points_at_radius(300, 12, 2.0, seed=17).astype(np.float32)
     queries = points_at_radius(n_queries, 12, 2.0, seed=18)
@@ -382,7 +378,7 @@ def test_best_by_id_orders_ties_and_keeps_the_smallest_ids() -> None:
 def test_a_qdrant_search_widens_while_a_tie_runs_across_the_kth_place() -> None:
     from types import SimpleNamespace
 
-    from app.vectors.qdrant_storage import past_ties
+    from app.vectors.qdrant.storage import past_ties
 
     scores = [0.9, 0.8, 0.8, 0.8, 0.8, 0.8, 0.8, 0.1]
     asked: list[int] = []

@@ -24,7 +24,7 @@ from sqlalchemy import func, select
 from app.core.settings import Settings
 from app.galleries import service as gallery_service
 from app.galleries.models import Gallery
-from app.vectors.milvus_storage import collection_name, engine_for
+from app.vectors.milvus.storage import collection_name, engine_for
 from app.vectors.tables import GalleryVector
 from bench.common.service import create_gallery, start_service
 from tests.service.conftest import problem, stop_client
@@ -225,7 +225,7 @@ def test_a_celery_process_without_a_milvus_server_refuses_milvus_galleries(tmp_p
     """A worker started without NOBACKFILL_VECTOR_ENGINE / NOBACKFILL_MILVUS_URI (engine left at
     faiss) meets a gallery the API stored in Milvus: it must say what is missing, not open an
     empty milvus-lite file of its own and fail the job on missing vectors."""
-    from app.vectors.milvus_storage import engine_for
+    from app.vectors.milvus.storage import engine_for
 
     worker = Settings(_env_file=None, data_dir=tmp_path, job_runner="celery")
     with pytest.raises(RuntimeError, match="NOBACKFILL_MILVUS_URI"):

@@ -30,8 +30,8 @@ from app.core.errors import Problem
 from app.core.settings import Settings
 from app.galleries.attach import attach_gallery
 from app.galleries.schemas import GalleryCreate
-from app.vectors.milvus_engine import is_remote
-from app.vectors.milvus_source import MilvusSource, close_connections, connection
+from app.vectors.milvus.engine import is_remote
+from app.vectors.milvus.source import MilvusSource, close_connections, connection
 from tests.service.conftest import problem, snapshot, stop_client
 from tests.service.milvus_server import (  # noqa: F401  (milvus_server_uri: the fixture)
     dropped_after,
@@ -386,7 +386,7 @@ def test_milvus_allowed_urls_read_from_a_comma_list_or_json(
     monkeypatch.setenv("NOBACKFILL_MILVUS_ALLOWED_URLS", value)
     settings = Settings(_env_file=None)
     assert settings.milvus_allowed_urls == ["http://a:19530", "https://b.example/milvus"]
-    from app.vectors.milvus_source import allowed_server
+    from app.vectors.milvus.source import allowed_server
 
     allowed_server(settings, "https://b.example/milvus/db1")
     with pytest.raises(Problem):

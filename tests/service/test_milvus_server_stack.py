@@ -20,7 +20,7 @@ from sqlalchemy import create_engine, func, select
 
 from app.core.settings import Settings
 from app.galleries.models import Gallery
-from app.vectors.milvus_storage import collection_name
+from app.vectors.milvus.storage import collection_name
 from app.vectors.tables import GalleryVector
 from bench.common.service import free_port
 from tests.service.celery_worker import (

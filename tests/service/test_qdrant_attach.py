@@ -21,7 +21,7 @@ from fastapi.testclient import TestClient
 from qdrant_client import QdrantClient, models
 from qdrant_client.http.exceptions import ResponseHandlingException
 
-from app.vectors.qdrant_source import QdrantSource, connection
+from app.vectors.qdrant.source import QdrantSource, connection
 from tests.service.celery_worker import wait_for_job
 from tests.service.conftest import problem, snapshot
 
@@ -143,7 +143,7 @@ def test_writes_to_an_attached_gallery_are_refused_and_change_nothing(
     problem(client.request("DELETE", url, json={"ids": ["0"]}), 409)
     assert snapshot(client) == before
     # The collection itself: the service lets go of the folder, then it is read back unchanged.
-    from app.vectors.qdrant_source import close_connections
+    from app.vectors.qdrant.source import close_connections
 
     close_connections()
     points = collection_points(qdrant_root(tmp_path) / "nouns", "nouns")

@@ -27,7 +27,7 @@ from qdrant_client.http.exceptions import ResponseHandlingException
 from sqlalchemy import func, select
 
 from app.ml.backfill.relevance import fit_relevance
-from app.vectors.qdrant_source import QdrantSource, connection
+from app.vectors.qdrant.source import QdrantSource, connection
 from app.vectors.tables import ReembeddedVector
 from tests.service.celery_worker import wait_for_job
 from tests.service.conftest import problem, snapshot

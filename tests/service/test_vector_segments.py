@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session
 
 from app.galleries import service as gallery_service
 from app.galleries.models import Gallery
-from app.vectors import segments
+from app.vectors.faiss import segments
 from app.vectors.tables import GalleryVector
 from tests.service.conftest import problem, snapshot, stop_client
 from tests.service.test_durability import top_ids
@@ -388,7 +388,7 @@ def test_a_search_that_read_the_gallery_before_a_write_finds_the_written_item(
     client = make_client()
     with search_behind_a_write(client) as (_, behind, search):
         version = behind.index_version
-        with caplog.at_level(logging.INFO, logger="app.vectors.index_store"):
+        with caplog.at_level(logging.INFO, logger="app.vectors.faiss.index_store"):
             hits = search()
         assert hits[0][0]["id"] == "written", hits
         assert not [r for r in caplog.records if "rebuilt" in r.getMessage()]

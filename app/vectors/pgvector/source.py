@@ -1,5 +1,5 @@
 """A pgvector table attached as a gallery's source: where it is, what the service may connect
-to, and the checks of its shape — the pgvector twin of ``app.vectors.milvus_source``.
+to, and the checks of its shape — the pgvector twin of ``app.vectors.milvus.source``.
 
 A gallery with ``vector_storage = "pgvector"`` keeps no vector of its own: its
 ``source`` (a JSON column) names a database (``dsn``), a table (``table`` or ``schema.table``),

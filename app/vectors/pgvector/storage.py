@@ -1,12 +1,12 @@
 """An attached pgvector table behind the vector-storage interface, read-only, and its exact
-search — the pgvector twin of ``app.vectors.milvus_attached``.
+search — the pgvector twin of ``app.vectors.milvus.attached``.
 
 The gallery's vectors are the table's rows with a vector (``app.vectors.pgvector.source`` says
 where); the service never writes to the table: ``upsert`` and ``delete`` refuse (the galleries
 service refuses before them, with the same answer), and every connection is read-only. Reads go
 to PostgreSQL on every call, so the API process holds nothing per gallery and a row the owner
 adds or removes is seen at once. Item ids are the id column's values as strings (an integer in
-decimal, a text id itself); internal ids come from ``app.vectors.qdrant_ids``, whose mapping and
+decimal, a text id itself); internal ids come from ``app.vectors.attached_ids``, whose mapping and
 table serve every attached engine.
 
 Search (``PgvectorSearcher``): an attached gallery is a cosine gallery, whose points all lie at
@@ -16,8 +16,8 @@ components against the stored vectors. PostgreSQL orders the rows by pgvector's 
 sequential scan, exact whatever index the owner built (an HNSW or IVFFlat index answers
 approximately). The k best and ``TIE_ROOM`` more come back with their vectors, which, lifted as
 the service lifts them, give the float64 distances and the order, ties by internal id
-(``milvus_math.ranked_hits``, the re-rank every attached engine shares): the numbers and order a
-copied gallery's exact search gives.
+(``app.vectors.rerank.ranked_hits``, the re-rank every attached engine shares): the numbers and
+order a copied gallery's exact search gives.
 """
 
 from __future__ import annotations
@@ -31,11 +31,11 @@ from sqlalchemy.orm import Session
 
 from app.core.errors import conflict
 from app.core.settings import Settings
-from app.vectors import qdrant_ids
-from app.vectors.engine import SCAN_BATCH, Stored, StoredGallery, Upserted
-from app.vectors.milvus_math import no_hits, ranked_hits
+from app.vectors import attached_ids
+from app.vectors.attached import AttachedSearcher, KeyedStorage
+from app.vectors.engine import SCAN_BATCH, Stored, StoredGallery
 from app.vectors.pgvector.source import PgvectorSource, connected
-from app.vectors.source_rules import AttachedSearcher
+from app.vectors.rerank import no_hits, ranked_hits
 
 # Rows per page of a scan, and ids per lookup statement.
 READ_BATCH = 1024
@@ -64,35 +64,14 @@ class _Table:
         self.query_type = sql.SQL("halfvec" if source.column_type == "halfvec" else "vector")
 
 
-class PgvectorStorage:
+class PgvectorStorage(KeyedStorage[PgvectorSource]):
     name = "pgvector"
-
-    def __init__(self, settings: Settings) -> None:
-        self.settings = settings
 
     def source(self, gallery: StoredGallery) -> PgvectorSource:
         return PgvectorSource.of(gallery.source or {})
 
-    def _keys(self, gallery: StoredGallery, item_ids: Sequence[str]) -> list[int | str]:
-        string_ids = self.source(gallery).string_ids
-        keys = (qdrant_ids.key_of(item, string_ids) for item in item_ids)
-        return list(dict.fromkeys(key for key in keys if key is not None))
-
-    def upsert(
-        self,
-        session: Session,
-        gallery: StoredGallery,
-        item_ids: Sequence[str],
-        vectors: np.ndarray,
-        labels: Sequence[str | None],
-        metadata: Sequence[dict[str, Any] | None],
-    ) -> Upserted:
-        raise read_only(gallery.id)
-
-    def delete(
-        self, session: Session, gallery: StoredGallery, item_ids: Sequence[str]
-    ) -> np.ndarray:
-        raise read_only(gallery.id)
+    def refusal(self, gallery_id: str) -> Exception:
+        return read_only(gallery_id)
 
     def _rows(
         self, gallery: StoredGallery, keys: list[int | str], vectors: bool
@@ -108,7 +87,7 @@ class PgvectorStorage:
         with connected(self.settings, source) as conn, conn.cursor(binary=True) as cur:
             for start in range(0, len(keys), READ_BATCH):
                 found.extend(cur.execute(statement, (keys[start : start + READ_BATCH],)))
-        qdrant_ids.remember(gallery.id, [row[0] for row in found])
+        attached_ids.remember(gallery.id, [row[0] for row in found])
         return found
 
     def lookup(
@@ -116,7 +95,7 @@ class PgvectorStorage:
     ) -> dict[str, tuple[int, str | None]]:
         rows = self._rows(gallery, self._keys(gallery, item_ids), vectors=False)
         return {
-            qdrant_ids.item_id(key): (qdrant_ids.internal_of(key), None)
+            attached_ids.item_id(key): (attached_ids.internal_of(key), None)
             for key in sorted(row[0] for row in rows)
         }
 
@@ -124,18 +103,12 @@ class PgvectorStorage:
         wanted = self._keys(gallery, item_ids)
         found = {row[0]: row[1] for row in self._rows(gallery, wanted, vectors=True)}
         keys = [key for key in wanted if key in found]
-        ids = np.array([qdrant_ids.internal_of(k) for k in keys], dtype=np.int64)
+        ids = np.array([attached_ids.internal_of(k) for k in keys], dtype=np.int64)
         vectors = np.array([found[k] for k in keys], dtype=np.float32).reshape(
             len(keys), gallery.dim
         )
         n = len(keys)
-        return Stored([qdrant_ids.item_id(k) for k in keys], ids, vectors, [None] * n, [None] * n)
-
-    def names(
-        self, session: Session, gallery: StoredGallery, ids: Sequence[int]
-    ) -> dict[int, tuple[str, str | None]]:
-        # Named without asking PostgreSQL: the callers name ids a search or scan has just returned.
-        return {i: (item, None) for i, item in qdrant_ids.names(session, gallery.id, ids).items()}
+        return Stored([attached_ids.item_id(k) for k in keys], ids, vectors, [None] * n, [None] * n)
 
     def _pages(
         self, gallery: StoredGallery, vectors: bool, batch: int, mapped_only: bool = False
@@ -147,7 +120,7 @@ class PgvectorStorage:
         columns = sql.SQL("{}, {}").format(names.id, names.as_floats) if vectors else names.id
         only = (
             sql.SQL(" AND ({} < 0 OR {} >= {})").format(
-                names.id, names.id, sql.Literal(qdrant_ids.PLAIN_LIMIT)
+                names.id, names.id, sql.Literal(attached_ids.PLAIN_LIMIT)
             )
             if mapped_only and not source.string_ids
             else sql.SQL("")
@@ -161,7 +134,7 @@ class PgvectorStorage:
         with connected(self.settings, source) as conn, conn.cursor(binary=True) as cur:
             page = cur.execute(first, (batch,)).fetchall()
             while page:
-                qdrant_ids.remember(gallery.id, [row[0] for row in page])
+                attached_ids.remember(gallery.id, [row[0] for row in page])
                 yield page
                 if len(page) < batch:
                     return
@@ -172,27 +145,24 @@ class PgvectorStorage:
     ) -> Iterator[Stored]:
         """Every row with a vector, in batches, each ascending by internal id."""
         for page in self._pages(gallery, vectors=True, batch=min(batch, READ_BATCH)):
-            ids = np.array([qdrant_ids.internal_of(row[0]) for row in page], dtype=np.int64)
+            ids = np.array([attached_ids.internal_of(row[0]) for row in page], dtype=np.int64)
             order = np.argsort(ids, kind="stable")
             vectors = np.asarray([page[i][1] for i in order.tolist()], dtype=np.float32)
-            items = [qdrant_ids.item_id(page[i][0]) for i in order.tolist()]
+            items = [attached_ids.item_id(page[i][0]) for i in order.tolist()]
             n = len(items)
             yield Stored(items, ids[order], vectors.reshape(n, gallery.dim), [None] * n, [None] * n)
 
     def mapped_keys(self, gallery: StoredGallery) -> Iterator[list[int | str]]:
         """The ids that are not their own internal id, in pages (the attach records them,
-        ``qdrant_ids.record``): every text id, and of integer ids only those outside [0, 2⁶²)."""
+        ``attached_ids.record``): every text id, and of integer ids only those outside [0, 2⁶²)."""
         for page in self._pages(gallery, vectors=False, batch=10 * READ_BATCH, mapped_only=True):
             yield [row[0] for row in page]
 
     def all_ids(self, session: Session, gallery: StoredGallery) -> np.ndarray:
         parts = [np.zeros(0, dtype=np.int64)]
         for page in self._pages(gallery, vectors=False, batch=10 * READ_BATCH):
-            parts.append(np.array([qdrant_ids.internal_of(row[0]) for row in page], np.int64))
+            parts.append(np.array([attached_ids.internal_of(row[0]) for row in page], np.int64))
         return np.sort(np.concatenate(parts))
-
-    def count(self, session: Session, gallery: StoredGallery) -> int:
-        return self.points(gallery)
 
     def points(self, gallery: StoredGallery) -> int:
         """Rows with a vector in the table now."""
@@ -239,10 +209,6 @@ class PgvectorStorage:
                 answers.append([(key, np.asarray(vec, dtype=np.float32)) for key, vec in rows])
         return answers
 
-    def drop(self, gallery_id: str) -> None:
-        """Detaching leaves the table as it is: the gallery's row (and its id map) is all the
-        service had."""
-
 
 class PgvectorSearcher(AttachedSearcher[PgvectorStorage]):
     """The attached pgvector table behind the two index calls the search services make."""
@@ -269,8 +235,8 @@ class PgvectorSearcher(AttachedSearcher[PgvectorStorage]):
             if not hits:
                 continue
             keys = [key for key, _ in hits]
-            qdrant_ids.remember(gallery.id, keys)
-            hit_ids = np.array([qdrant_ids.internal_of(key) for key in keys], dtype=np.int64)
+            attached_ids.remember(gallery.id, keys)
+            hit_ids = np.array([attached_ids.internal_of(key) for key in keys], dtype=np.int64)
             vectors = np.stack([vector for _, vector in hits])
             at, dist, found = ranked_hits(
                 queries[row], vectors, gallery.lift_scale, gallery.lift_curv, k, ids=hit_ids

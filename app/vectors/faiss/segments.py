@@ -45,7 +45,7 @@ from sqlalchemy import JSON, String, column, select, table
 from sqlalchemy.orm import Session
 
 from app.vectors.engine import SCAN_BATCH, Stored, StoredGallery, Upserted
-from app.vectors.segment_format import (
+from app.vectors.faiss.segment_format import (
     DELETE,
     HEADER_SIZE,
     UPSERT,

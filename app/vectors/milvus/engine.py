@@ -5,7 +5,7 @@ an embedded milvus-lite store (tests, laptops), ``http(s)://host:port`` a Milvus
 (with a token). Each gallery's collection holds, per item: ``item_id`` (VARCHAR primary key),
 ``row_id`` (the internal int64 id), ``label``, ``metadata`` (JSON), ``vector`` (the stored vector
 exactly as given: the Euclidean vector of an external gallery, the space components of a
-model-bound one) and ``search``, the row its layout indexes (``app.vectors.milvus_math``: COSINE
+model-bound one) and ``search``, the row its layout indexes (``app.vectors.milvus.layouts``: COSINE
 over the space components when every point lies at one radius, an L2 HNSW over Poincaré-ball
 coordinates otherwise (with each row's float64 gap δ = 1 − c‖p‖² in ``gap``; collections made
 before that layout index tangent vectors log₀(x)), an exact FLAT scan over the lifted vectors
@@ -49,11 +49,10 @@ differences from milvus-lite and current servers, each tested on 2.3.5:
 
 from __future__ import annotations
 
-import json
 import re
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -61,18 +60,15 @@ import numpy as np
 from pymilvus import DataType, MilvusClient
 from pymilvus.exceptions import MilvusException
 
-from app.vectors import milvus_search
-from app.vectors.milvus_math import (
-    LAYOUT_METRIC,
-    LAYOUTS,
+from app.vectors.milvus import search as milvus_search
+from app.vectors.milvus.layouts import (
+    GalleryLayout,
     at_one_radius,
     boundary_gap,
     gallery_search_vectors,
-    search_dim,
 )
-from app.vectors.milvus_search import SearchHits
+from app.vectors.milvus.search import SearchHits
 
-DEFAULT_HNSW = {"m": 32, "ef_construction": 200}
 # Rows per insert request (pymilvus sends one gRPC message per request; Milvus limits its size).
 WRITE_BATCH = 2048
 # Ids per query/delete request (filter expressions grow with the list).
@@ -86,11 +82,7 @@ MAX_LABEL = 65535
 PROPERTY = "nobackfill.gallery"
 # The next internal id to hand out (ids are reserved here before rows carry them).
 NEXT_ROW_ID = "nobackfill.next_row_id"
-COLLECTION_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,254}$")
 FIELDS = ("item_id", "row_id", "label", "metadata", "vector")
-# The poincare layout's per-row scalar δ = 1 − c‖p‖² (float64 → FLOAT: relative precision kept
-# where δ is tiny, which 1 − c‖p‖² from the float32 ball coordinates would not be).
-GAP_FIELD = "gap"
 # An absent label, in a collection whose label field takes no null (see the module docstring).
 NO_LABEL = ""
 # Absent metadata there: JSON text, which pymilvus sends as it is (``null``, not a missing value).
@@ -100,69 +92,6 @@ MULTI_VECTOR_SINCE = (2, 4)
 # The most elements of a Milvus array field (its ``max_capacity`` limit).
 MAX_ARRAY = 4096
 SERVER_VERSION = re.compile(r"^v?(\d+)\.(\d+)\.")
-
-
-@dataclass(frozen=True)
-class GalleryLayout:
-    """How one gallery is stored: its vectors' sizes, curvature and search layout.
-
-    ``dim`` is the stored vector's size, ``point_dim`` that of its space components (equal for
-    model-bound galleries and for lifts, which keep the dimension). ``lift_scale`` (cosine layout
-    only) says the points are the cosine lift exp₀(scale·v/‖v‖) of the stored vectors v, as in an
-    external cosine gallery: v's direction is then the point's, so the collection indexes the
-    stored vector itself (COSINE) and computes the points from it — one vector per row, not two
-    (measured: a second vector field halves milvus-lite's ingest rate)."""
-
-    collection: str
-    dim: int
-    point_dim: int
-    curv: float
-    layout: str
-    index_type: str = "HNSW"
-    hnsw: dict[str, int] = field(default_factory=lambda: dict(DEFAULT_HNSW))
-    lift_scale: float | None = None
-
-    def __post_init__(self) -> None:
-        if not COLLECTION_NAME.match(self.collection):
-            raise ValueError(f"collection name {self.collection!r}: letters, digits, underscores")
-        if self.layout not in LAYOUTS:
-            raise ValueError(f"unknown layout {self.layout!r}, expected one of {LAYOUTS}")
-        if self.index_type not in ("HNSW", "FLAT"):
-            raise ValueError("index_type must be HNSW or FLAT")
-        if self.layout == "lifted" and self.index_type != "FLAT":
-            # Graphs and clusters built from lifted inner products lose most neighbours.
-            raise ValueError("the lifted layout is only searched by a FLAT scan")
-        if self.dim < 1 or self.point_dim < 1 or not self.curv > 0:
-            raise ValueError("dim and point_dim must be ≥ 1 and curv > 0")
-        if self.lift_scale is not None and not (
-            self.layout == "cosine" and self.lift_scale > 0 and self.dim == self.point_dim
-        ):
-            raise ValueError("lift_scale: a positive scale of a cosine layout (dim = point_dim)")
-
-    @property
-    def search_field(self) -> str:
-        """The vector field searched: the stored vector itself under a cosine lift."""
-        return "search" if self.lift_scale is None else "vector"
-
-    @property
-    def search_width(self) -> int:
-        return self.dim if self.lift_scale is not None else search_dim(self.layout, self.point_dim)
-
-    @property
-    def gap_field(self) -> str | None:
-        """The scalar the re-rank needs beside the indexed row (the poincare layout's δ)."""
-        return GAP_FIELD if self.layout == "poincare" else None
-
-    @property
-    def metric(self) -> str:
-        return LAYOUT_METRIC[self.layout]
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self), sort_keys=True)
-
-    @classmethod
-    def from_json(cls, text: str) -> GalleryLayout:
-        return cls(**json.loads(text))
 
 
 @dataclass
@@ -627,5 +556,5 @@ class MilvusGallery:
         ef_factor: int | None = None,
     ) -> SearchHits:
         """The k nearest items per query, nearest first, by exact float64 Lorentz distance
-        among the engine's candidates (``app.vectors.milvus_search.search``)."""
+        among the engine's candidates (``app.vectors.milvus.search.search``)."""
         return milvus_search.search(self, queries, k, overfetch=overfetch, ef_factor=ef_factor)

@@ -1,7 +1,9 @@
-"""What a vector engine indexes for a Lorentz gallery, and the exact float64 re-rank after it.
+"""What a vector engine indexes for a Lorentz gallery (``GalleryLayout``: one gallery's); the
+exact float64 re-rank after it is the core's (``app.vectors.rerank``).
 
-Pure and I/O-free (numpy and ``app.ml.geometry.lorentz``): the Milvus engine and the engine benchmark both
-use it. Three layouts, chosen per gallery from measured facts (issue 14, ``bench.perf.engines``):
+Pure and I/O-free (numpy and ``app.ml.geometry.lorentz``): the Milvus engine, its search and the
+engine benchmark use it. Three layouts, chosen per gallery from measured facts (issue 14,
+``bench.perf.engines``):
 
 * ``cosine`` — every point at one radius r (cosine-lifted external galleries). Then
   ⟨q,x⟩_L = q·x − q₀x₀ with x₀ and ‖x‖ the same for every x, so the Lorentz ranking is the
@@ -24,24 +26,21 @@ use it. Three layouts, chosen per gallery from measured facts (issue 14, ``bench
 * ``lifted`` — exact search for galleries at many radii: a FLAT inner-product scan over
   x̃ = (x₀, x) with the query (−q₀, q) scores ⟨q,x⟩_L (exact in real arithmetic; float32
   cancels far from the origin, which the over-fetch and the float64 re-rank repair, as in
-  ``app.vectors.faiss_index``).
+  ``app.vectors.faiss.index``).
 """
 
 from __future__ import annotations
 
+import json
+import re
+from dataclasses import asdict, dataclass, field
 from typing import Literal
 
 import numpy as np
 import torch
 
 from app.ml.geometry.lorentz import exp_map0, log_map0
-from app.vectors.lorentz_rows import (
-    LIFT_BLOCK,
-    exact_distances,
-    lifted_gallery,
-    lifted_queries,
-    nearest_first,
-)
+from app.vectors.lorentz_rows import lifted_gallery, lifted_queries
 
 Layout = Literal["cosine", "tangent", "poincare", "lifted"]
 LAYOUTS: tuple[str, ...] = ("cosine", "tangent", "poincare", "lifted")
@@ -55,6 +54,11 @@ LAYOUT_METRIC: dict[str, str] = {
 # Relative spread of radii still called "one radius": the lift of unit vectors computes every
 # radius from the same scale, so only float32 rounding of the stored components separates them.
 ONE_RADIUS_TOLERANCE = 1e-4
+DEFAULT_HNSW = {"m": 32, "ef_construction": 200}
+COLLECTION_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,254}$")
+# The poincare layout's per-row scalar δ = 1 − c‖p‖² (float64 → FLOAT: relative precision kept
+# where δ is tiny, which 1 − c‖p‖² from the float32 ball coordinates would not be).
+GAP_FIELD = "gap"
 
 
 def choose_layout(one_radius: bool, exact: bool) -> tuple[Layout, str]:
@@ -149,126 +153,64 @@ def points_from_search_vectors(
     raise ValueError(f"unknown layout {layout!r}, expected one of {LAYOUTS}")
 
 
-def cosine_lift(vectors: np.ndarray, scale: float, curv: float) -> np.ndarray:
-    """exp₀(scale·v/‖v‖) in float64: space part sinh(√c·scale)/√c · v/‖v‖ (the cosine lift of
-    ``app.ml.geometry.space.EuclideanLift``, written out so that it runs on numpy rows)."""
-    v = np.asarray(vectors, dtype=np.float64)
-    # A zero vector has no direction; the floor keeps it at the origin instead of NaN.
-    unit = v / np.maximum(np.linalg.norm(v, axis=-1, keepdims=True), 1e-12)
-    return np.sinh(np.sqrt(curv) * scale) / np.sqrt(curv) * unit
+@dataclass(frozen=True)
+class GalleryLayout:
+    """How one gallery is stored: its vectors' sizes, curvature and search layout.
 
+    ``dim`` is the stored vector's size, ``point_dim`` that of its space components (equal for
+    model-bound galleries and for lifts, which keep the dimension). ``lift_scale`` (cosine layout
+    only) says the points are the cosine lift exp₀(scale·v/‖v‖) of the stored vectors v, as in an
+    external cosine gallery: v's direction is then the point's, so the collection indexes the
+    stored vector itself (COSINE) and computes the points from it — one vector per row, not two
+    (measured: a second vector field halves milvus-lite's ingest rate)."""
 
-def no_hits(nq: int, k: int, dim: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(ids −1, distances inf, points NaN), nq × k: a search's answer before any hit."""
-    return (
-        np.full((nq, k), -1, dtype=np.int64),
-        np.full((nq, k), np.inf),
-        np.full((nq, k, dim), np.nan, dtype=np.float32),
-    )
+    collection: str
+    dim: int
+    point_dim: int
+    curv: float
+    layout: str
+    index_type: str = "HNSW"
+    hnsw: dict[str, int] = field(default_factory=lambda: dict(DEFAULT_HNSW))
+    lift_scale: float | None = None
 
+    def __post_init__(self) -> None:
+        if not COLLECTION_NAME.match(self.collection):
+            raise ValueError(f"collection name {self.collection!r}: letters, digits, underscores")
+        if self.layout not in LAYOUTS:
+            raise ValueError(f"unknown layout {self.layout!r}, expected one of {LAYOUTS}")
+        if self.index_type not in ("HNSW", "FLAT"):
+            raise ValueError("index_type must be HNSW or FLAT")
+        if self.layout == "lifted" and self.index_type != "FLAT":
+            # Graphs and clusters built from lifted inner products lose most neighbours.
+            raise ValueError("the lifted layout is only searched by a FLAT scan")
+        if self.dim < 1 or self.point_dim < 1 or not self.curv > 0:
+            raise ValueError("dim and point_dim must be ≥ 1 and curv > 0")
+        if self.lift_scale is not None and not (
+            self.layout == "cosine" and self.lift_scale > 0 and self.dim == self.point_dim
+        ):
+            raise ValueError("lift_scale: a positive scale of a cosine layout (dim = point_dim)")
 
-def ranked_hits(
-    query: np.ndarray,
-    vectors: np.ndarray,
-    scale: float,
-    curv: float,
-    k: int,
-    ids: np.ndarray | None = None,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """An attached cosine collection's hits for one query (space components), ordered by exact
-    Lorentz distance: (positions into ``vectors``, float64 distances, float32 lifted points),
-    nearest first, at most k; equal distances in increasing ``ids`` order (the hits' internal
-    ids) when given. The hits' stored vectors are lifted as the service lifts them."""
-    found = cosine_lift(vectors, scale, curv).astype(np.float32)
-    valid = np.ones((1, len(found)), dtype=bool)
-    keys = None if ids is None else np.asarray(ids)[None]
-    order, dist = rerank(np.asarray(query)[None], found[None], valid, k, curv, ids=keys)
-    at = order[0][order[0] >= 0]
-    return at, dist[0, : len(at)], found[at]
+    @property
+    def search_field(self) -> str:
+        """The vector field searched: the stored vector itself under a cosine lift."""
+        return "search" if self.lift_scale is None else "vector"
 
+    @property
+    def search_width(self) -> int:
+        return self.dim if self.lift_scale is not None else search_dim(self.layout, self.point_dim)
 
-def rerank(
-    queries: np.ndarray,
-    candidates: np.ndarray,
-    valid: np.ndarray,
-    k: int,
-    curv: float,
-    ids: np.ndarray | None = None,
-) -> tuple[np.ndarray, np.ndarray]:
-    """Order the candidates of each query by exact float64 Lorentz distance.
+    @property
+    def gap_field(self) -> str | None:
+        """The scalar the re-rank needs beside the indexed row (the poincare layout's δ)."""
+        return GAP_FIELD if self.layout == "poincare" else None
 
-    ``queries`` nq × d, ``candidates`` nq × m × d (space components), ``valid`` nq × m (False
-    where the engine returned fewer than m). Returns positions into the m candidates (nq × k,
-    −1 where fewer than k are valid) and distances (inf there), nearest first; equal distances
-    in increasing ``ids`` order (nq × m) when given, else in the engine's order.
-    """
-    queries = np.asarray(queries, dtype=np.float64)
-    nq, m = valid.shape
-    positions = np.full((nq, k), -1, dtype=np.int64)
-    distances = np.full((nq, k), np.inf, dtype=np.float64)
-    if m == 0 or nq == 0:
-        return positions, distances
-    dist = exact_distances(queries[:, None, :], candidates, curv)
-    dist = np.where(valid, dist, np.inf)
-    if ids is None:
-        order = np.argsort(dist, axis=1, kind="stable")[:, :k]
-    else:
-        order = nearest_first(dist, ids, k)
-    top = np.take_along_axis(dist, order, axis=1)
-    found = min(k, m)
-    positions[:, :found] = np.where(np.isfinite(top), order, -1)
-    distances[:, :found] = top
-    return positions, distances
+    @property
+    def metric(self) -> str:
+        return LAYOUT_METRIC[self.layout]
 
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
 
-def exact_top_k(
-    queries: np.ndarray, points: np.ndarray, k: int, curv: float, *, margin: int = 32
-) -> tuple[np.ndarray, np.ndarray]:
-    """Brute-force truth: positions (nq × k) and float64 distances of the k nearest points.
-
-    Scores every point by the Lorentz inner product in float64 (matrix products over blocks of
-    the gallery; float64 keeps its cancellation far below the gaps between neighbours at radius
-    ≤ 6), keeps the k + ``margin`` best and orders those by the exact distance formula."""
-    queries = np.asarray(queries, dtype=np.float64)
-    nq, n = len(queries), len(points)
-    m = min(n, k + margin)
-    lifted_q = np.concatenate([-np.sqrt(1.0 / curv + (queries**2).sum(1))[:, None], queries], 1)
-    best_scores = np.empty((nq, 0))
-    best_positions = np.empty((nq, 0), dtype=np.int64)
-    for start in range(0, n, LIFT_BLOCK):
-        block = np.asarray(points[start : start + LIFT_BLOCK], dtype=np.float64)
-        lifted_block = np.concatenate([np.sqrt(1.0 / curv + (block**2).sum(1))[:, None], block], 1)
-        scores = np.concatenate([best_scores, lifted_q @ lifted_block.T], axis=1)
-        positions = np.concatenate(
-            [
-                best_positions,
-                np.broadcast_to(np.arange(start, start + len(block)), (nq, len(block))),
-            ],
-            axis=1,
-        )
-        keep = np.argpartition(-scores, min(m, scores.shape[1]) - 1, axis=1)[:, :m]
-        best_scores = np.take_along_axis(scores, keep, axis=1)
-        best_positions = np.take_along_axis(positions, keep, axis=1)
-    dist = exact_distances(queries[:, None, :], np.asarray(points)[best_positions], curv)
-    order = np.argsort(dist, axis=1, kind="stable")[:, :k]
-    return np.take_along_axis(best_positions, order, 1), np.take_along_axis(dist, order, 1)
-
-
-def recall_within(found_distances: np.ndarray, true_distances: np.ndarray) -> float:
-    """Recall@k that counts ties: a found item is right when its exact distance is no larger
-    than the true k-th distance (two items at one distance are equally right answers).
-
-    ``found_distances``: the exact distances of the items a search returned (nq × k, inf where
-    it returned fewer), computed by the caller from the stored points, not taken from the
-    search; ``true_distances``: the brute-force top-k distances (nq × k)."""
-    kth = true_distances[:, -1:]
-    tolerance = 1e-9 * np.maximum(kth, 1.0)
-    return float(np.mean(found_distances <= kth + tolerance))
-
-
-def recall_at_k(found: list[list[str]] | np.ndarray, truth: list[list[str]] | np.ndarray) -> float:
-    """Mean fraction of each query's true top-k found (the rows of ``truth`` define k)."""
-    rates = [
-        len(set(list(f)) & set(list(t))) / max(len(t), 1) for f, t in zip(found, truth, strict=True)
-    ]
-    return float(np.mean(rates)) if rates else 0.0
+    @classmethod
+    def from_json(cls, text: str) -> GalleryLayout:
+        return cls(**json.loads(text))

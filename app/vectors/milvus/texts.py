@@ -1,8 +1,8 @@
 """Document texts and in-place vectors of an attached Milvus collection's rows, for a two-stage
 search and a re-embed job on it (issue 43, item 2) — the Milvus twin of
-``app.vectors.qdrant_texts``: the texts come from a VARCHAR field the attach named
+``app.vectors.qdrant.texts``: the texts come from a VARCHAR field the attach named
 (``source.text_field``, checked against the collection's schema), the model's vectors from the
-in-place migration's sibling collection (``app.vectors.milvus_sibling``). One query per batch of
+in-place migration's sibling collection (``app.vectors.milvus.sibling``). One query per batch of
 ``ID_BATCH`` keys, at Strong consistency as every read of an attached collection.
 
 Rows whose text is null or empty are skipped and counted by the callers, not an error.
@@ -17,12 +17,12 @@ from pymilvus import DataType
 
 from app.core.errors import Problem, invalid
 from app.core.settings import Settings
-from app.vectors import milvus_sibling
+from app.vectors.attached_ids import item_id
 from app.vectors.engine import StoredGallery
-from app.vectors.milvus_attach import ID_BATCH, STRONG, AttachedCollection
-from app.vectors.milvus_attached import MilvusAttachedStorage, point_of
-from app.vectors.milvus_source import MilvusSource, connection, is_unreachable, reachable
-from app.vectors.qdrant_ids import item_id
+from app.vectors.milvus import sibling as milvus_sibling
+from app.vectors.milvus.attach import ID_BATCH, STRONG, AttachedCollection
+from app.vectors.milvus.attached import MilvusAttachedStorage, point_of
+from app.vectors.milvus.source import MilvusSource, connection, is_unreachable, reachable
 
 
 def check_text_field(settings: Settings, source: MilvusSource) -> None:

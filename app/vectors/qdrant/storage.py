@@ -1,14 +1,14 @@
 """An attached Qdrant collection behind the vector-storage interface, read-only, and its search.
 
-The gallery's vectors are the collection's points (``app.vectors.qdrant_source`` says where);
+The gallery's vectors are the collection's points (``app.vectors.qdrant.source`` says where);
 the service never writes to the collection: ``upsert`` and ``delete`` refuse (the galleries
 service refuses before them, with the same answer). Reads go to Qdrant on every call, so the
 API process holds nothing per gallery, and a point added or removed by the collection's owner
-is seen at once. Item ids and internal ids: ``app.vectors.qdrant_ids``.
+is seen at once. Item ids and internal ids: ``app.vectors.attached_ids``.
 
 Search (``QdrantSearcher``): an attached gallery is a cosine gallery, whose points all lie at one
 radius r, so the Lorentz ranking of any query point q is the cosine ranking of q's space
-components against the stored vectors (``app.vectors.milvus_math``, layout ``cosine``): Qdrant's
+components against the stored vectors (``app.vectors.milvus.layouts``, layout ``cosine``): Qdrant's
 own Cosine search returns the exact top k, and the hits' vectors, lifted as the service lifts
 them, give the float64 distances (the same numbers a copied gallery's FAISS search gives). A
 transport failure answers 503 and writes nothing.
@@ -25,11 +25,11 @@ from sqlalchemy.orm import Session
 
 from app.core.errors import conflict
 from app.core.settings import Settings
-from app.vectors import qdrant_ids
-from app.vectors.engine import SCAN_BATCH, Stored, StoredGallery, Upserted
-from app.vectors.milvus_math import no_hits, ranked_hits
-from app.vectors.qdrant_source import Connection, QdrantSource, connection, reachable
-from app.vectors.source_rules import AttachedSearcher
+from app.vectors import attached_ids
+from app.vectors.attached import AttachedSearcher, ReadOnlyStorage
+from app.vectors.engine import SCAN_BATCH, Stored, StoredGallery
+from app.vectors.qdrant.source import Connection, QdrantSource, connection, reachable
+from app.vectors.rerank import no_hits, ranked_hits
 
 # Points per retrieve or scroll request, and queries per batched search request.
 READ_BATCH = 1024
@@ -108,33 +108,33 @@ def read_only(gallery_id: str) -> Exception:
     )
 
 
-class QdrantVectorStorage:
+class QdrantVectorStorage(ReadOnlyStorage[QdrantSource]):
     name = "qdrant"
 
-    def __init__(self, settings: Settings) -> None:
-        self.settings = settings
-
-    def _source(self, gallery: StoredGallery) -> QdrantSource:
+    def source(self, gallery: StoredGallery) -> QdrantSource:
         return QdrantSource.of(gallery.source or {})
+
+    def refusal(self, gallery_id: str) -> Exception:
+        return read_only(gallery_id)
 
     def _vectors(self, gallery: StoredGallery, records: Sequence[Any]) -> np.ndarray:
         """The records' vectors (the source's named one, else the unnamed one), n × dim. A
         point of an unnamed collection comes back as a dict (``""`` and the others) once an
         in-place migration has given it a named vector too."""
-        name = self._source(gallery).vector
+        name = self.source(gallery).vector
         rows = [r.vector[name or ""] if isinstance(r.vector, dict) else r.vector for r in records]
         return np.asarray(rows, dtype=np.float32).reshape(len(rows), gallery.dim)
 
     def _with_vectors(self, gallery: StoredGallery) -> bool | list[str]:
-        name = self._source(gallery).vector
+        name = self.source(gallery).vector
         return [name] if name is not None else True
 
     def _retrieve(
         self, gallery: StoredGallery, item_ids: Sequence[str], vectors: bool
     ) -> dict[str, Any]:
         """item id → record, for the asked ids that name a point of the collection."""
-        source = self._source(gallery)
-        points = [(item, qdrant_ids.point_of(item)) for item in item_ids]
+        source = self.source(gallery)
+        points = [(item, attached_ids.point_of(item)) for item in item_ids]
         wanted = [point for _, point in points if point is not None]
         found: dict[str, Any] = {}
         conn = connection(self.settings, source)
@@ -146,50 +146,27 @@ class QdrantVectorStorage:
                     with_payload=False,
                     with_vectors=self._with_vectors(gallery) if vectors else False,
                 )
-            found.update({qdrant_ids.item_id(r.id): r for r in records})
+            found.update({attached_ids.item_id(r.id): r for r in records})
         return found
-
-    def upsert(
-        self,
-        session: Session,
-        gallery: StoredGallery,
-        item_ids: Sequence[str],
-        vectors: np.ndarray,
-        labels: Sequence[str | None],
-        metadata: Sequence[dict[str, Any] | None],
-    ) -> Upserted:
-        raise read_only(gallery.id)
-
-    def delete(
-        self, session: Session, gallery: StoredGallery, item_ids: Sequence[str]
-    ) -> np.ndarray:
-        raise read_only(gallery.id)
 
     def lookup(
         self, session: Session, gallery: StoredGallery, item_ids: Sequence[str]
     ) -> dict[str, tuple[int, str | None]]:
         found = self._retrieve(gallery, item_ids, vectors=False)
-        return {item: (qdrant_ids.internal_of(found[item].id), None) for item in found}
+        return {item: (attached_ids.internal_of(found[item].id), None) for item in found}
 
     def fetch(self, session: Session, gallery: StoredGallery, item_ids: Sequence[str]) -> Stored:
         found = self._retrieve(gallery, item_ids, vectors=True)
         present = [item for item in item_ids if item in found]
         records = [found[item] for item in present]
-        ids = np.array([qdrant_ids.internal_of(r.id) for r in records], dtype=np.int64)
+        ids = np.array([attached_ids.internal_of(r.id) for r in records], dtype=np.int64)
         n = len(present)
         return Stored(present, ids, self._vectors(gallery, records), [None] * n, [None] * n)
 
-    def names(
-        self, session: Session, gallery: StoredGallery, ids: Sequence[int]
-    ) -> dict[int, tuple[str, str | None]]:
-        # Plain ids are named without asking Qdrant: the callers name ids a search or scan of
-        # the collection has just returned.
-        return {i: (item, None) for i, item in qdrant_ids.names(session, gallery.id, ids).items()}
-
     def _scroll(self, gallery: StoredGallery, vectors: bool, batch: int) -> Iterator[list[Any]]:
         with_vectors = self._with_vectors(gallery) if vectors else False
-        for records in scroll(self.settings, self._source(gallery), batch, vectors=with_vectors):
-            qdrant_ids.remember(gallery.id, [r.id for r in records])
+        for records in scroll(self.settings, self.source(gallery), batch, vectors=with_vectors):
+            attached_ids.remember(gallery.id, [r.id for r in records])
             yield records
 
     def scan(
@@ -198,10 +175,10 @@ class QdrantVectorStorage:
         """Every point, in batches, each ascending by internal id (plain ids come in ascending
         order across batches; mapped ones follow Qdrant's order, not the hash's)."""
         for records in self._scroll(gallery, vectors=True, batch=min(batch, READ_BATCH)):
-            ids = np.array([qdrant_ids.internal_of(r.id) for r in records], dtype=np.int64)
+            ids = np.array([attached_ids.internal_of(r.id) for r in records], dtype=np.int64)
             order = np.argsort(ids, kind="stable")
             vectors = self._vectors(gallery, records)[order]
-            items = [qdrant_ids.item_id(records[i].id) for i in order.tolist()]
+            items = [attached_ids.item_id(records[i].id) for i in order.tolist()]
             n = len(items)
             yield Stored(items, ids[order], vectors, [None] * n, [None] * n)
 
@@ -212,21 +189,14 @@ class QdrantVectorStorage:
     def all_ids(self, session: Session, gallery: StoredGallery) -> np.ndarray:
         parts = [np.zeros(0, dtype=np.int64)]
         for records in self.scroll_ids(gallery):
-            parts.append(np.array([qdrant_ids.internal_of(r.id) for r in records], np.int64))
+            parts.append(np.array([attached_ids.internal_of(r.id) for r in records], np.int64))
         return np.sort(np.concatenate(parts))
-
-    def count(self, session: Session, gallery: StoredGallery) -> int:
-        return self.points(gallery)
 
     def points(self, gallery: StoredGallery) -> int:
         """Points in the collection now."""
-        source = self._source(gallery)
+        source = self.source(gallery)
         with reachable(source), connection(self.settings, source).use() as client:
             return int(client.count(source.collection, exact=True).count)
-
-    def drop(self, gallery_id: str) -> None:
-        """Detaching leaves the collection as it is: the gallery's row (and its id map) is all
-        the service had."""
 
 
 class QdrantSearcher(AttachedSearcher[QdrantVectorStorage]):
@@ -247,7 +217,7 @@ class QdrantSearcher(AttachedSearcher[QdrantVectorStorage]):
         the points lacking that named vector (a mixed search's old list leaves the
         re-embedded points to their own vector's search; Qdrant filters, no overfetch)."""
         gallery = self._gallery
-        source = self._storage._source(gallery)
+        source = self._storage.source(gallery)
         queries = np.asarray(queries, dtype=np.float64).reshape(-1, self.dim)
         ids, distances, points = no_hits(len(queries), k, self.dim)
         conn = connection(self._storage.settings, source)
@@ -284,8 +254,8 @@ class QdrantSearcher(AttachedSearcher[QdrantVectorStorage]):
                 hits = past_ties(asker(source, conn, request, part[offset]), answer.points, k)
                 if not hits:
                     continue
-                qdrant_ids.remember(gallery.id, [h.id for h in hits])
-                hit_ids = np.array([qdrant_ids.internal_of(h.id) for h in hits], dtype=np.int64)
+                attached_ids.remember(gallery.id, [h.id for h in hits])
+                hit_ids = np.array([attached_ids.internal_of(h.id) for h in hits], dtype=np.int64)
                 vectors = self._storage._vectors(gallery, hits)
                 at, dist, found = ranked_hits(
                     part[offset], vectors, gallery.lift_scale, gallery.lift_curv, k, ids=hit_ids

@@ -1,7 +1,7 @@
 """Document texts and in-place vectors of an attached Qdrant collection's points, for a two-stage
 search and a re-embed job on it (issue 43, item 2): the texts come from a payload key the attach
 named (``source.text_field``), the model's vectors from the in-place migration's named vector
-(``app.vectors.qdrant_named``). One ``retrieve`` per batch of ``READ_BATCH`` points each.
+(``app.vectors.qdrant.named``). One ``retrieve`` per batch of ``READ_BATCH`` points each.
 
 Qdrant has no payload schema: a key is "in the collection" when points carry it. The attach
 checks with one ``scroll`` of limit 1 filtered to points whose key is present and not empty: a
@@ -21,10 +21,10 @@ from qdrant_client import models
 
 from app.core.errors import Problem, invalid
 from app.core.settings import Settings
-from app.vectors import qdrant_ids
+from app.vectors import attached_ids
 from app.vectors.engine import StoredGallery
-from app.vectors.qdrant_source import QdrantSource, connection, is_unreachable, reachable
-from app.vectors.qdrant_storage import READ_BATCH, QdrantVectorStorage
+from app.vectors.qdrant.source import QdrantSource, connection, is_unreachable, reachable
+from app.vectors.qdrant.storage import READ_BATCH, QdrantVectorStorage
 
 
 def check_text_field(settings: Settings, source: QdrantSource) -> None:
@@ -70,8 +70,8 @@ def _retrieve(
     payload: list[str] | bool = False,
     vectors: list[str] | bool = False,
 ) -> list[Any]:
-    source = storage._source(gallery)
-    points = [p for p in (qdrant_ids.point_of(item) for item in item_ids) if p is not None]
+    source = storage.source(gallery)
+    points = [p for p in (attached_ids.point_of(item) for item in item_ids) if p is not None]
     conn = connection(storage.settings, source)
     out: list[Any] = []
     for start in range(0, len(points), READ_BATCH):
@@ -96,7 +96,7 @@ def read_texts(
     for record in _retrieve(storage, gallery, item_ids, payload=[field]):
         text = (record.payload or {}).get(field)
         if isinstance(text, str) and text.strip():
-            out[qdrant_ids.item_id(record.id)] = text
+            out[attached_ids.item_id(record.id)] = text
     return out
 
 
@@ -108,6 +108,6 @@ def read_vectors(
     for record in _retrieve(storage, gallery, item_ids, vectors=[name]):
         vector = record.vector.get(name) if isinstance(record.vector, dict) else None
         if vector is not None:
-            items.append(qdrant_ids.item_id(record.id))
+            items.append(attached_ids.item_id(record.id))
             rows.append(vector)
     return items, np.asarray(rows, dtype=np.float32).reshape(len(items), -1)

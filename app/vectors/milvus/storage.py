@@ -30,8 +30,8 @@ from sqlalchemy.orm import Session
 
 from app.core.settings import Settings
 from app.vectors.engine import SCAN_BATCH, Stored, StoredGallery, Upserted
-from app.vectors.milvus_engine import GalleryLayout, MilvusEngine, MilvusGallery, StoredRows
-from app.vectors.milvus_math import choose_layout
+from app.vectors.milvus.engine import MilvusEngine, MilvusGallery, StoredRows
+from app.vectors.milvus.layouts import GalleryLayout, choose_layout
 from app.vectors.points import lifted_points
 
 COLLECTION_PREFIX = "nobackfill_"

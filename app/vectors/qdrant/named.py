@@ -26,11 +26,11 @@ from qdrant_client import models
 from app.core.errors import conflict
 from app.core.settings import Settings
 from app.ml.backfill.mixed import unit_rows
-from app.vectors import qdrant_ids
+from app.vectors import attached_ids
 from app.vectors.engine import StoredGallery
 from app.vectors.lorentz_rows import best_by_id
-from app.vectors.qdrant_source import MIGRATION_PREFIX, QdrantSource, connection, reachable
-from app.vectors.qdrant_storage import (
+from app.vectors.qdrant.source import MIGRATION_PREFIX, QdrantSource, connection, reachable
+from app.vectors.qdrant.storage import (
     READ_BATCH,
     SEARCH_BATCH,
     QdrantVectorStorage,
@@ -57,7 +57,7 @@ def vector_params(
     storage: QdrantVectorStorage, gallery: StoredGallery, name: str
 ) -> models.VectorParams | None:
     """The named vector's parameters, None when the collection has no such vector."""
-    source = storage._source(gallery)
+    source = storage.source(gallery)
     with reachable(source), connection(storage.settings, source).use() as client:
         vectors = client.get_collection(source.collection).config.params.vectors
     return _named(vectors).get(name)
@@ -70,7 +70,7 @@ def ensure_vector(
     a vector of that name exists with another shape (not the service's to change)."""
     existing = vector_params(storage, gallery, name)
     if existing is None:
-        source = storage._source(gallery)
+        source = storage.source(gallery)
         config = models.DenseVectorNameConfig(
             dense=models.DenseVectorConfig(size=dim, distance=models.Distance.COSINE)
         )
@@ -90,12 +90,12 @@ def write(
     gallery: StoredGallery,
     name: str,
     model_id: str,
-    points: Sequence[qdrant_ids.PointId],
+    points: Sequence[attached_ids.PointId],
     features: np.ndarray,
     written_at: str,
 ) -> None:
     """The named vector of ``points`` (rows of ``features``) and their provenance."""
-    source = storage._source(gallery)
+    source = storage.source(gallery)
     conn = connection(storage.settings, source)
     for start in range(0, len(points), READ_BATCH):
         part = list(points[start : start + READ_BATCH])
@@ -162,7 +162,7 @@ def search_vector(
     vector, best first (ids −1 padded). The cosines are recomputed from the hits' vectors in
     float32 as the service's own scan of re-embedded features computes them, so the merge
     scores a hit the same wherever its features are kept."""
-    source = storage._source(gallery)
+    source = storage.source(gallery)
     conn = connection(storage.settings, source)
     queries = unit_rows(features)
     nq = len(queries)
@@ -184,8 +184,8 @@ def search_vector(
             hits = past_ties(asker(source, conn, request, part[offset]), answer.points, k)
             if not hits:
                 continue
-            qdrant_ids.remember(gallery.id, [h.id for h in hits])
-            hit_ids = np.array([qdrant_ids.internal_of(h.id) for h in hits], dtype=np.int64)
+            attached_ids.remember(gallery.id, [h.id for h in hits])
+            hit_ids = np.array([attached_ids.internal_of(h.id) for h in hits], dtype=np.int64)
             found = unit_rows(np.asarray([h.vector[name] for h in hits], dtype=np.float32))
             best, scores = best_by_id(hit_ids[None], (found @ part[offset])[None], k)
             row = start + offset

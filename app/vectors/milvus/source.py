@@ -1,11 +1,11 @@
 """A Milvus collection attached as a gallery's source: where it is, one client per place, and
-what the service may open — the Milvus twin of ``app.vectors.qdrant_source``.
+what the service may open — the Milvus twin of ``app.vectors.qdrant.source``.
 
 A gallery with ``vector_storage = "milvus_attached"`` keeps no vector of its own: its ``source``
 (a JSON column) names a Milvus server (``uri`` an http(s) URL) or a milvus-lite file (``uri`` a
 path ending in ``.db``), the collection, its primary-key field (INT64 or VARCHAR: the item ids)
 and its FLOAT_VECTOR field, indexed for COSINE. The service only reads it
-(``app.vectors.milvus_attach.AttachedCollection``).
+(``app.vectors.milvus.attach.AttachedCollection``).
 
 Multi-tenant rules (``app.vectors.source_rules``), checked on attach and again on every open:
 
@@ -40,8 +40,8 @@ from pymilvus.exceptions import MilvusException
 from app.core.errors import Problem, invalid, unavailable
 from app.core.settings import Settings
 from app.vectors import source_rules
-from app.vectors.milvus_attach import AttachedCollection, AttachError
-from app.vectors.milvus_engine import PROPERTY, is_remote
+from app.vectors.milvus.attach import AttachedCollection, AttachError
+from app.vectors.milvus.engine import PROPERTY, is_remote
 from app.vectors.source_rules import (
     env_secret,
     normalized_url,
@@ -51,7 +51,7 @@ from app.vectors.source_rules import (
 )
 
 # In-place migrations write a model's vectors into ``<collection><MIGRATION_INFIX><model id>``
-# (``app.vectors.milvus_sibling``): never a gallery's own collection.
+# (``app.vectors.milvus.sibling``): never a gallery's own collection.
 MIGRATION_INFIX = "__nobackfill_"
 # Seconds a client is told to wait before retrying after the collection could not be reached.
 RETRY_AFTER_S = 5
@@ -72,7 +72,7 @@ class MilvusSource:
     id_type: str | None = None  # "INT64" or "VARCHAR", learnt on attach
     # With a file ``uri``: the owning tenant's folder under the root (``source_rules.tenant_folder``).
     folder: str | None = None
-    # The VARCHAR field holding each row's document text (``app.vectors.milvus_texts``).
+    # The VARCHAR field holding each row's document text (``app.vectors.milvus.texts``).
     text_field: str | None = None
 
     @classmethod

@@ -3,12 +3,13 @@ written in place (issue 43, item 2): what lets a two-stage search (``app.search.
 a re-embed job (``app.migration.reembed_job``) run on an attached Qdrant or Milvus collection.
 
 The texts are read from the collection itself, in the payload key (Qdrant) or VARCHAR field
-(Milvus) the attach named (``source.text_field``; ``app.vectors.qdrant_texts``,
-``app.vectors.milvus_texts``), batched; an item whose text is missing, empty or not a string is
-left out (the callers skip and count it). The vectors embedded from them are written exactly as
-uploaded re-embedded vectors of an attached collection are (``in_place.store_in_place``: the
-model's named vector in Qdrant, its sibling collection in Milvus, and the service's counting
-rows), so plan, progress, mixed and transition searches see them as any in-place migration's.
+(Milvus) the attach named (``source.text_field``; ``app.vectors.qdrant.texts``,
+``app.vectors.milvus.texts``, through ``app.migration.in_place.read_texts``), batched; an item
+whose text is missing, empty or not a string is left out (the callers skip and count it). The
+vectors embedded from them are written exactly as uploaded re-embedded vectors of an attached
+collection are (``in_place.store_in_place``: the model's named vector in Qdrant, its sibling
+collection in Milvus, and the service's counting rows), so plan, progress, mixed and transition
+searches see them as any in-place migration's.
 A stored gallery's texts are its ``GalleryText`` rows (``app.galleries.service.item_texts``).
 """
 
@@ -24,8 +25,8 @@ from app.migration import in_place
 from app.migration.reembed import EmbeddedTexts
 from app.ml.backfill.mixed import unit_rows
 from app.models.models import TrainedModel
-from app.vectors.engine import ATTACHED, QDRANT
-from app.vectors.index_store import IndexStore
+from app.vectors.engine import ATTACHED
+from app.vectors.faiss.index_store import IndexStore
 from app.vectors.storage import session_settings
 
 
@@ -60,18 +61,7 @@ def texts_of(session: Session, gallery: Gallery, names: dict[int, str]) -> dict[
     field = text_field(gallery)
     if field is None or not names:
         return {}
-    settings = session_settings(session)
-    if gallery.vector_storage == QDRANT:
-        from app.vectors.qdrant_storage import qdrant_storage
-        from app.vectors.qdrant_texts import read_texts
-
-        found = read_texts(qdrant_storage(settings), gallery, field, list(names.values()))
-    else:
-        from app.vectors.milvus_attached import milvus_attached_storage
-        from app.vectors.milvus_texts import read_texts as read_milvus_texts
-
-        storage = milvus_attached_storage(settings)
-        found = read_milvus_texts(storage, gallery, field, list(names.values()))
+    found = in_place.read_texts(session_settings(session), gallery, field, list(names.values()))
     return {v: found[item] for v, item in names.items() if item in found}
 
 
@@ -81,25 +71,7 @@ def in_place_vectors(
     """(internal ids, unit rows) of the model's vectors the attached collection holds for the
     items ``names`` (internal id → item id): Qdrant's named vector, Milvus's sibling rows."""
     settings = session_settings(session)
-    if gallery.vector_storage == QDRANT:
-        from app.vectors import qdrant_named
-        from app.vectors.qdrant_storage import qdrant_storage
-        from app.vectors.qdrant_texts import read_vectors
-
-        storage = qdrant_storage(settings)
-        name = qdrant_named.migration_vector(model_id)
-        if qdrant_named.vector_params(storage, gallery, name) is None:
-            items, rows = [], np.zeros((0, 0), dtype=np.float32)
-        else:
-            items, rows = read_vectors(storage, gallery, name, list(names.values()))
-    else:
-        from app.vectors import milvus_sibling
-        from app.vectors.milvus_attached import milvus_attached_storage
-        from app.vectors.milvus_texts import read_vectors as read_milvus_vectors
-
-        storage = milvus_attached_storage(settings)
-        name = milvus_sibling.migration_collection(storage.source(gallery).collection, model_id)
-        items, rows = read_milvus_vectors(storage, gallery, name, list(names.values()))
+    items, rows = in_place.read_vectors(settings, gallery, model_id, list(names.values()))
     internal = {item: v for v, item in names.items()}
     ids = np.asarray([internal[item] for item in items], dtype=np.int64)
     return ids, (unit_rows(rows) if len(items) else rows)

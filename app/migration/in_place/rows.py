@@ -1,5 +1,5 @@
 """What an in-place migration of any attached collection (Qdrant: ``app.migration.in_place``;
-Milvus: ``app.migration.in_place_milvus``) does on the service's side: refuse ids that can name no
+Milvus: ``app.migration.in_place.milvus``) does on the service's side: refuse ids that can name no
 point, and count the items written under the upload's locks (one ``ReembeddedVector`` row each,
 ``features`` NULL: the collection holds the vectors), reporting those skipped."""
 
@@ -14,7 +14,7 @@ from app.core.errors import FieldError, invalid_fields
 from app.galleries.models import Gallery
 from app.migration.reembed import locked_upload, reembedded_count, replace_rows
 from app.models.models import TrainedModel
-from app.vectors.index_store import IndexStore
+from app.vectors.faiss.index_store import IndexStore
 
 
 def refuse_unnamed(ids: list[str], point_of: Callable[[str], object], what: str) -> None:

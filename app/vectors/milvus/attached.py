@@ -1,12 +1,12 @@
 """An attached Milvus collection behind the vector-storage interface, read-only, and its search —
-the Milvus twin of ``app.vectors.qdrant_storage``.
+the Milvus twin of ``app.vectors.qdrant.storage``.
 
-The gallery's vectors are the collection's rows (``app.vectors.milvus_source`` says where);
+The gallery's vectors are the collection's rows (``app.vectors.milvus.source`` says where);
 the service never writes to the collection: ``upsert`` and ``delete`` refuse (the galleries
 service refuses before them, with the same answer). Reads go to Milvus on every call, with
 Strong consistency, so the API process holds nothing per gallery, and a row added or removed by
 the collection's owner is seen at once. Item ids are the primary keys as strings (the INT64 key
-in decimal, the VARCHAR key itself); internal ids come from ``app.vectors.qdrant_ids``, whose
+in decimal, the VARCHAR key itself); internal ids come from ``app.vectors.attached_ids``, whose
 mapping and table serve every attached engine.
 
 Search (``MilvusAttachedSearcher``): an attached gallery is a cosine gallery, whose points all
@@ -27,13 +27,13 @@ from sqlalchemy.orm import Session
 
 from app.core.errors import conflict
 from app.core.settings import Settings
-from app.vectors import qdrant_ids
-from app.vectors.engine import SCAN_BATCH, Stored, StoredGallery, Upserted
-from app.vectors.milvus_attach import AttachedCollection
-from app.vectors.milvus_math import no_hits, ranked_hits
-from app.vectors.milvus_search import MAX_TOPK
-from app.vectors.milvus_source import MilvusSource, connection, reachable, reader
-from app.vectors.source_rules import AttachedSearcher
+from app.vectors import attached_ids
+from app.vectors.attached import AttachedSearcher, KeyedStorage
+from app.vectors.engine import SCAN_BATCH, Stored, StoredGallery
+from app.vectors.milvus.attach import AttachedCollection
+from app.vectors.milvus.search import MAX_TOPK
+from app.vectors.milvus.source import MilvusSource, connection, reachable, reader
+from app.vectors.rerank import no_hits, ranked_hits
 
 # Rows per query page, and queries per search request.
 READ_BATCH = 1024
@@ -50,44 +50,23 @@ def read_only(gallery_id: str) -> Exception:
 
 
 # The primary key an item id names (shared with the other attached engines).
-point_of = qdrant_ids.key_of
+point_of = attached_ids.key_of
 
 
-class MilvusAttachedStorage:
+class MilvusAttachedStorage(KeyedStorage[MilvusSource]):
     name = "milvus_attached"
-
-    def __init__(self, settings: Settings) -> None:
-        self.settings = settings
 
     def source(self, gallery: StoredGallery) -> MilvusSource:
         return MilvusSource.of(gallery.source or {})
+
+    def refusal(self, gallery_id: str) -> Exception:
+        return read_only(gallery_id)
 
     def collection(self, gallery: StoredGallery) -> tuple[MilvusSource, Any, AttachedCollection]:
         """(source, its connection, a reader of the gallery's collection)."""
         source = self.source(gallery)
         conn = connection(self.settings, source)
         return source, conn, reader(conn, source, gallery.dim)
-
-    def _keys(self, gallery: StoredGallery, item_ids: Sequence[str]) -> list[int | str]:
-        string_ids = self.source(gallery).string_ids
-        keys = (point_of(item, string_ids) for item in item_ids)
-        return [key for key in keys if key is not None]
-
-    def upsert(
-        self,
-        session: Session,
-        gallery: StoredGallery,
-        item_ids: Sequence[str],
-        vectors: np.ndarray,
-        labels: Sequence[str | None],
-        metadata: Sequence[dict[str, Any] | None],
-    ) -> Upserted:
-        raise read_only(gallery.id)
-
-    def delete(
-        self, session: Session, gallery: StoredGallery, item_ids: Sequence[str]
-    ) -> np.ndarray:
-        raise read_only(gallery.id)
 
     def lookup(
         self, session: Session, gallery: StoredGallery, item_ids: Sequence[str]
@@ -96,23 +75,18 @@ class MilvusAttachedStorage:
         with reachable(source), conn.use():
             found = rows.existing(self._keys(gallery, item_ids))
         return {
-            qdrant_ids.item_id(key): (qdrant_ids.internal_of(key), None) for key in sorted(found)
+            attached_ids.item_id(key): (attached_ids.internal_of(key), None)
+            for key in sorted(found)
         }
 
     def fetch(self, session: Session, gallery: StoredGallery, item_ids: Sequence[str]) -> Stored:
         source, conn, rows = self.collection(gallery)
         with reachable(source), conn.use():
             keys, vectors = rows.fetch_vectors(self._keys(gallery, item_ids))
-        ids = np.array([qdrant_ids.internal_of(k) for k in keys], dtype=np.int64)
-        items = [qdrant_ids.item_id(k) for k in keys]
+        ids = np.array([attached_ids.internal_of(k) for k in keys], dtype=np.int64)
+        items = [attached_ids.item_id(k) for k in keys]
         n = len(items)
         return Stored(items, ids, vectors, [None] * n, [None] * n)
-
-    def names(
-        self, session: Session, gallery: StoredGallery, ids: Sequence[int]
-    ) -> dict[int, tuple[str, str | None]]:
-        # Named without asking Milvus: the callers name ids a search or scan has just returned.
-        return {i: (item, None) for i, item in qdrant_ids.names(session, gallery.id, ids).items()}
 
     def _pages(
         self, gallery: StoredGallery, vectors: bool, batch: int, only: str = ""
@@ -124,7 +98,7 @@ class MilvusAttachedStorage:
                 page = next(pages, None)
             if page is None:
                 return
-            qdrant_ids.remember(gallery.id, [row[source.id_field] for row in page])
+            attached_ids.remember(gallery.id, [row[source.id_field] for row in page])
             yield page
 
     def scan(
@@ -134,10 +108,10 @@ class MilvusAttachedStorage:
         source = self.source(gallery)
         for page in self._pages(gallery, vectors=True, batch=min(batch, READ_BATCH)):
             keys = [row[source.id_field] for row in page]
-            ids = np.array([qdrant_ids.internal_of(k) for k in keys], dtype=np.int64)
+            ids = np.array([attached_ids.internal_of(k) for k in keys], dtype=np.int64)
             order = np.argsort(ids, kind="stable")
             vectors = np.asarray([page[i][source.vector_field] for i in order.tolist()], np.float32)
-            items = [qdrant_ids.item_id(keys[i]) for i in order.tolist()]
+            items = [attached_ids.item_id(keys[i]) for i in order.tolist()]
             n = len(items)
             yield Stored(items, ids[order], vectors.reshape(n, gallery.dim), [None] * n, [None] * n)
 
@@ -149,33 +123,26 @@ class MilvusAttachedStorage:
 
     def mapped_keys(self, gallery: StoredGallery) -> Iterator[list[int | str]]:
         """The primary keys that are not their own internal id, in pages (the attach records
-        them, ``qdrant_ids.record``): every VARCHAR key, and of INT64 keys only those outside
+        them, ``attached_ids.record``): every VARCHAR key, and of INT64 keys only those outside
         [0, 2⁶²), found by a filter rather than by reading every key (a million-row collection
         is paged through in minutes by milvus-lite)."""
         source = self.source(gallery)
         field = source.id_field
-        only = "" if source.string_ids else f"{field} < 0 or {field} >= {qdrant_ids.PLAIN_LIMIT}"
+        only = "" if source.string_ids else f"{field} < 0 or {field} >= {attached_ids.PLAIN_LIMIT}"
         for page in self._pages(gallery, vectors=False, batch=10 * READ_BATCH, only=only):
             yield [row[field] for row in page]
 
     def all_ids(self, session: Session, gallery: StoredGallery) -> np.ndarray:
         parts = [np.zeros(0, dtype=np.int64)]
         for keys in self.scroll_keys(gallery):
-            parts.append(np.array([qdrant_ids.internal_of(k) for k in keys], np.int64))
+            parts.append(np.array([attached_ids.internal_of(k) for k in keys], np.int64))
         return np.sort(np.concatenate(parts))
-
-    def count(self, session: Session, gallery: StoredGallery) -> int:
-        return self.points(gallery)
 
     def points(self, gallery: StoredGallery) -> int:
         """Rows in the collection now."""
         source, conn, rows = self.collection(gallery)
         with reachable(source), conn.use():
             return rows.count()
-
-    def drop(self, gallery_id: str) -> None:
-        """Detaching leaves the collection as it is: the gallery's row (and its id map) is all
-        the service had."""
 
 
 class MilvusAttachedSearcher(AttachedSearcher[MilvusAttachedStorage]):
@@ -212,8 +179,8 @@ class MilvusAttachedSearcher(AttachedSearcher[MilvusAttachedStorage]):
                 if not hits:
                     continue
                 keys = [key for key, _ in hits]
-                qdrant_ids.remember(gallery.id, keys)
-                hit_ids = np.array([qdrant_ids.internal_of(key) for key in keys], dtype=np.int64)
+                attached_ids.remember(gallery.id, keys)
+                hit_ids = np.array([attached_ids.internal_of(key) for key in keys], dtype=np.int64)
                 vectors = np.stack([vector for _, vector in hits])
                 at, dist, found = ranked_hits(
                     part[offset], vectors, gallery.lift_scale, gallery.lift_curv, k, ids=hit_ids

@@ -1,6 +1,6 @@
 """An in-place migration's vectors beside an attached Milvus collection: the re-embedded items'
 new features in a sibling collection ``<collection>__nobackfill_<model id>`` of the same
-deployment, keyed by the same primary keys — the Milvus twin of ``app.vectors.qdrant_named``.
+deployment, keyed by the same primary keys — the Milvus twin of ``app.vectors.qdrant.named``.
 
 Why a sibling collection and not a second vector field of the owner's rows (what Qdrant gets):
 Milvus adds fields to a live collection only through ``add_collection_field``, which milvus-lite
@@ -19,7 +19,7 @@ features, FLAT-indexed for COSINE: exact, and the sibling holds only the re-embe
 
 What the sibling cannot do by itself is follow the owner's deletes: a row the owner deletes
 keeps its sibling row. So every use checks against the owner's collection: a write keeps only
-the keys still present after it (``app.migration.in_place_milvus``), and a search of the sibling
+the keys still present after it (``app.migration.in_place.milvus``), and a search of the sibling
 over-fetches and drops hits whose owner row is gone (``search_vector``). The old list of a mixed
 search leaves out every key the sibling holds (``keys``), so the two lists never overlap; that
 filter lists every re-embedded key in the search expression, read from the sibling per search:
@@ -37,12 +37,12 @@ from pymilvus import DataType
 from app.core.errors import conflict
 from app.core.settings import Settings
 from app.ml.backfill.mixed import unit_rows
+from app.vectors.attached_ids import internal_of, remember
 from app.vectors.engine import StoredGallery
-from app.vectors.milvus_attach import AttachedCollection
-from app.vectors.milvus_attached import READ_BATCH, SEARCH_BATCH, MilvusAttachedStorage
-from app.vectors.milvus_search import MAX_TOPK
-from app.vectors.milvus_source import MIGRATION_INFIX, MilvusSource, connection, reachable
-from app.vectors.qdrant_ids import internal_of, remember
+from app.vectors.milvus.attach import AttachedCollection
+from app.vectors.milvus.attached import READ_BATCH, SEARCH_BATCH, MilvusAttachedStorage
+from app.vectors.milvus.search import MAX_TOPK
+from app.vectors.milvus.source import MIGRATION_INFIX, MilvusSource, connection, reachable
 
 log = logging.getLogger(__name__)
 KEY, VECTOR, MODEL, WRITTEN = "id", "vector", "model_id", "written_at"

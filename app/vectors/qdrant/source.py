@@ -45,7 +45,7 @@ from app.vectors.source_rules import (
 # The local-mode folder's catalogue: a folder without it is not a Qdrant folder (and the client
 # would create one there).
 LOCAL_META = "meta.json"
-# Named vectors the in-place migration writes (``app.vectors.qdrant_named``): never a
+# Named vectors the in-place migration writes (``app.vectors.qdrant.named``): never a
 # gallery's own vector.
 MIGRATION_PREFIX = "nobackfill_"
 # Seconds a client is told to wait before retrying after the collection could not be reached.
@@ -61,7 +61,7 @@ class QdrantSource:
     api_key_env: str | None = None
     # With ``path``: the owning tenant's folder under the root (``source_rules.tenant_folder``).
     folder: str | None = None
-    # The payload key holding each point's document text (``app.vectors.qdrant_texts``).
+    # The payload key holding each point's document text (``app.vectors.qdrant.texts``).
     text_field: str | None = None
 
     @classmethod

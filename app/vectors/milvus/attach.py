@@ -6,7 +6,7 @@ maps the query into the collection's space first (a trained model's transform) a
 The reader exposes no write and never changes the collection's state: it neither creates indexes
 nor loads a released collection (loading claims the owner's memory), it refuses instead.
 
-An attached gallery (``app.vectors.milvus_source`` checks the place, ``app.vectors.milvus_attached``
+An attached gallery (``app.vectors.milvus.source`` checks the place, ``app.vectors.milvus.attached``
 serves it as a gallery's storage) reads through this class: checked once on attach, then built
 per request from what was checked (``known``), with every read at Strong consistency so that the
 owner's writes are seen.
@@ -20,8 +20,8 @@ from typing import Any
 import numpy as np
 from pymilvus import DataType, MilvusClient
 
-from app.vectors.milvus_engine import connect, id_literal
-from app.vectors.milvus_search import MAX_TOPK
+from app.vectors.milvus.engine import connect, id_literal
+from app.vectors.milvus.search import MAX_TOPK
 
 METRICS = ("L2", "IP", "COSINE")
 ID_TYPES = (DataType.INT64, DataType.VARCHAR)

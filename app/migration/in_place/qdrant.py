@@ -1,9 +1,9 @@
 """Partial backfill of an attached Qdrant collection, in place (issue 27, item 2); an attached
-Milvus collection's goes through ``app.migration.in_place_milvus``, which shares the counting
-(``store_written``) and the merge.
+Milvus collection's is ``app.migration.in_place.milvus``, which shares the counting
+(``rows.store_written``) and the merge; ``app.migration.in_place`` picks one by the gallery.
 
 Re-embedded items are written into the user's collection as a named vector of their own points
-(``app.vectors.qdrant_named``), not into the service's store: the service keeps one row per item
+(``app.vectors.qdrant.named``), not into the service's store: the service keeps one row per item
 (``ReembeddedVector`` with ``features`` NULL) so that the plan, progress and deletes count them as
 they count any gallery's. Mixed and transition searches run one Qdrant search per vector
 (``search_lists``) and go through the same merge as every other gallery
@@ -19,7 +19,6 @@ an error: the owner may delete points at any time.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
@@ -27,29 +26,19 @@ from sqlalchemy.orm import Session
 
 from app.core.db import utcnow
 from app.core.errors import Problem, conflict
+from app.core.settings import Settings
 from app.galleries.models import Gallery
-from app.migration.in_place_rows import refuse_unnamed, store_written
+from app.migration.in_place.rows import refuse_unnamed, store_written
 from app.migration.mixed_search import Lists
 from app.migration.reembed import reembedded_count
 from app.models.models import TrainedModel
-from app.vectors import qdrant_ids, qdrant_named
-from app.vectors.engine import ATTACHED_MILVUS, ATTACHED_PGVECTOR, QDRANT
-from app.vectors.index_store import IndexStore
-from app.vectors.qdrant_source import QdrantSource
-from app.vectors.qdrant_storage import QdrantSearcher, QdrantVectorStorage, qdrant_storage
+from app.vectors import attached_ids
+from app.vectors.faiss.index_store import IndexStore
+from app.vectors.qdrant import named as qdrant_named
+from app.vectors.qdrant import texts as qdrant_texts
+from app.vectors.qdrant.source import QdrantSource
+from app.vectors.qdrant.storage import QdrantSearcher, QdrantVectorStorage, qdrant_storage
 from app.vectors.storage import session_settings
-
-
-def refuse_pgvector(gallery: Gallery, what: str) -> None:
-    """409 for ``what`` on an attached pgvector table: the service writes nothing into it yet
-    (an in-place migration's ``vector(D)`` column per model is not built), so neither
-    re-embedded items nor the searches that embed texts into them have a place."""
-    if gallery.vector_storage == ATTACHED_PGVECTOR:
-        raise conflict(
-            f"{what} stores re-embedded vectors in the attached collection, and gallery "
-            f"{gallery.id} is a pgvector table, which has no in-place migration yet: search it "
-            "old→old or through a trained model's bridge (a transition search)"
-        )
 
 
 def store_in_place(
@@ -60,16 +49,11 @@ def store_in_place(
     upload: tuple[list[str], np.ndarray],
 ) -> dict[str, Any]:
     """Write an upload (ids and features, as ``reembed.checked_features`` returns them) as the
-    model's named vector of those points (a Milvus collection: ``in_place_milvus``), and count
+    model's named vector of those points, and count
     them. Ids that cannot name a point answer 422 (nothing written); points no longer in the
     collection are skipped and listed under ``skipped``."""
-    refuse_pgvector(gallery, "an upload of re-embedded items")
-    if gallery.vector_storage == ATTACHED_MILVUS:
-        from app.migration import in_place_milvus
-
-        return in_place_milvus.store_in_place(session, store, gallery, row, upload)
     ids, matrix = upload
-    refuse_unnamed(ids, qdrant_ids.point_of, "an integer or a UUID")
+    refuse_unnamed(ids, attached_ids.point_of, "an integer or a UUID")
     storage = qdrant_storage(session_settings(session))
     name = qdrant_named.migration_vector(row.id)
     return store_written(
@@ -107,7 +91,7 @@ def _write_present(
                 gallery,
                 name,
                 model_id,
-                [qdrant_ids.point_of(ids[n]) for n in kept],
+                [attached_ids.point_of(ids[n]) for n in kept],
                 matrix[kept],
                 written_at,
             )
@@ -134,12 +118,6 @@ def search_lists(
     is re-embedded for the model. 409 when the rows count re-embedded items but the collection
     lost their vector (its owner dropped it): the old vector alone would answer for items meant
     to be scored in the new space, unmerged."""
-    if gallery.vector_storage == ATTACHED_MILVUS:
-        from app.migration import in_place_milvus
-
-        return in_place_milvus.search_lists(session, gallery, row, features, query_points, k)
-    if gallery.vector_storage == ATTACHED_PGVECTOR:
-        return None  # nothing re-embedded in place (``refuse_pgvector``): the old list alone
     if reembedded_count(session, gallery.id, row.id) == 0:
         return None
     storage = qdrant_storage(session_settings(session))
@@ -158,22 +136,27 @@ def search_lists(
     return native, (ids, dist)
 
 
-def forget_model(session: Session, gallery_ids: Iterable[str], model_id: str) -> None:
-    """After a model's re-embedded items were deleted (committed): take what the service wrote
-    for it out of the attached collections among ``gallery_ids`` (Qdrant: its named vector and
-    provenance, ``qdrant_named.forget_models``; Milvus: its sibling collection,
-    ``milvus_sibling.forget_models``). Best effort: what stays, no search reads any more."""
-    settings = session_settings(session)
-    for gallery_id in gallery_ids:
-        gallery = session.get(Gallery, gallery_id)
-        if gallery is None:
-            continue
-        if gallery.vector_storage == QDRANT:
-            source = QdrantSource.of(gallery.source or {})
-            qdrant_named.forget_models(settings, gallery.id, source, [model_id])
-        elif gallery.vector_storage == ATTACHED_MILVUS:
-            from app.vectors import milvus_sibling
-            from app.vectors.milvus_source import MilvusSource
+def forget(settings: Settings, gallery: Gallery, model_ids: list[str]) -> None:
+    """Take the models' named vectors and provenance out of the gallery's collection
+    (``qdrant_named.forget_models``; best effort)."""
+    source = QdrantSource.of(gallery.source or {})
+    qdrant_named.forget_models(settings, gallery.id, source, model_ids)
 
-            source = MilvusSource.of(gallery.source or {})
-            milvus_sibling.forget_models(settings, gallery.id, source, [model_id])
+
+def read_texts(
+    settings: Settings, gallery: Gallery, field: str, items: list[str]
+) -> dict[str, str]:
+    """Item id → document text, of the items whose point holds one in ``field``."""
+    return qdrant_texts.read_texts(qdrant_storage(settings), gallery, field, items)
+
+
+def read_vectors(
+    settings: Settings, gallery: Gallery, model_id: str, items: list[str]
+) -> tuple[list[str], np.ndarray]:
+    """(item ids, rows) of the model's named vector the items' points hold (none when the
+    collection has no such vector)."""
+    storage = qdrant_storage(settings)
+    name = qdrant_named.migration_vector(model_id)
+    if qdrant_named.vector_params(storage, gallery, name) is None:
+        return [], np.zeros((0, 0), dtype=np.float32)
+    return qdrant_texts.read_vectors(storage, gallery, name, items)

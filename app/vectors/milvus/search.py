@@ -1,7 +1,7 @@
 """Searching a Milvus gallery: candidates from the collection's index, ordered exactly.
 
 ``search`` asks Milvus for k′ candidates per query from the layout's index
-(``app.vectors.milvus_math``), fetched with their indexed rows (and the poincare layout's stored
+(``app.vectors.milvus.layouts``), fetched with their indexed rows (and the poincare layout's stored
 gap), and orders them by float64 Lorentz distance (``reranked``), so the engine's float32 scores
 never decide the final order. A k above a Milvus server's top-k cap is answered by an exact scan
 of every row instead (``scanned``). ``MilvusGallery.search`` is this module's ``search``.
@@ -11,22 +11,51 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
-from app.vectors.faiss_index import RERANK_BUDGET
-from app.vectors.milvus_math import (
-    cosine_lift,
-    exact_top_k,
+from app.vectors.lorentz_rows import cosine_lift
+from app.vectors.milvus.layouts import (
+    GalleryLayout,
     points_from_search_vectors,
     query_search_vectors,
-    rerank,
 )
-from app.vectors.milvus_results import candidate_rows
+from app.vectors.milvus.results import candidate_rows
+from app.vectors.rerank import RERANK_BUDGET, exact_top_k, rerank
 
-if TYPE_CHECKING:
-    from app.vectors.milvus_engine import GalleryLayout, MilvusGallery
+
+class Tuning(Protocol):
+    """An engine's k′ and ef factor for every layout (None: the layout's defaults)."""
+
+    @property
+    def overfetch(self) -> int | None: ...
+
+    @property
+    def ef_factor(self) -> int | None: ...
+
+
+class Searched(Protocol):
+    """What a search reads of a gallery (``app.vectors.milvus.engine.MilvusGallery`` is one):
+    declared here, so that the engine imports its search and the search never imports the
+    engine back."""
+
+    @property
+    def engine(self) -> Tuning: ...
+
+    @property
+    def layout(self) -> GalleryLayout: ...
+
+    @property
+    def client(self) -> Any: ...
+
+    @property
+    def name(self) -> str: ...
+
+    def row_batches(self, batch_size: int, fields: list[str]) -> Iterator[list[dict[str, Any]]]:
+        """The rows' ``fields`` in batches of ascending internal id."""
+        ...
+
 
 # Candidates fetched per query before the exact re-rank (k′), and the tangent layout's HNSW
 # search-time ef as a multiple of k′ (ef = factor × k′; ef < k′ would cap the candidate list).
@@ -88,7 +117,7 @@ def search_defaults(layout: str) -> tuple[int, int]:
 
 
 def search(
-    gallery: MilvusGallery,
+    gallery: Searched,
     queries: np.ndarray,
     k: int,
     *,
@@ -145,7 +174,7 @@ def search(
     )
 
 
-def scanned(gallery: MilvusGallery, queries: np.ndarray, k: int) -> SearchHits:
+def scanned(gallery: Searched, queries: np.ndarray, k: int) -> SearchHits:
     """The exact top k by a scan of every row (for k above the engine's top-k cap): each
     batch read from the collection gives its exact top k (``exact_top_k``), merged into a
     running top k by exact distance. Memory holds nq × 2k float32 points, the size of the
@@ -183,7 +212,7 @@ def gap_fields(layout: GalleryLayout) -> list[str]:
 
 
 def scan_points(
-    gallery: MilvusGallery, batch_size: int = 4096
+    gallery: Searched, batch_size: int = 4096
 ) -> Iterator[tuple[list[str], np.ndarray, Any]]:
     """(item ids, internal ids, float64 points) of every row, in batches."""
     layout = gallery.layout

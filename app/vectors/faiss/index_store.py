@@ -23,7 +23,7 @@ import numpy as np
 
 from app.core.files import write_atomically_with
 from app.core.storage import StorageHealth, is_no_space
-from app.vectors.faiss_index import LorentzIndex
+from app.vectors.faiss.index import LorentzIndex
 
 log = logging.getLogger(__name__)
 

@@ -21,6 +21,7 @@ import faiss
 import numpy as np
 import torch
 
+from app.vectors.faiss.shared_lock import SharedLock
 from app.vectors.lorentz_rows import (
     exact_distances,
     exact_distances_and_cosines,
@@ -28,8 +29,8 @@ from app.vectors.lorentz_rows import (
     lifted_queries,
     nearest_first,
 )
+from app.vectors.rerank import RERANK_BUDGET
 from app.vectors.scans import flat_scan, top_inner_products
-from app.vectors.shared_lock import SharedLock
 
 IndexKind = Literal["flat", "ivf", "hnsw"]
 INDEX_KINDS: tuple[str, ...] = ("flat", "ivf", "hnsw")
@@ -43,11 +44,6 @@ IVF_RETRAIN_GROWTH = 4
 # 2: lifted rows stored (not the space components); FAISS serialised only where its structure
 # costs more than a copy to rebuild (IVF, HNSW). Files of another format are rebuilt.
 FORMAT = 2
-# Float64 values the exact re-rank gathers at once (queries × candidates × dim): 32 MiB. The
-# distance computation holds a few arrays of that size beside it, so a search's re-rank peaks at
-# a few times this: at 2**25 (256 MiB) one search of 200 queries × k = 1,000 traced a 0.96 GiB
-# peak, and a streamed answer repeated it chunk after chunk (issue 45 item 6, the soak bench).
-RERANK_BUDGET = 2**22
 # Float64 values a candidate search's exact re-score works on at once (queries × candidates ×
 # dim): 1 MiB, blocks that stay in cache (at depth 200 and 384 dimensions a re-score of 256
 # queries in one 157 MB block cost about 4× what it costs in these).

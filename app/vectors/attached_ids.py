@@ -1,5 +1,5 @@
 """Internal ids of an attached collection's points, and back (Qdrant points; Milvus rows too,
-whose primary keys ``app.vectors.milvus_attached`` maps through the same functions and table).
+whose primary keys ``app.vectors.milvus.attached`` maps through the same functions and table).
 
 Item ids are the point ids as strings: ``"42"`` or a UUID's canonical form (Milvus: the INT64 key
 in decimal, or the VARCHAR key itself, which is always hashed). Internal ids must be

@@ -1,10 +1,10 @@
 """Partial backfill of an attached Milvus collection, in place (issue 27, item 2, Milvus).
 
 Re-embedded items are written beside the user's collection, in a sibling collection of the same
-deployment keyed by the same primary keys (``app.vectors.milvus_sibling`` says why not a vector
+deployment keyed by the same primary keys (``app.vectors.milvus.sibling`` says why not a vector
 field of the same rows), not into the service's store: the service keeps one row per item
 (``ReembeddedVector`` with ``features`` NULL) so that the plan, progress and deletes count them
-as they count any gallery's (``in_place_rows.store_written``). Mixed and transition searches run one
+as they count any gallery's (``rows.store_written``). Mixed and transition searches run one
 Milvus search per collection (``search_lists``) and go through the same merge as every other
 gallery (``app.migration.mixed_search``).
 
@@ -24,19 +24,22 @@ from sqlalchemy.orm import Session
 
 from app.core.db import utcnow
 from app.core.errors import conflict
+from app.core.settings import Settings
 from app.galleries.models import Gallery
-from app.migration.in_place_rows import refuse_unnamed, store_written
+from app.migration.in_place.rows import refuse_unnamed, store_written
 from app.migration.mixed_search import Lists
 from app.migration.reembed import reembedded_count
 from app.models.models import TrainedModel
-from app.vectors import milvus_sibling
-from app.vectors.index_store import IndexStore
-from app.vectors.milvus_attached import (
+from app.vectors.faiss.index_store import IndexStore
+from app.vectors.milvus import sibling as milvus_sibling
+from app.vectors.milvus import texts as milvus_texts
+from app.vectors.milvus.attached import (
     MilvusAttachedSearcher,
     MilvusAttachedStorage,
     milvus_attached_storage,
     point_of,
 )
+from app.vectors.milvus.source import MilvusSource
 from app.vectors.storage import session_settings
 
 
@@ -125,3 +128,26 @@ def search_lists(
         query_points, k, without=held
     )
     return native, (ids, dist)
+
+
+def forget(settings: Settings, gallery: Gallery, model_ids: list[str]) -> None:
+    """Drop the models' sibling collections beside the gallery's collection
+    (``milvus_sibling.forget_models``; best effort)."""
+    source = MilvusSource.of(gallery.source or {})
+    milvus_sibling.forget_models(settings, gallery.id, source, model_ids)
+
+
+def read_texts(
+    settings: Settings, gallery: Gallery, field: str, items: list[str]
+) -> dict[str, str]:
+    """Item id → document text, of the items whose row holds one in ``field``."""
+    return milvus_texts.read_texts(milvus_attached_storage(settings), gallery, field, items)
+
+
+def read_vectors(
+    settings: Settings, gallery: Gallery, model_id: str, items: list[str]
+) -> tuple[list[str], np.ndarray]:
+    """(item ids, rows) the model's sibling collection holds for the items."""
+    storage = milvus_attached_storage(settings)
+    name = milvus_sibling.migration_collection(storage.source(gallery).collection, model_id)
+    return milvus_texts.read_vectors(storage, gallery, name, items)
