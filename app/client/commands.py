@@ -358,16 +358,30 @@ def upgrade_cancel(client: Client, args: argparse.Namespace) -> int:
     return 0
 
 
+# Steps of the whole-job bar (``job_fraction`` × this).
+BAR_STEPS = 1000
+
+
 def progress_text(progress: dict[str, Any]) -> str:
-    """The job's ``progress`` in words: phase, candidate, epoch/epochs, loss, ETA (each when
-    the server reports it)."""
+    """The job's ``progress`` in words: phase, candidate (with its trial and stage), epoch/epochs,
+    loss, the whole job's share done, ETA (each when the server reports it)."""
     parts = [str(progress[k]) for k in ("phase", "candidate") if progress.get(k)]
+    if progress.get("candidate") and isinstance(progress.get("trial"), int):
+        trial = f"trial {progress['trial']}"
+        if isinstance(progress.get("trials"), int):
+            trial += f"/{progress['trials']}"
+        if isinstance(progress.get("stage"), str):
+            trial += f" ({progress['stage']})"
+        parts.append(trial)
     if isinstance(progress.get("total"), int) and "done" in progress:
         parts.append(f"{progress['done']}/{progress['total']} items")
     if progress.get("epochs"):
         parts.append(f"epoch {progress.get('epoch', 0)}/{progress['epochs']}")
     if isinstance(progress.get("loss"), int | float):
         parts.append(f"loss {progress['loss']:.4g}")
+    share = progress.get("job_fraction")
+    if isinstance(share, int | float) and not isinstance(share, bool):
+        parts.append(f"{share:.0%} of the job")
     if isinstance(progress.get("eta_s"), int | float):
         parts.append(f"ETA {progress['eta_s']:.0f} s")
     return ", ".join(parts)
@@ -433,9 +447,14 @@ def _follow_with_bar(
         def update(job: dict[str, Any]) -> None:
             progress = job.get("progress") or {}
             info = progress_text(progress) or job["status"]
+            share = progress.get("job_fraction")
             if isinstance(progress.get("total"), int) and "done" in progress:  # items
                 bar.update(task, total=progress["total"] or None, completed=progress["done"])
-            else:  # epochs of the trial in training
+            elif isinstance(share, int | float) and not isinstance(share, bool):
+                # The whole job's share done (every candidate and trial of an auto upgrade):
+                # one bar that never goes back; the candidate and its trial are in ``info``.
+                bar.update(task, total=BAR_STEPS, completed=round(BAR_STEPS * min(share, 1.0)))
+            else:  # a single training's epochs (jobs that report no share of the whole)
                 bar.update(task, total=progress.get("epochs") or None)
                 bar.update(task, completed=progress.get("epoch", 0))
             bar.update(task, info=info)

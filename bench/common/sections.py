@@ -110,6 +110,12 @@ REGISTRY: tuple[Section, ...] = (
         "training.json",
     ),
     _section(
+        "bench.perf.training.default_upgrade",
+        "The default upgrade's time and ETA (bench.perf.training --default-upgrade)",
+        "bench.perf.default_upgrade:render_markdown",
+        "training_default_upgrade.json",
+    ),
+    _section(
         "bench.quality.compat.quick",
         "Backward compatibility (`bench.quality.compat`, quick)",
         "bench.quality.compat_report:render_markdown",

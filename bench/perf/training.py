@@ -2,6 +2,8 @@
 
     python -m bench.perf.training          # bench/results/training.json and its BENCHMARKS.md section
     python -m bench.perf.training --quick  # 1,000 rows, fewer steps (about a minute)
+    python -m bench.perf.training --default-upgrade [--quick]  # the default upgrade's time and
+        # ETA error (bench.perf.default_upgrade: training_default_upgrade.json, its own section)
 
 HBCT and baselines: ``train_compatible_model`` on the WordNet-noun gloss rows with a fine label
 (new model = all-mpnet-base-v2 features, 768-d; old space = all-MiniLM-L6-v2 lifted, 384-d),
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -42,6 +45,7 @@ from bench.common.wordnet import (
     fine_labels,
     load_wordnet,
 )
+from bench.perf import default_upgrade
 from bench.quality.continual import build_tasks, load_corpus
 from bench.quality.continual_timing import time_steps
 
@@ -169,7 +173,11 @@ def render_markdown(result: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+def main(argv: Sequence[str] | None = None) -> dict[str, Any] | Path:
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    if "--default-upgrade" in args_list:
+        rest = [a for a in args_list if a != "--default-upgrade"]
+        return default_upgrade.main(rest, command_line("bench.perf.training", args_list))
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--device", default=None, help="cpu or cuda (default: CUDA if present)")

@@ -17,7 +17,10 @@ silently for a class or query gain.
 - ``trials``: trials per candidate, 1…3 (default 3);
 - ``extra_trials``: further trials per tuned candidate after its grid, 0…3 (default 2; none
   when ``trials`` is 1): past the end its best sits on, else between the best and a neighbour
-  (``app.ml.auto.widening``), so a choice is not left on an edge of a three-value grid.
+  (``app.ml.auto.widening``), so a choice is not left on an edge of a three-value grid;
+- ``halving``: successive halving of each candidate's trials (default true): every trial is
+  screened by a short run, the best trained again at full length (``app.ml.auto.halving``);
+  false trains every trial at full length.
 """
 
 from __future__ import annotations
@@ -165,6 +168,7 @@ class AutoParams:
     candidates: tuple[str, ...] = AUTO_CANDIDATES
     trials: int = DEFAULT_TRIALS
     extra_trials: int = DEFAULT_EXTRA_TRIALS
+    halving: bool = True
 
     @classmethod
     def from_dict(cls, values: dict[str, Any] | None) -> AutoParams:
@@ -173,6 +177,9 @@ class AutoParams:
         names = values.pop("candidates", None)
         trials = values.pop("trials", DEFAULT_TRIALS)
         extra = values.pop("extra_trials", DEFAULT_EXTRA_TRIALS)
+        halving = values.pop("halving", True)
+        if not isinstance(halving, bool):
+            raise ValueError("parameter 'halving' must be true or false")
         if names is None:
             chosen = AUTO_CANDIDATES
         else:
@@ -220,7 +227,9 @@ class AutoParams:
                     "candidate of this request is one: name such a candidate, or the method "
                     "explicitly"
                 )
-        return cls(shared=values, candidates=chosen, trials=trials, extra_trials=extra)
+        return cls(
+            shared=values, candidates=chosen, trials=trials, extra_trials=extra, halving=halving
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -228,6 +237,7 @@ class AutoParams:
             "candidates": list(self.candidates),
             "trials": self.trials,
             "extra_trials": self.extra_trials,
+            "halving": self.halving,
         }
 
     def extra_for(self, name: str, labelled: bool) -> int:
@@ -328,6 +338,8 @@ class Trial:
     instance_r1: float
     eligible: bool = True
     history: list[dict[str, float]] = field(default_factory=list)
+    # The epochs it trained: its settings' own, or a screening run's (``app.ml.auto.halving``).
+    epochs: int | None = None
 
 
 def pick(

@@ -3,14 +3,15 @@
 Progress goes through ``TrainingHooks.progress`` with, besides ``epoch``/``epochs``/``loss``:
 ``phase`` ("training" or "evaluating"), ``candidate`` (the method being trained),
 ``candidate_index`` / ``candidates`` (1-based position among the trainings this run plans),
-``trial`` / ``trials`` for auto, and ``eta_s`` (seconds left, estimated from the time each epoch
-and each evaluation took so far; None before anything finished).
+``trial`` / ``trials`` and ``stage`` ("screening", "final" or "full"; ``app.ml.auto.halving``)
+for auto, ``eta_s`` (seconds left in the whole job, the work left priced by what the same work
+took so far; None before anything finished) and ``job_fraction`` (the whole job's share done;
+``app.ml.upgrade.progress``).
 """
 
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -27,9 +28,10 @@ from app.ml.auto.candidates import (
     AutoParams,
     Trial,
     pick,
-    ranked_keys,
     split_for_validation,
 )
+from app.ml.auto.halving import FINALISTS, SCREEN_FRACTION
+from app.ml.auto.halving import RULE as HALVING_RULE
 from app.ml.auto.verdict import recommend
 from app.ml.evaluation.calibration import labelled_calibration, unlabelled_calibration
 from app.ml.evaluation.retrieval import METRIC_MEANINGS, json_safe
@@ -49,80 +51,14 @@ from app.ml.upgrade.alternatives import (
     measure_independent,
     measure_reindex,
     measure_stay,
-    primary_value,
 )
 from app.ml.upgrade.data import QueryLog, UpgradeData, UpgradeOutcome, split_queries
 from app.ml.upgrade.outlook import transition_outlook
 from app.ml.upgrade.paired_gains import paired_gains
+from app.ml.upgrade.progress import Progress
+from app.ml.upgrade.tuning import Tuned, tune
 from app.ml.upgrade.two_stage_curve import two_stage_curve
 from app.ml.upgrade.whole_gallery import describe
-
-
-class Progress:
-    """Counts planned work (training epochs and evaluations) and reports it with an ETA."""
-
-    def __init__(self, hooks: TrainingHooks, trainings: list[tuple[str, int]], evaluations: int):
-        self.hooks = hooks
-        self.trainings = trainings  # (candidate, epochs) in run order
-        self.planned = len(trainings)  # less any skipped (``skip``)
-        self.epochs_left = sum(max(1, e) for _, e in trainings)
-        self.evaluations_left = evaluations
-        self.epoch_seconds: list[float] = []
-        self.eval_seconds: list[float] = []
-        self.index = 0
-        self.last = time.perf_counter()
-        self.extra: dict[str, Any] = {}
-
-    def eta(self) -> float | None:
-        if not self.epoch_seconds:
-            return None
-        per_epoch = float(np.mean(self.epoch_seconds))
-        per_eval = float(np.mean(self.eval_seconds)) if self.eval_seconds else per_epoch
-        return round(self.epochs_left * per_epoch + self.evaluations_left * per_eval, 1)
-
-    def stage(self, candidate: str, history: list[dict[str, float]], **extra: Any) -> TrainingHooks:
-        """Hooks for the next training: record its loss history and report with context."""
-        self.index += 1
-        self.last = time.perf_counter()
-        self.extra = {
-            "phase": "training",
-            "candidate": candidate,
-            "candidate_index": self.index,
-            "candidates": self.planned,
-            **extra,
-        }
-
-        def progress(event: dict[str, Any]) -> None:
-            now = time.perf_counter()
-            self.epoch_seconds.append(now - self.last)
-            self.last = now
-            self.epochs_left = max(0, self.epochs_left - 1)
-            if event.get("epoch"):
-                history.append({"epoch": int(event["epoch"]), "loss": float(event["loss"])})
-            if self.hooks.progress is not None:
-                self.hooks.progress({**event, **self.extra, "eta_s": self.eta()})
-
-        return TrainingHooks(progress=progress, should_stop=self.hooks.should_stop)
-
-    def evaluating(self, epoch: int, epochs: int, loss: float, **extra: Any) -> None:
-        base = self.extra
-        if "candidate" in extra:  # a different stage: its trial counters no longer apply
-            base = {k: v for k, v in base.items() if k not in ("trial", "trials")}
-        self.extra = {**base, "phase": "evaluating", **extra}
-        if self.hooks.progress is not None:
-            self.hooks.progress(
-                {"epoch": epoch, "epochs": epochs, "loss": loss, **self.extra, "eta_s": self.eta()}
-            )
-
-    def skip(self, epochs: int, trainings: int) -> None:
-        """Planned trainings that will not run (and their evaluations)."""
-        self.planned -= trainings
-        self.epochs_left = max(0, self.epochs_left - max(1, epochs) * trainings)
-        self.evaluations_left = max(0, self.evaluations_left - trainings)
-
-    def evaluated(self, started: float) -> None:
-        self.eval_seconds.append(time.perf_counter() - started)
-        self.evaluations_left = max(0, self.evaluations_left - 1)
 
 
 @dataclass
@@ -293,19 +229,16 @@ def _held_out(
     independent: EmbeddingModel | None,
     eval_idx: np.ndarray,
     eval_q: np.ndarray,
-    progress: Progress,
     served: str,
 ) -> tuple[dict[str, Any], EvalSet]:
     """Every alternative on held-out data: gallery = every paired item and, for the query view,
     every unpaired one (``searched``). ``served``: the bridge that scores the unpaired items in
     the reindex's old-space list when the log has no old query vectors."""
     ev = ctx.whole_gallery(ctx.eval_set(np.arange(len(ctx.data)), eval_idx, eval_q))
-    started = time.perf_counter()
     measured = {name: measure_bridge(ev, model) for name, model in bridges.items()}
     ind = measure_independent(ev, independent) if independent is not None else None
     reindex = measure_reindex(ev, bridges[served])
     metrics = assemble(measure_stay(ev), reindex, measured, ind)
-    progress.evaluated(started)
     return metrics, ev
 
 
@@ -342,6 +275,39 @@ def _verdict(
     return recommend(*args, outlook, two_stage, paired)
 
 
+def _held_out_weight(
+    ctx: UpgradeContext,
+    val_set: EvalSet | None,
+    eval_idx: np.ndarray,
+    eval_q: np.ndarray,
+    bridges: int,
+) -> float:
+    """What the held-out evaluation costs in validation evaluations (the ETA's unit for it):
+    searches of the held-out items (and queries) against the whole gallery — every bridge,
+    stay, the reindex (in the new features' width) and the calibration's — over one validation
+    search. The query view's further figures (the reindex's merge, the two-stage curve, the
+    transition outlook, the paired differences) count four searches each; 1 without
+    validation."""
+    if val_set is None or not val_set.rows.size:
+        return 1.0
+    unit = float(val_set.rows.size * val_set.old_points.shape[0])
+    if val_set.has_queries and val_set.query_features is not None:
+        unit += float(val_set.query_features.shape[0] * val_set.searched_old.shape[0])
+    widths = ctx.data.new_features.shape[1] / max(1, ctx.data.old_vectors.shape[1])
+    searches = bridges + 2 + widths
+    paired = len(ctx.data)
+    held = searches * eval_idx.size * paired
+    if eval_q.size:
+        held += 4.0 * searches * eval_q.size * (paired + ctx.data.n_distractors)
+    if ctx.labelled:
+        held += (2 * bridges + 3) * eval_idx.size**2
+    return float(held) / unit
+
+
+def _last(history: list[dict[str, float]]) -> dict[str, float]:
+    return history[-1] if history else {"epoch": 0, "loss": math.nan}
+
+
 def run_explicit(
     ctx: UpgradeContext,
     method: str,
@@ -355,18 +321,20 @@ def run_explicit(
 ) -> UpgradeOutcome:
     """The requested method beside procrustes (and, with labels, the independent reference),
     all trained on the training part."""
-    plan = [(method, params.epochs)]
-    if method != "procrustes":
-        plan.append(("procrustes", 0))
-    if ctx.labelled and method != "independent":
-        plan.append(("independent", params.epochs))
-    progress = Progress(ctx.hooks, plan, evaluations=1)
+    progress = Progress(ctx.hooks)
+    own = progress.add_training(method, 0 if method == "procrustes" else params.epochs)
+    reference = progress.add_training("procrustes", 0) if method != "procrustes" else None
+    with_independent = ctx.labelled and method != "independent"
+    independent_handle = progress.add_training("independent", params.epochs)
+    if not with_independent:
+        progress.drop(independent_handle)
+    final = progress.add_evaluation()
     history: list[dict[str, float]] = []
-    model = ctx.train(method, params, train_idx, train_q, progress.stage(method, history))
+    model = ctx.train(method, params, train_idx, train_q, progress.start_training(own, history))
     bridges = {method: model}
-    if method != "procrustes":
+    if reference is not None:
         bridges["procrustes"] = ctx.train(
-            "procrustes", params, train_idx, train_q, progress.stage("procrustes", [])
+            "procrustes", params, train_idx, train_q, progress.start_training(reference, [])
         )
     independent = None
     if ctx.labelled:
@@ -374,14 +342,16 @@ def run_explicit(
             model
             if method == "independent"
             else ctx.train(
-                "independent", params, train_idx, train_q, progress.stage("independent", [])
+                "independent",
+                params,
+                train_idx,
+                train_q,
+                progress.start_training(independent_handle, []),
             )
         )
-    last = history[-1] if history else {"epoch": 0, "loss": math.nan}
-    progress.evaluating(
-        params.epochs if history else 0, params.epochs if history else 0, last["loss"]
-    )
-    metrics, ev = _held_out(ctx, bridges, independent, eval_idx, eval_q, progress, method)
+    last = _last(history)
+    progress.evaluating(final, last["epoch"], last["epoch"], last["loss"])
+    metrics, ev = _held_out(ctx, bridges, independent, eval_idx, eval_q, method)
     report = _report_base(ctx, objective, train_idx, eval_idx, train_q, eval_q)
     view, _ = _selection_view(ev, objective)
     curve = two_stage_curve(ev, model, ctx.seed)
@@ -402,9 +372,45 @@ def run_explicit(
         calibration=_calibration(ev, model),
         two_stage=curve,
     )
+    progress.evaluated()
     return UpgradeOutcome(
         model=model, report=json_safe(report), params=params.to_dict(), method=method
     )
+
+
+def _trial_entry(trial: Trial, shared: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "settings": {k: v for k, v in trial.settings.items() if k not in shared},
+        "epochs": trial.epochs,
+        "validation": trial.validation,
+        "eligible": trial.eligible,
+    }
+
+
+def _candidate_entry(
+    name: str, tuned: Tuned, best: int, metrics: dict[str, Any], shared: dict[str, Any]
+) -> dict[str, Any]:
+    """A candidate in the report: its best full-length trial, its held-out figures and every
+    trial as tried (a screened trial that was trained again at full length carries that run as
+    ``final``)."""
+    b = tuned.final[name][best]
+    trials = [_trial_entry(t, shared) for t in tuned.tried[name]]
+    if tuned.screen[name] is not None:
+        for i, final in zip(tuned.final_of[name], tuned.final[name], strict=True):
+            trials[i]["final"] = {
+                k: v for k, v in _trial_entry(final, shared).items() if k != "settings"
+            }
+    return {
+        "name": name,
+        "method": METHOD_OF[name],
+        "chosen_settings": {k: v for k, v in b.settings.items() if k not in shared},
+        "eligible": b.eligible,
+        "validation": b.validation,
+        "held_out": dict(metrics[name]),
+        "screen_epochs": tuned.screen[name],
+        "epochs_trained": tuned.epochs_trained(name),
+        "trials": trials,
+    }
 
 
 def run_auto(
@@ -418,13 +424,15 @@ def run_auto(
     old_model_available: bool = True,
     validation: np.ndarray | None = None,
 ) -> UpgradeOutcome:
-    """Tune every candidate on validation (same number of trials each), serve the best.
+    """Tune every candidate on validation (same trials and the same epoch budget each,
+    ``app.ml.auto.halving``), serve the best.
 
     ``validation``: the items of ``train_idx`` to validate on (the rest fit); None — the service's
     case — carves them here (``split_for_validation``). A caller comparing auto with models tuned
     on its own carve passes that carve, so that both validate on the same items
     (``bench.quality.compat``: its old heads are trained on its fit part only, and a carve of
     auto's own put most of auto's validation items there — issue 42 item 2)."""
+    validation_given = validation is not None
     split = (
         split_for_validation(train_idx, ctx.seed)
         if validation is None
@@ -443,62 +451,37 @@ def run_auto(
         fit_q, val_q = train_q[fit_local], train_q[val_local]
     else:
         fit_q = val_q = train_q
-    settings = {n: auto.settings(n, ctx.labelled) for n in names}
     # The widths structure axes are bounded by (a rank no wider than the data).
     dims = (int(ctx.data.new_features.shape[1]), int(ctx.data.old_vectors.shape[1]))
     base = CompatParams.from_dict(auto.shared)
-    # Each tuned candidate's extra trials are planned with its grid's epochs (they vary only
-    # the tuned axis); one that finds no new value gives its epochs back (``skip``).
-    extra = {n: auto.extra_for(n, ctx.labelled) if split is not None else 0 for n in names}
-    plan = [
-        (n, 0 if METHOD_OF[n] == "procrustes" else CompatParams.from_dict(s).epochs)
-        for n in names
-        for s in [*settings[n], *settings[n][:1] * extra[n]]
-    ]
-    if ctx.labelled:
-        plan.append(("independent", base.epochs))
-    progress = Progress(ctx.hooks, plan, evaluations=len(plan) + 1)
-
-    trials: dict[str, list[Trial]] = {}
-    models: dict[str, list[EmbeddingModel]] = {}
     val_set = ctx.eval_set(np.sort(train_idx), val_idx, val_q) if split is not None else None
     sel_view = _selection_view(val_set, objective) if val_set is not None else None
-    floor: float | None = None
-    for name in names:
-        trials[name], models[name] = [], []
-        queue = list(settings[name])
-        planned = len(queue) + extra[name]
-        while queue:
-            s = queue.pop(0)
-            history: list[dict[str, float]] = []
-            params = CompatParams.from_dict(s)
-            t = len(trials[name])
-            hooks = progress.stage(name, history, trial=t + 1, trials=planned)
-            model = ctx.train(METHOD_OF[name], params, fit_idx, fit_q, hooks)
-            validation: dict[str, Any] = {}
-            if val_set is not None and sel_view is not None:
-                last = history[-1] if history else {"epoch": 0, "loss": math.nan}
-                progress.evaluating(last["epoch"], last["epoch"], last["loss"])
-                started = time.perf_counter()
-                views = tuple({"instance", sel_view[0]})
-                validation = measure_bridge(val_set, model, views)
-                validation.pop("class_new_new", None)
-                progress.evaluated(started)
-            primary = primary_value(validation, *sel_view) if sel_view else math.nan
-            r1 = primary_value(validation, "instance", "recall@1")
-            trials[name].append(Trial(s, validation, primary, r1, history=history))
-            models[name].append(model)
-            if not queue and len(trials[name]) < planned:
-                keys, best_so_far = ranked_keys(trials[name], floor, lambda t: t.primary)
-                tried = [t.settings for t in trials[name]]
-                following = auto.next_settings(name, ctx.labelled, tried, keys, best_so_far, dims)
-                if following is None:
-                    progress.skip(params.epochs, planned - len(trials[name]))
-                else:
-                    queue.append(following)
-        if name == "procrustes":
-            floor = INSTANCE_FLOOR * trials[name][0].instance_r1
-    chosen, best = pick(trials, lambda t: t.primary)
+
+    def score(model: EmbeddingModel) -> dict[str, Any]:
+        assert val_set is not None and sel_view is not None
+        measured = measure_bridge(val_set, model, tuple({"instance", sel_view[0]}))
+        measured.pop("class_new_new", None)
+        return measured
+
+    progress = Progress(ctx.hooks)
+    # The work after the trials is planned first: the ETA counts it from the first epoch on.
+    independent_handle = progress.add_training("independent", base.epochs)
+    if not ctx.labelled:
+        progress.drop(independent_handle)
+    final = progress.add_evaluation(
+        _held_out_weight(ctx, val_set, eval_idx, eval_q, len(names) + int(ctx.labelled))
+    )
+    tuned = tune(
+        auto,
+        names,
+        ctx.labelled,
+        progress,
+        lambda method, params, hooks: ctx.train(method, params, fit_idx, fit_q, hooks),
+        score if val_set is not None else None,
+        sel_view,
+        dims,
+    )
+    chosen, best = pick(tuned.final, lambda t: t.primary)
     note = (
         None
         if split is not None
@@ -516,45 +499,25 @@ def run_auto(
             f"{sel_view[0]} {sel_view[1]} on validation, the view that has data "
             "(candidates' figures on the other views are shown for information)"
         )
-    served = models[chosen][best[chosen]]
+    bridges = {n: tuned.models[n][best[n]] for n in names}
+    served = bridges[chosen]
     independent = None
     if ctx.labelled:
         independent = ctx.train(
-            "independent", base, fit_idx, fit_q, progress.stage("independent", [])
+            "independent", base, fit_idx, fit_q, progress.start_training(independent_handle, [])
         )
-    bridges = {n: models[n][best[n]] for n in names}
-    served_trial = trials[chosen][best[chosen]]
-    last = served_trial.history[-1] if served_trial.history else {"epoch": 0, "loss": math.nan}
-    progress.evaluating(last["epoch"], last["epoch"], last["loss"], candidate=chosen)
-    metrics, ev = _held_out(ctx, bridges, independent, eval_idx, eval_q, progress, chosen)
+    served_trial = tuned.final[chosen][best[chosen]]
+    last = _last(served_trial.history)
+    progress.evaluating(final, last["epoch"], last["epoch"], last["loss"], candidate=chosen)
+    metrics, ev = _held_out(ctx, bridges, independent, eval_idx, eval_q, chosen)
     report = _report_base(ctx, objective, train_idx, eval_idx, train_q, eval_q)
     view, _ = _selection_view(ev, objective)
-    candidates = []
-    for n in names:
-        b = trials[n][best[n]]
-        candidates.append(
-            {
-                "name": n,
-                "method": METHOD_OF[n],
-                "chosen_settings": {k: v for k, v in b.settings.items() if k not in auto.shared},
-                "eligible": b.eligible,
-                "validation": b.validation,
-                "held_out": {k: v for k, v in metrics[n].items()},
-                "trials": [
-                    {
-                        "settings": {k: v for k, v in t.settings.items() if k not in auto.shared},
-                        "validation": t.validation,
-                        "eligible": t.eligible,
-                    }
-                    for t in trials[n]
-                ],
-            }
-        )
+    candidates = [_candidate_entry(n, tuned, best[n], metrics, auto.shared) for n in names]
     # The served model is its candidate's method with the candidate's settings in its
     # parameters (class-map-mlp: class-map with map_hidden), so the stored method is one an
     # explicit request accepts; the report names the candidate too.
-    curve = two_stage_curve(ev, bridges[chosen], ctx.seed)
-    paired = paired_gains(ev, bridges[chosen], view)
+    curve = two_stage_curve(ev, served, ctx.seed)
+    paired = paired_gains(ev, served, view)
     report.update(
         method=METHOD_OF[chosen],
         requested_method="auto",
@@ -569,13 +532,19 @@ def run_auto(
             **auto.to_dict(),
             "n_fit": int(fit_idx.size),
             "n_validation": int(val_idx.size),
-            "validation_given": validation is not None,
+            "validation_given": validation_given,
             "n_fit_queries": int(fit_q.size),
             "n_validation_queries": int(val_q.size),
             "selection_metric": None
             if sel_view is None
             else {"view": sel_view[0], "metric": sel_view[1]},
             "instance_floor": INSTANCE_FLOOR,
+            "halving": {
+                "screen_fraction": SCREEN_FRACTION if auto.halving else None,
+                "finalists": FINALISTS if auto.halving else None,
+                "epochs_trained": sum(tuned.epochs_trained(n) for n in names),
+                "rule": HALVING_RULE if auto.halving else "every trial at full length",
+            },
             "skipped_candidates": {n: "needs labels" for n in auto.skipped(ctx.labelled)},
             "note": note,
         },
@@ -583,9 +552,10 @@ def run_auto(
         recommendation=_verdict(
             ctx, ev, metrics, chosen, objective, view, old_model_available, curve, paired
         ),
-        calibration=_calibration(ev, bridges[chosen]),
+        calibration=_calibration(ev, served),
         two_stage=curve,
     )
+    progress.evaluated()
     # The served method's own settings: a shared override only other candidates read is not
     # one of its parameters (an explicit request for it would be refused).
     params = settings_read_by(METHOD_OF[chosen], CompatParams.from_dict(served_trial.settings))

@@ -10,7 +10,12 @@ and a recommendation (bridge, stay or reindex; ``app.ml.auto.verdict``).
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
+
+import torch
 
 from app.ml.auto.candidates import OBJECTIVES, AutoParams, default_objective, objective_problem
 from app.ml.geometry.space import EuclideanLift
@@ -40,6 +45,39 @@ __all__ = [
 ]
 
 BACKBONE_METHODS: tuple[str, ...] = ("auto", *COMPAT_METHODS)
+
+# On a host with at most SMALL_HOST_CORES cores an upgrade runs its torch work on ONE intra-op
+# thread (issue 44 item 4). Its matrices are small (a batch of 512 × 768 → 384), and the cores
+# are shared with the API, the database and other jobs: measured on 2 cores with the default
+# upgrade of the public nouns (``bench.perf.training --default-upgrade``, ``--threads 2``), two
+# threads spent 387–603 s of CPU where one spent 164–175 s, and took 310–782 s of wall time
+# where one took 165–192 s (load averages 1–19); every figure of the upgrade was the same.
+# Larger hosts keep torch's own setting.
+SMALL_HOST_CORES = 2
+SMALL_HOST_THREADS = 1
+
+
+def default_threads(cores: int | None = None) -> int | None:
+    """The intra-op threads an upgrade runs with on a host of ``cores`` cores (this one's when
+    None): ``SMALL_HOST_THREADS`` on a small host, else None (torch's own setting)."""
+    cores = os.cpu_count() if cores is None else cores
+    return SMALL_HOST_THREADS if cores is not None and cores <= SMALL_HOST_CORES else None
+
+
+@contextmanager
+def intra_op_threads(threads: int | None) -> Iterator[None]:
+    """torch's intra-op threads set to ``threads`` (None: left alone) for the block, and put back
+    after. With torch's OpenMP backend the setting is the calling thread's own, so a job in a
+    thread of the API process leaves the other threads' setting alone."""
+    if threads is None:
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def check_backbone_request(
@@ -99,6 +137,7 @@ def run_backbone_upgrade(
     hooks: TrainingHooks = NO_HOOKS,
     objective: str | None = None,
     old_model_available: bool = True,
+    threads: int | None = None,
 ) -> UpgradeOutcome:
     """Train ``method`` (or, for ``auto``, tune and pick a candidate) on a seeded split and
     report every alternative on held-out data.
@@ -106,7 +145,9 @@ def run_backbone_upgrade(
     The returned model is trained on the training part only (for ``auto``: on the fit part that
     validation was carved from), so the report measures exactly the model that gets served.
     ``objective`` defaults to ``default_objective``; ``old_model_available`` false (the old
-    model can no longer embed queries) removes stay and transition from the verdict. Raises ``ValueError`` for a bad method,
+    model can no longer embed queries) removes stay and transition from the verdict.
+    ``threads``: torch's intra-op threads for the run (None: ``default_threads()``; the
+    figures do not depend on it). Raises ``ValueError`` for a bad method,
     parameters, objective or data, and ``TrainingCancelled`` when ``hooks.should_stop()`` turns
     true.
     """
@@ -124,12 +165,23 @@ def run_backbone_upgrade(
         raise ValueError("old vectors must have at least one dimension")
     train_idx, eval_idx = split_for_evaluation(len(data), eval_fraction, seed)
     train_q, eval_q = split_queries(data.queries, eval_idx, eval_fraction, seed)
-    ctx = UpgradeContext.build(data, lift, seed, hooks)
-    if auto is not None:
-        return run_auto(
-            ctx, auto, objective, train_idx, eval_idx, train_q, eval_q, old_model_available
+    if threads is not None and threads < 1:
+        raise ValueError("threads must be at least 1")
+    with intra_op_threads(default_threads() if threads is None else threads):
+        ctx = UpgradeContext.build(data, lift, seed, hooks)
+        if auto is not None:
+            return run_auto(
+                ctx, auto, objective, train_idx, eval_idx, train_q, eval_q, old_model_available
+            )
+        assert compat is not None
+        return run_explicit(
+            ctx,
+            method,
+            compat,
+            objective,
+            train_idx,
+            eval_idx,
+            train_q,
+            eval_q,
+            old_model_available,
         )
-    assert compat is not None
-    return run_explicit(
-        ctx, method, compat, objective, train_idx, eval_idx, train_q, eval_q, old_model_available
-    )
