@@ -15,8 +15,10 @@ import pytest
 
 from app.ml.hmcl import METHODS
 from bench.common.wordnet import FIXTURE_DATA_DIR, OLD_MODEL, load_wordnet
+from bench.quality import continual, continual_stream
 from bench.quality.continual import (
     Config,
+    check_frozen_held_back,
     full_config,
     kind_figures,
     quick_config,
@@ -30,6 +32,7 @@ from bench.quality.continual_stream import (
     CLASSIFICATION_TASKS,
     GLOSS,
     HELD_BACK,
+    HELD_BACK_SHA256,
     RETRIEVAL,
     RETRIEVAL_GROUPS,
     STREAMS,
@@ -38,6 +41,8 @@ from bench.quality.continual_stream import (
     Task,
     build_tasks,
     carve_validation,
+    held_back_digest,
+    held_back_synsets,
 )
 
 MINILM = "all-MiniLM-L6-v2"
@@ -492,6 +497,28 @@ def test_held_back_rows_are_in_no_development_split_of_any_seed() -> None:
             assert rows(final, "test") == held_back
     with pytest.raises(ValueError, match="unknown split"):
         build_tasks(corpus, 40, split="final")
+
+
+def test_the_frozen_held_back_split_is_the_one_the_final_run_scores(monkeypatch) -> None:
+    """Issue 42 item 3: ``held_back_synsets`` lists exactly the rows a held-back run tests on
+    (every class and group, all rows: no per-class or per-group limit), its digest is what
+    ``HELD_BACK_SHA256`` freezes, and a ``--final`` run on other rows is refused."""
+    corpus = _fixture_corpus()
+    meta, gloss = corpus.data.meta, corpus.data.get("gloss", OLD_MODEL)
+    row_of = {m["synset_id"]: i for i, m in enumerate(meta)}
+    listed = {gloss[row_of[s]].tobytes() for s in held_back_synsets(meta)}
+    for stream in STREAMS:
+        final = build_tasks(corpus, 0, seed=3, stream=stream, split=HELD_BACK)
+        assert {row.tobytes() for t in final for row in t.test[GLOSS]} == listed
+    digest = held_back_digest(meta)
+    assert len(digest) == 64 and len(HELD_BACK_SHA256) == 64
+    with pytest.raises(SystemExit, match="not the frozen"):
+        check_frozen_held_back(corpus)  # the fixture's rows are not the public nouns' split
+    monkeypatch.setattr(continual, "HELD_BACK_SHA256", digest)
+    check_frozen_held_back(corpus)
+    # Another draw of the same rows is another split: its digest differs.
+    monkeypatch.setattr(continual_stream, "HELD_BACK_SEED", continual_stream.HELD_BACK_SEED + 1)
+    assert held_back_digest(meta) != digest
 
 
 def test_a_final_run_scores_the_same_versions_on_the_held_back_split() -> None:

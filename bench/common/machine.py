@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import os
 import platform
+import subprocess
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import faiss
@@ -112,3 +114,23 @@ def run_record(command: str, started: float, load_start: list[float]) -> dict[st
         "load_start": load_start,
         "load_end": load_average(),
     }
+
+
+def source_state(*watched: str) -> dict[str, Any]:
+    """The commit measured and the files under ``watched`` (default ``app``) changed from it
+    (uncommitted edits there are part of what was measured), under ``"app_changed"`` whatever
+    ``watched`` is, as the results files have always named it."""
+    root = Path(__file__).resolve().parents[2]
+
+    def git(*args: str) -> str:
+        try:
+            return subprocess.run(
+                ["git", *args], cwd=root, capture_output=True, text=True, timeout=30
+            ).stdout.rstrip("\n")
+        except (OSError, subprocess.SubprocessError):
+            return ""
+
+    changed = [
+        line[3:] for line in git("status", "--porcelain", "--", *(watched or ("app",))).splitlines()
+    ]
+    return {"commit": git("rev-parse", "HEAD").strip(), "app_changed": changed}

@@ -37,7 +37,6 @@ import argparse
 import cProfile
 import pstats
 import shutil
-import subprocess
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -57,7 +56,7 @@ from app.main import create_app
 from app.migration.reembed import store_reembedded
 from app.models.service import get_model
 from app.search.service import SearchQuery, search_gallery
-from bench.common.machine import facts_markdown, load_average, run_record
+from bench.common.machine import facts_markdown, load_average, run_record, source_state
 from bench.common.report import command_line, publish
 from bench.common.service import BENCH_KEY, npy_bytes
 from bench.common.tiled import DEFAULT_NOISE, tiled, wordnet_rows
@@ -442,22 +441,6 @@ def bench_size(
             setup.client.__exit__(None, None, None)
         shutil.rmtree(data_dir, ignore_errors=True)
     return result
-
-
-def source_state() -> dict[str, Any]:
-    """The commit measured and the service files changed from it (uncommitted edits of app/
-    are part of what was timed)."""
-
-    def git(*args: str) -> str:
-        try:
-            return subprocess.run(
-                ["git", *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=30
-            ).stdout.rstrip("\n")
-        except (OSError, subprocess.SubprocessError):
-            return ""
-
-    changed = [line[3:] for line in git("status", "--porcelain", "--", "app").splitlines()]
-    return {"commit": git("rev-parse", "HEAD").strip(), "app_changed": changed}
 
 
 def verdict(value: float) -> str:

@@ -82,7 +82,7 @@ from app.search import two_stage
 from app.search.service import SearchQuery, _queries, search_gallery, search_two_stage
 from app.vectors.tables import ReembeddedVector
 from bench.common.embedder_server import running, wordnet_texts
-from bench.common.machine import facts_markdown, load_average, run_record
+from bench.common.machine import facts_markdown, load_average, run_record, source_state
 from bench.common.report import command_line, publish
 from bench.common.service import BENCH_KEY, npy_bytes
 from bench.common.stats import t_interval
@@ -96,7 +96,7 @@ from bench.common.wordnet import (
     has_data,
     load_wordnet,
 )
-from bench.perf.mixed_search import profile_calls, source_state
+from bench.perf.mixed_search import profile_calls
 from bench.perf.search import percentile_ms
 
 RESULTS = REPO_ROOT / "bench/results"

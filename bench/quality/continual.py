@@ -27,7 +27,9 @@ sampling: every figure is reported as the mean and its 95 % Student-t interval o
 (``continual_report.targets``).
 
 Held-back split: a fixed fifth of every class's members and of every retrieval group's rows
-(``continual_stream.HELD_BACK_SEED``) is in no seed's train, test or validation rows. Only
+(``continual_stream.HELD_BACK_SEED``; a fresh draw for issue 42 item 3, frozen by the SHA-256 of
+its synset ids, ``HELD_BACK_SHA256``: a ``--final`` run on other rows is refused, and every
+run records its commit, so each look is dated) is in no seed's train, test or validation rows. Only
 ``--final`` scores it: every seed's trained versions (the same training as the development run,
 whose figures it also writes) are scored on held-back test rows, into ``<out>_final.json``;
 it is meant to be run once per release, after the code and the settings are fixed.
@@ -70,6 +72,7 @@ from app.ml.hmcl.metrics import (
     paired_recall_at_k,
     symmetric_recall_at_k,
 )
+from bench.common.machine import source_state
 from bench.common.report import command_line, replace_section
 from bench.common.wordnet import NEW_MODEL, REPO_ROOT, quick_data_dir
 from bench.common.workers import exit_with_parent
@@ -90,6 +93,7 @@ from bench.quality.continual_stream import (
     HELD_BACK,
     HELD_BACK_FRACTION,
     HELD_BACK_SEED,
+    HELD_BACK_SHA256,
     INTERLEAVED,
     KINDS,
     MIN_CLASS_ITEMS,
@@ -103,6 +107,7 @@ from bench.quality.continual_stream import (
     Task,
     build_tasks,
     carve_validation,
+    held_back_digest,
     load_corpus,
 )
 from bench.quality.continual_timing import time_steps
@@ -451,6 +456,17 @@ def stream_constants() -> dict[str, Any]:
     }
 
 
+def check_frozen_held_back(corpus: Corpus) -> None:
+    """Refuse a ``--final`` run whose held-back rows are not the frozen ones (issue 42 item 3):
+    the SHA-256 of their synset ids must be ``HELD_BACK_SHA256``."""
+    digest = held_back_digest(corpus.data.meta)
+    if digest != HELD_BACK_SHA256:
+        raise SystemExit(
+            f"the held-back rows' SHA-256 is {digest}, not the frozen {HELD_BACK_SHA256}: "
+            "the data or the draw changed, and a --final run would score another split"
+        )
+
+
 def task_sizes(tasks: Sequence[Task]) -> list[dict[str, Any]]:
     return [
         {
@@ -497,6 +513,7 @@ def run_benchmark(
         def held_back_stream(seed: int) -> list[Task]:
             return build(seed, HELD_BACK)
 
+    held_back_sha256 = held_back_digest(corpus.data.meta) if corpus is not None else None
     if config.final and held_back_stream is None:
         raise ValueError("config.final needs the held-back stream of the caller's tasks")
     config.check_equal_budgets()
@@ -519,6 +536,7 @@ def run_benchmark(
         done = len(runs[config.methods[0]])
         return {
             "date": time.strftime("%Y-%m-%d"),
+            "source_state": source_state("app", "bench/quality"),
             "seconds": time.perf_counter() - tic,
             "torch": torch.__version__,
             "python": platform.python_version(),
@@ -530,7 +548,12 @@ def run_benchmark(
                 "seeds_planned": config.seeds,
                 "settings": {m: config.settings(m) for m in config.methods},
                 "trials_per_method": config.check_equal_budgets(),
-                "stream": {"order": config.stream, **stream_constants()},
+                "stream": {
+                    "order": config.stream,
+                    **stream_constants(),
+                    # of the rows this run held back (the frozen HELD_BACK_SHA256 on the nouns)
+                    "held_back_sha256": held_back_sha256,
+                },
             },
             "encoder": corpus.encoder if corpus is not None else "caller's stream",
             "tasks": sizes,
@@ -738,6 +761,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     command = command_line("bench.quality.continual", argv)
     if args.timing_only:
         return timing_only(config, command, args.batch_size, args.out)
+    corpus = None
+    if args.final and not args.quick:
+        corpus = load_corpus()
+        check_frozen_held_back(corpus)
     stem = "continual_quick" if args.quick else "continual"
     if args.stream != INTERLEAVED:
         stem += f"_{args.stream}"
@@ -760,7 +787,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         timing_from = {"timing_from": {"path": str(args.timing_from), "date": earlier["date"]}}
     result = {
         "command": command,
-        **run_benchmark(config, checkpoint=write, timed=timed),
+        **run_benchmark(config, corpus, checkpoint=write, timed=timed),
         **timing_from,
     }
     held_back = result.pop(HELD_BACK, None)

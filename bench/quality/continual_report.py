@@ -253,7 +253,13 @@ def render_markdown(result: Mapping[str, Any]) -> str:
             f"Held-back split: every seed trains on its own development training rows with the "
             "development run's settings (below) and is tested on held-back rows: "
             f"{constants['held_back_fraction'] * 100:g} % of every class's members and of every "
-            f"retrieval group's rows, drawn once (seed {constants['held_back_seed']}), the same "
+            f"retrieval group's rows, drawn once (seed {constants['held_back_seed']}"
+            + (
+                f", SHA-256 of its synset ids {constants['held_back_sha256'][:16]}…"
+                if constants.get("held_back_sha256")
+                else ""
+            )
+            + "), the same "
             "for every seed, in no seed's train, test or validation rows; per task at most as "
             "many as a development test split holds, fewer where the held-back rows run short "
             "(sizes below). A smaller gallery makes recall@5 easier, so compare these figures "
@@ -371,6 +377,21 @@ SECTION = "bench.quality.continual"
 SECTION_TITLE = "Continual upgrades (HMCL): classification-style and retrieval tasks"
 
 
+def look_line(result: dict[str, Any]) -> str:
+    """When a held-back run looked at its split, at which commit (issue 42 item 3: every look is
+    stated); empty for a run that did not record its commit."""
+    source = result.get("source_state") or {}
+    if not source.get("commit"):
+        return ""
+    changed = source.get("app_changed") or []
+    return (
+        f"Stream `{stream_order(result['config'])}`: the held-back split (seed "
+        f"{result['config']['stream']['held_back_seed']}) looked at on {result['date']}, "
+        f"commit `{source['commit'][:10]}`"
+        + (f" with uncommitted changes to {len(changed)} files." if changed else ".")
+    )
+
+
 def render_streams(results: Sequence[Mapping[str, Any]]) -> str:
     """The tables of one run, or of several (one per stream and split): the development runs
     under a heading per stream, then the held-back runs under their own heading."""
@@ -388,6 +409,7 @@ def render_streams(results: Sequence[Mapping[str, Any]]) -> str:
             "runs also wrote the development figures above: they score the same trained "
             "versions on the held-back rows as well, which leaves the development figures as "
             "a run without `--final` gives them (`tests/test_hmcl_bench.py`).\n"
+            + "".join(f"\n{look_line(r)}" for r in held_back if look_line(r))
         )
         parts += [
             f"#### Stream `{stream_order(r['config'])}`, held-back split\n\n{render_markdown(r)}"

@@ -21,6 +21,7 @@ their test rows replaced by held-back rows, as many as a development test split 
 
 from __future__ import annotations
 
+import hashlib
 from collections import Counter
 from dataclasses import dataclass, replace
 from functools import cached_property
@@ -50,7 +51,11 @@ STREAMS = (INTERLEAVED, REORDERED)
 TRAIN_FRACTION = 0.6
 VALIDATION_FRACTION = 0.2  # of a task's training rows, for choosing settings
 HELD_BACK_FRACTION = 0.2  # of every class's members and every retrieval group's rows
-HELD_BACK_SEED = 26  # issue 26: one draw of the held-back rows, recorded with every result
+# Issue 42 item 3: a fresh draw of the held-back rows (the seed is the day it was drawn), replacing
+# issue 26's seed 26, whose rows development runs had been scored on. ``HELD_BACK_SHA256`` freezes
+# it: the SHA-256 of ``held_back_synsets`` on the public nouns, checked before a ``--final`` run.
+HELD_BACK_SEED = 20261206
+HELD_BACK_SHA256 = "08f2aed22503b5d9bcfdd4153eb97ca3f8437d6fe2c96d9b6c5375e8e94e5f02"
 DEV, HELD_BACK = "dev", "held_back"
 SPLITS = (DEV, HELD_BACK)
 
@@ -146,6 +151,59 @@ def _held_back(rows: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, 
     return np.sort(chosen[cut:]), chosen[:cut]
 
 
+def _class_members(meta: list[dict], classes: list[str]) -> dict[str, list[int]]:
+    """Class id → the rows whose ancestor at ``CLASS_DEPTH`` it is."""
+    members: dict[str, list[int]] = {c: [] for c in classes}
+    for i, m in enumerate(meta):
+        if len(m["ancestors"]) > CLASS_DEPTH and m["ancestors"][CLASS_DEPTH] in members:
+            members[m["ancestors"][CLASS_DEPTH]].append(i)
+    return members
+
+
+def _class_held_back(class_id: str, members: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    """A class's (development, held-back) rows. The draw is seeded by the class, so it does not
+    depend on which task (stream order) the class falls in, nor on the seed."""
+    rng = np.random.default_rng([HELD_BACK_SEED, *class_id.encode()])
+    return _held_back(np.array(members), rng)
+
+
+def _retrieval_pool(meta: list[dict], class_sets: list[list[str]]) -> np.ndarray:
+    """The rows of no kept class: the retrieval tasks' synsets (the same for both orders)."""
+    in_class = {c for cs in class_sets for c in cs}
+    return np.array(
+        [
+            i
+            for i, m in enumerate(meta)
+            if not (len(m["ancestors"]) > CLASS_DEPTH and m["ancestors"][CLASS_DEPTH] in in_class)
+        ]
+    )
+
+
+def _group_held_back(
+    meta: list[dict], pool: np.ndarray, group: tuple[str, ...]
+) -> tuple[np.ndarray, np.ndarray]:
+    """A retrieval group's (development, held-back) rows, seeded by the group."""
+    in_group = np.array([i for i in pool if meta[i]["lexname"] in group])
+    key = "+".join(group).encode()
+    return _held_back(in_group, np.random.default_rng([HELD_BACK_SEED, *key]))
+
+
+def held_back_synsets(meta: list[dict]) -> list[str]:
+    """Every held-back row's synset id, sorted: the held-back share of every kept class and of
+    every retrieval group (the same rows for every seed and both stream orders)."""
+    class_sets = stream_classes(meta)
+    members = _class_members(meta, [c for cs in class_sets for c in cs])
+    rows = [_class_held_back(c, m)[1] for c, m in members.items()]
+    pool = _retrieval_pool(meta, class_sets)
+    rows += [_group_held_back(meta, pool, g)[1] for g in RETRIEVAL_GROUPS]
+    return sorted(meta[int(i)]["synset_id"] for i in np.concatenate(rows))
+
+
+def held_back_digest(meta: list[dict]) -> str:
+    """SHA-256 of the held-back synset ids, one per line: what ``HELD_BACK_SHA256`` freezes."""
+    return hashlib.sha256("\n".join(held_back_synsets(meta)).encode()).hexdigest()
+
+
 def _test_share(limit: int) -> int:
     """How many rows a development test split takes out of ``limit`` drawn rows (0: all)."""
     return limit - round(TRAIN_FRACTION * limit) if limit else 0
@@ -161,16 +219,8 @@ def _classification_task(
 ) -> Task:
     meta, enc = corpus.data.meta, corpus.encoder
     index = {c: k for k, c in enumerate(classes)}
-    members: dict[str, list[int]] = {c: [] for c in classes}
-    for i, m in enumerate(meta):
-        if len(m["ancestors"]) > CLASS_DEPTH and m["ancestors"][CLASS_DEPTH] in index:
-            members[m["ancestors"][CLASS_DEPTH]].append(i)
-    # The held-back draw is per class, seeded by the class, so it does not depend on which task
-    # (stream order) the class falls in, nor on the seed.
-    parts = {
-        c: _held_back(np.array(members[c]), np.random.default_rng([HELD_BACK_SEED, *c.encode()]))
-        for c in classes
-    }
+    members = _class_members(meta, classes)
+    parts = {c: _class_held_back(c, members[c]) for c in classes}
     # Up to ``per_class`` items of every class (0: all), so no class dominates the task.
     rows = np.concatenate([rng.permutation(parts[c][0])[: per_class or None] for c in classes])
     label_of = {i: index[meta[i]["ancestors"][CLASS_DEPTH]] for c in classes for i in members[c]}
@@ -196,14 +246,12 @@ def _retrieval_task(
     rng: np.random.Generator,
     split: str,
 ) -> Task:
-    meta, enc = corpus.data.meta, corpus.encoder
-    in_group = np.array([i for i in pool if meta[i]["lexname"] in group])
-    key = "+".join(group).encode()
-    dev, held_back = _held_back(in_group, np.random.default_rng([HELD_BACK_SEED, *key]))
+    dev, held_back = _group_held_back(corpus.data.meta, pool, group)
     rows = rng.permutation(dev)[: items or None]
     train, test = _split(rows, rng)
     if split == HELD_BACK:  # as many as a development test split holds
         test = held_back[: len(test)]
+    enc = corpus.encoder
     lemma, gloss = corpus.data.get("lemma", enc), corpus.data.get("gloss", enc)
     return Task(
         "retrieval: " + "+".join(g.removeprefix("noun.") for g in group),
@@ -238,14 +286,7 @@ def build_tasks(
         raise ValueError(f"unknown split {split!r}; expected one of {list(SPLITS)}")
     rng = np.random.default_rng(seed)
     class_sets = stream_classes(corpus.data.meta, blocked=stream == REORDERED)
-    in_class = {c for cs in class_sets for c in cs}
-    pool = np.array(
-        [
-            i
-            for i, m in enumerate(corpus.data.meta)
-            if not (len(m["ancestors"]) > CLASS_DEPTH and m["ancestors"][CLASS_DEPTH] in in_class)
-        ]
-    )
+    pool = _retrieval_pool(corpus.data.meta, class_sets)
     groups = RETRIEVAL_GROUPS if stream == INTERLEAVED else RETRIEVAL_GROUPS[::-1]
     tasks = []
     for t, (classes, group) in enumerate(zip(class_sets, groups, strict=True)):
