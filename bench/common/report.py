@@ -16,7 +16,7 @@ import json
 import re
 import shlex
 import sys
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -50,9 +50,19 @@ def block(name: str, title: str, body: str) -> str:
     return f"<!-- {name}:start -->\n## {title}\n\n{body.rstrip()}\n<!-- {name}:end -->"
 
 
-def command_line(module: str, argv: Sequence[str] | None) -> str:
-    """The command that reproduces a run, its arguments shell-quoted."""
-    return f"python -m {module} {shlex.join(argv if argv is not None else sys.argv[1:])}".strip()
+def command_line(module: str, argv: Sequence[str] | None, local: Collection[str] = ()) -> str:
+    """The command that reproduces a run, its arguments shell-quoted. ``local`` names options
+    whose value means something only on the machine that ran it (where to keep its logs) and
+    that change none of its figures: they are left out, value and all (``--opt value`` or
+    ``--opt=value``), so that no machine-local path is published."""
+    kept: list[str] = []
+    args = iter(argv if argv is not None else sys.argv[1:])
+    for arg in args:
+        if arg in local:
+            next(args, None)  # its value
+        elif arg.split("=", 1)[0] not in local:
+            kept.append(arg)
+    return f"python -m {module} {shlex.join(kept)}".strip()
 
 
 def publish(

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 import bench.perf.soak
+from bench.common.report import command_line
 from bench.perf.soak_checks import (
     CLOSED,
     HEALTHY_EXPECTED,
@@ -64,6 +65,29 @@ def test_quick_soak_passes_every_check(tmp_path: Path) -> None:
     assert (
         json.loads(out.read_text())["phases"]["postgresql"]["checks"]
         == (result["phases"]["postgresql"]["checks"])
+    )
+
+
+def test_the_recorded_command_leaves_out_where_the_logs_went(tmp_path: Path) -> None:
+    """``--log-dir`` names a folder on the machine that ran the soak and changes none of its
+    figures: the command recorded in the results (and rendered in BENCHMARKS.md) leaves it out,
+    the first run's carried over from the results file a run replaces too; other benches'
+    commands keep every argument."""
+    argv = ["--quick", "--log-dir", "/tmp/soaklogs", "--seed", "3", "--log-dir=/tmp/more"]
+    assert bench.perf.soak.recorded_command(argv) == "python -m bench.perf.soak --quick --seed 3"
+    out = tmp_path / "soak.json"
+    first = {
+        "date": "2026-01-01 00:00",
+        "command": "python -m bench.perf.soak --log-dir /tmp/soaklogs_full1 --wedges 2",
+        "bound_s": 30.0,
+        "max_s": {"embedded": 4.0},
+        "p50_s": {"embedded": 0.3},
+    }
+    out.write_text(json.dumps({"job_start_first_run": first}))
+    carried = bench.perf.soak.first_run(out, {}, {})
+    assert carried == {**first, "command": "python -m bench.perf.soak --wedges 2"}
+    assert command_line("bench.perf.x", ["--log-dir", "/tmp/x"]) == (
+        "python -m bench.perf.x --log-dir /tmp/x"
     )
 
 

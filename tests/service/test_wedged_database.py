@@ -25,9 +25,12 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+from fastapi.testclient import TestClient
 from sqlalchemy import text
 
 from app.api.body_guard import identify
@@ -43,36 +46,54 @@ from tests.service.test_upgrades_api import paired_setup, quick_upgrade
 # Short waits: a wedge of a few seconds outlasts each of them.
 BOUNDS = {"db_connect_timeout_s": 2, "db_ping_timeout_s": 0.5, "db_read_timeout_s": 2.0}
 
+StartApp = Callable[..., tuple[TestClient, FreezableProxy]]
 
-def test_a_key_the_wedged_database_cannot_check_answers_503_not_the_address_cap(
+
+@pytest.fixture
+def wedgeable_app(
     tmp_path: Path,
     wedgeable_postgres: tuple[str, FreezableProxy],  # noqa: F811
-    caplog: pytest.LogCaptureFixture,
-) -> None:
+) -> Iterator[StartApp]:
+    """Starts the app on the proxied PostgreSQL with ``BOUNDS`` (and the settings it is given);
+    after the test, whatever happened, the proxy is thawed before the app is closed, so that
+    its shutdown does not wait on a wedge."""
     url, proxy = wedgeable_postgres
-    client = start(tmp_path, database_url=url, **BOUNDS)
+    started: list[TestClient] = []
+
+    def start_app(**settings: Any) -> tuple[TestClient, FreezableProxy]:
+        started.append(start(tmp_path, database_url=url, **BOUNDS, **settings))
+        return started[-1], proxy
+
     try:
-        scope = {
-            "type": "http",
-            "method": "POST",
-            "path": "/v1/galleries",
-            "headers": [(b"authorization", f"Bearer {TEST_KEY}".encode())],
-            "client": ("127.0.0.1", 40000),
-            "app": client.app,
-        }
-        assert identify_now(scope).startswith("key:")  # the database answers: the key's identity
-        proxy.freeze()
-        caplog.clear()
-        with caplog.at_level(logging.WARNING), pytest.raises(Problem) as raised:
-            identify_now(scope)
-        assert raised.value.status == 503
-        assert raised.value.headers["Retry-After"] == "5"
-        assert not [r for r in caplog.records if r.exc_info], "an outage logs no traceback"
-        proxy.thaw()
-        assert identify_now(scope).startswith("key:")
+        yield start_app
     finally:
         proxy.thaw()
-        client.__exit__(None, None, None)
+        for client in started:
+            client.__exit__(None, None, None)
+
+
+def test_a_key_the_wedged_database_cannot_check_answers_503_not_the_address_cap(
+    caplog: pytest.LogCaptureFixture, wedgeable_app: StartApp
+) -> None:
+    client, proxy = wedgeable_app()
+    scope = {
+        "type": "http",
+        "method": "POST",
+        "path": "/v1/galleries",
+        "headers": [(b"authorization", f"Bearer {TEST_KEY}".encode())],
+        "client": ("127.0.0.1", 40000),
+        "app": client.app,
+    }
+    assert identify_now(scope).startswith("key:")  # the database answers: the key's identity
+    proxy.freeze()
+    caplog.clear()
+    with caplog.at_level(logging.WARNING), pytest.raises(Problem) as raised:
+        identify_now(scope)
+    assert raised.value.status == 503
+    assert raised.value.headers["Retry-After"] == "5"
+    assert not [r for r in caplog.records if r.exc_info], "an outage logs no traceback"
+    proxy.thaw()
+    assert identify_now(scope).startswith("key:")
 
 
 def identify_now(scope: dict) -> str:
@@ -82,123 +103,102 @@ def identify_now(scope: dict) -> str:
 
 
 def test_a_session_whose_rollback_meets_the_wedge_lets_the_answer_stand(
-    tmp_path: Path,
-    wedgeable_postgres: tuple[str, FreezableProxy],  # noqa: F811
-    caplog: pytest.LogCaptureFixture,
+    caplog: pytest.LogCaptureFixture, wedgeable_app: StartApp
 ) -> None:
-    url, proxy = wedgeable_postgres
-    client = start(tmp_path, database_url=url, **BOUNDS)
-    try:
-        state = client.app.state.service
-        dependency = get_session(state)
-        session = next(dependency)
-        assert session.execute(text("SELECT 1")).scalar() == 1  # a transaction is open
-        proxy.freeze()  # the answer is ready; the database wedges before the teardown
-        caplog.clear()
-        tic = time.monotonic()
-        with caplog.at_level(logging.WARNING), pytest.raises(StopIteration):
-            next(dependency)  # the teardown: rolls back, and must not raise
-        assert time.monotonic() - tic < BOUNDS["db_read_timeout_s"] + 2
-        assert not [r for r in caplog.records if r.exc_info], "an outage logs no traceback"
-        proxy.thaw()
-        with state.db.sessions() as again:
-            assert again.execute(text("SELECT 1")).scalar() == 1
-    finally:
-        proxy.thaw()
-        client.__exit__(None, None, None)
+    client, proxy = wedgeable_app()
+    state = client.app.state.service
+    dependency = get_session(state)
+    session = next(dependency)
+    assert session.execute(text("SELECT 1")).scalar() == 1  # a transaction is open
+    proxy.freeze()  # the answer is ready; the database wedges before the teardown
+    caplog.clear()
+    tic = time.monotonic()
+    with caplog.at_level(logging.WARNING), pytest.raises(StopIteration):
+        next(dependency)  # the teardown: rolls back, and must not raise
+    assert time.monotonic() - tic < BOUNDS["db_read_timeout_s"] + 2
+    assert not [r for r in caplog.records if r.exc_info], "an outage logs no traceback"
+    proxy.thaw()
+    with state.db.sessions() as again:
+        assert again.execute(text("SELECT 1")).scalar() == 1
+
+
+def queue_upgrade(client: TestClient, dataset_id: str) -> str:
+    """A quick upgrade of the dataset, accepted: its id."""
+    created = client.post("/v1/upgrades", json=quick_upgrade(dataset_id))
+    assert created.status_code == 202, created.text
+    return created.json()["id"]
+
+
+def wait_for_end(client: TestClient, job_id: str) -> None:
+    wait_until(
+        lambda: job_row(client, job_id).status in ("succeeded", "failed"), 30, "the upgrade to end"
+    )
 
 
 def test_an_upgrade_running_when_the_database_wedges_is_queued_again_and_succeeds(
-    tmp_path: Path,
-    wedgeable_postgres: tuple[str, FreezableProxy],  # noqa: F811
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, wedgeable_app: StartApp
 ) -> None:
-    url, proxy = wedgeable_postgres
-    client = start(tmp_path, database_url=url, job_runner="thread", job_threads=1, **BOUNDS)
-    try:
-        _, dataset_id = paired_setup(client)
-        storing, wedged = threading.Event(), threading.Event()
-        real_store = executor._store
-        calls = {"n": 0}
+    client, proxy = wedgeable_app(job_runner="thread", job_threads=1)
+    _, dataset_id = paired_setup(client)
+    storing, wedged = threading.Event(), threading.Event()
+    real_store = executor._store
+    calls = {"n": 0}
 
-        def store_in_the_wedge(*args, **kwargs):
-            calls["n"] += 1
-            if calls["n"] == 1:  # the first attempt stores its model while nothing answers
-                storing.set()
-                assert wedged.wait(60), "the test never wedged the database"
-            return real_store(*args, **kwargs)
+    def store_in_the_wedge(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 1:  # the first attempt stores its model while nothing answers
+            storing.set()
+            assert wedged.wait(60), "the test never wedged the database"
+        return real_store(*args, **kwargs)
 
-        monkeypatch.setattr(executor, "_store", store_in_the_wedge)
-        created = client.post("/v1/upgrades", json=quick_upgrade(dataset_id))
-        assert created.status_code == 202, created.text
-        job_id = created.json()["id"]
-        assert storing.wait(60)
-        proxy.freeze()
-        wedged.set()
-        time.sleep(BOUNDS["db_read_timeout_s"] + 2)
-        proxy.thaw()
-        wait_until(
-            lambda: job_row(client, job_id).status in ("succeeded", "failed"),
-            30,
-            "the upgrade to end",
-        )
-        row = job_row(client, job_id)
-        assert row.status == "succeeded", row.error
-        assert row.attempts == 2 and calls["n"] == 2
-    finally:
-        proxy.thaw()
-        client.__exit__(None, None, None)
+    monkeypatch.setattr(executor, "_store", store_in_the_wedge)
+    job_id = queue_upgrade(client, dataset_id)
+    assert storing.wait(60)
+    proxy.freeze()
+    wedged.set()
+    time.sleep(BOUNDS["db_read_timeout_s"] + 2)
+    proxy.thaw()
+    wait_for_end(client, job_id)
+    row = job_row(client, job_id)
+    assert row.status == "succeeded", row.error
+    assert row.attempts == 2 and calls["n"] == 2
 
 
 def test_a_training_runs_through_a_short_wedge_without_losing_its_attempt(
-    tmp_path: Path,
-    wedgeable_postgres: tuple[str, FreezableProxy],  # noqa: F811
-    monkeypatch: pytest.MonkeyPatch,
-    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, wedgeable_app: StartApp
 ) -> None:
     """Between its optimiser steps a training reads its cancel flag and writes its progress;
     a wedge used to turn the first of those into a crash (then, with the queueing above, a
     lost attempt: the soak's long flood job failed after three wedges). The flag and the
     progress are best effort while the database does not answer: the training goes on."""
-    url, proxy = wedgeable_postgres
-    client = start(tmp_path, database_url=url, job_runner="thread", job_threads=1, **BOUNDS)
-    try:
-        _, dataset_id = paired_setup(client)
-        gate, entered = threading.Event(), threading.Event()
-        real_train = backbone.train
+    client, proxy = wedgeable_app(job_runner="thread", job_threads=1)
+    _, dataset_id = paired_setup(client)
+    gate, entered = threading.Event(), threading.Event()
+    real_train = backbone.train
 
-        def stepping(*args, **kwargs):
-            hooks = kwargs["hooks"]
-            entered.set()
-            epoch = 0
-            while not gate.is_set():  # steps, until the test has wedged and thawed the database
-                epoch += 1
-                hooks.report(epoch, 1000, 1.0)
-                hooks.check()
-                time.sleep(0.2)
-            return real_train(*args, **kwargs)
+    def stepping(*args, **kwargs):
+        hooks = kwargs["hooks"]
+        entered.set()
+        epoch = 0
+        while not gate.is_set():  # steps, until the test has wedged and thawed the database
+            epoch += 1
+            hooks.report(epoch, 1000, 1.0)
+            hooks.check()
+            time.sleep(0.2)
+        return real_train(*args, **kwargs)
 
-        monkeypatch.setattr(backbone, "train", stepping)
-        created = client.post("/v1/upgrades", json=quick_upgrade(dataset_id))
-        assert created.status_code == 202, created.text
-        job_id = created.json()["id"]
-        assert entered.wait(30)
-        caplog.clear()
-        with caplog.at_level(logging.WARNING):
-            proxy.freeze()
-            time.sleep(BOUNDS["db_read_timeout_s"] + 2)
-            proxy.thaw()
-            time.sleep(1.5)  # a cancel poll and a progress report after the thaw
-            gate.set()
-            wait_until(
-                lambda: job_row(client, job_id).status in ("succeeded", "failed"),
-                30,
-                "the upgrade to end",
-            )
-        row = job_row(client, job_id)
-        assert row.status == "succeeded", row.error
-        assert row.attempts == 1
-        assert not [r for r in caplog.records if r.exc_info], "an outage logs no traceback"
-    finally:
+    monkeypatch.setattr(backbone, "train", stepping)
+    job_id = queue_upgrade(client, dataset_id)
+    assert entered.wait(30)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        proxy.freeze()
+        time.sleep(BOUNDS["db_read_timeout_s"] + 2)
         proxy.thaw()
-        client.__exit__(None, None, None)
+        time.sleep(1.5)  # a cancel poll and a progress report after the thaw
+        gate.set()
+        wait_for_end(client, job_id)
+    row = job_row(client, job_id)
+    assert row.status == "succeeded", row.error
+    assert row.attempts == 1
+    assert not [r for r in caplog.records if r.exc_info], "an outage logs no traceback"
