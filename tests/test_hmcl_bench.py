@@ -25,6 +25,7 @@ from bench.quality.continual import (
     run_benchmark,
     run_method,
     selection_score,
+    timing_provenance,
 )
 from bench.quality.continual_report import render_markdown, render_streams, targets, verdict
 from bench.quality.continual_stream import (
@@ -616,3 +617,16 @@ def test_worker_processes_give_the_figures_of_a_run_in_this_process() -> None:
             other = sequential if split is pooled else sequential[HELD_BACK]
             for a, b in zip(split["per_seed"][m], other["per_seed"][m], strict=True):
                 np.testing.assert_array_equal(np.array(a["matrix"]), np.array(b["matrix"]))
+
+
+def test_times_taken_from_a_run_that_took_them_from_another_keep_the_first_date() -> None:
+    """A rerun with --timing-from named the intermediate run's date as the times' (the times
+    were the first run's, two days earlier)."""
+    first = {"date": "2026-12-03", "timing": {}}
+    assert timing_provenance(Path("a.json"), first) == {"path": "a.json", "date": "2026-12-03"}
+    second = {
+        "date": "2026-12-04",
+        "timing": {},
+        "timing_from": {"path": "a.json", "date": "2026-12-03"},
+    }
+    assert timing_provenance(Path("b.json"), second) == {"path": "a.json", "date": "2026-12-03"}

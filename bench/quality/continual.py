@@ -456,6 +456,12 @@ def stream_constants() -> dict[str, Any]:
     }
 
 
+def timing_provenance(path: Path, earlier: Mapping[str, Any]) -> dict[str, str]:
+    """Where ``--timing-from``'s per-step times were taken: the earlier run's file and date, or,
+    when that run took them from another in turn, the first run's (its date is the times')."""
+    return dict(earlier.get("timing_from") or {"path": str(path), "date": earlier["date"]})
+
+
 def check_frozen_held_back(corpus: Corpus) -> None:
     """Refuse a ``--final`` run whose held-back rows are not the frozen ones (issue 42 item 3):
     the SHA-256 of their synset ids must be ``HELD_BACK_SHA256``."""
@@ -514,6 +520,9 @@ def run_benchmark(
             return build(seed, HELD_BACK)
 
     held_back_sha256 = held_back_digest(corpus.data.meta) if corpus is not None else None
+    # The code measured: taken once, at the start, so a commit made while the run trains is not
+    # recorded as the one it measured.
+    source = source_state("app", "bench/quality")
     if config.final and held_back_stream is None:
         raise ValueError("config.final needs the held-back stream of the caller's tasks")
     config.check_equal_budgets()
@@ -536,7 +545,7 @@ def run_benchmark(
         done = len(runs[config.methods[0]])
         return {
             "date": time.strftime("%Y-%m-%d"),
-            "source_state": source_state("app", "bench/quality"),
+            "source_state": source,
             "seconds": time.perf_counter() - tic,
             "torch": torch.__version__,
             "python": platform.python_version(),
@@ -784,7 +793,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     if args.timing_from is not None:
         earlier = json.loads(args.timing_from.read_text())
         timed = earlier["timing"]
-        timing_from = {"timing_from": {"path": str(args.timing_from), "date": earlier["date"]}}
+        timing_from = {"timing_from": timing_provenance(args.timing_from, earlier)}
     result = {
         "command": command,
         **run_benchmark(config, corpus, checkpoint=write, timed=timed),
