@@ -179,6 +179,16 @@ def database_outage(exc: BaseException) -> Problem | None:
     return None
 
 
+def log_background_failure(logger: logging.Logger, message: str, exc: BaseException) -> None:
+    """A background loop's failed round (the job sweep, a job slot, the returned tally's flush):
+    a database outage as one rate-limited warning (``log_outage``: the loop retries, and while
+    the database restarts every round fails the same way), anything else with its traceback."""
+    if database_outage(exc) is not None:
+        log_outage(f"{message}: database unavailable (%s)", type(exc).__name__)
+    else:
+        logger.error(message, exc_info=exc)
+
+
 def insufficient_storage(where: str) -> Problem:
     """507: the disk (or a quota, or a file-size limit) is full; nothing was stored."""
     return Problem(

@@ -27,6 +27,7 @@ from sqlalchemy import select, text
 from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.orm import Session
 
+from app.core.errors import log_background_failure
 from app.galleries.models import Gallery, ReturnedWeight
 from app.migration.access import at_points
 
@@ -193,8 +194,8 @@ class ReturnedTally:
             self._wake.clear()
             try:
                 self.flush()
-            except Exception:  # the writer must outlive one bad write
-                log.exception("returned tally flush failed")
+            except Exception as exc:  # the writer must outlive one bad write
+                log_background_failure(log, "returned tally flush failed", exc)
 
     def stop(self) -> None:
         """Stop the thread and write what is left."""
@@ -205,8 +206,8 @@ class ReturnedTally:
             self._thread = None
         try:
             self.flush()
-        except Exception:
-            log.exception("final returned tally flush failed")
+        except Exception as exc:
+            log_background_failure(log, "final returned tally flush failed", exc)
 
 
 class DeferredTally:

@@ -23,6 +23,7 @@ from datetime import timedelta
 from sqlalchemy import or_, select, update
 
 from app.core.db import Database, utcnow
+from app.core.errors import log_background_failure
 from app.core.settings import Settings
 from app.jobs.models import QUEUED, RUNNING, UpgradeJob
 from app.upgrades.executor import Claim, execute, fair_order, run_next, worker_name
@@ -102,8 +103,8 @@ class JobRunner:
         while not self._stop.wait(self.settings.job_sweep_interval_s):
             try:
                 self.sweep()
-            except Exception:
-                log.exception("job sweep failed")
+            except Exception as exc:
+                log_background_failure(log, "job sweep failed", exc)
 
 
 class InlineRunner(JobRunner):
@@ -165,8 +166,8 @@ class ThreadRunner(JobRunner):
                 self._wake = False
             try:
                 ran = run_next(self.db, self.settings, worker=worker, stop=self._stop)
-            except Exception:
-                log.exception("job slot: runner error")
+            except Exception as exc:
+                log_background_failure(log, "job slot: runner error", exc)
                 ran = Claim.DONE
             with self._lock:
                 if self._stop.is_set() or (ran is not Claim.CLAIMED and not self._wake):
