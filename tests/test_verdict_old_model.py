@@ -134,3 +134,23 @@ def test_with_the_old_model_gone_two_stage_needs_most_of_the_reindex() -> None:
         two_stage=_curve(0.56, (0.07, 0.01), 0.40, (0.10, 0.01)),
     )
     assert weak["action"] == "reindex"  # 0.40 < 0.75 × 0.57
+
+
+def test_a_bridge_judged_on_class_search_names_query_search_as_unmeasured() -> None:
+    """Issue 44 item 1: with labels and no query log the evidence is class search alone; a
+    bridge verdict there says query → document search is not measured and how to search
+    meanwhile, and a measure verdict says what to send instead of calling the bridge served."""
+    winning = recommend(_class_and_instance(0.40, 0.338), "hbct", "class")
+    assert winning["action"] == "bridge" and winning["unmeasured"] == ["query"]
+    assert "query → document search through the bridge is not measured" in winning["why"]
+    assert "old_vectors" in winning["why"] and "--old-queries" in winning["why"]
+    measured_on_queries = {
+        "hbct": {"query": {"recall@10": 0.5}, "arr": {"query": {"recall@10": 0.9}}},
+        "reindex": {"query": {"recall@10": 0.55}},
+        "stay": {"query": {"recall@10": 0.45}},
+    }
+    on_queries = recommend(measured_on_queries, "hbct", "query")
+    assert on_queries["action"] == "bridge" and "unmeasured" not in on_queries
+    measure = recommend(_class_and_instance(0.257, 0.338), "hbct", "query", view="instance")
+    assert "is served meanwhile" not in measure["why"]
+    assert "--old-queries" in measure["why"] and "old_vectors" in measure["why"]

@@ -292,8 +292,11 @@ def _transition_queries(
 def bridged_warning(session: Session, tenant_id: str, request: SearchQuery) -> str | None:
     """A warning for a search through a backbone model with its features alone (no
     ``old_vectors``: the items not re-embedded are scored through the bridge) when the model's
-    upgrade did not recommend the bridge: on its held-out data the bridge was not shown to beat
-    keeping the old model (issue 44: the default served worse than staying). None otherwise."""
+    upgrade did not recommend the bridge — on its held-out data the bridge was not shown to beat
+    keeping the old model (issue 44: the default served worse than staying) — or recommended it
+    on class search alone (labels, no query log), which says nothing of queries looking for
+    their own documents (on the public nouns such a bridge finds them less often than the old
+    model). None otherwise."""
     if request.model_id is None or request.old_vectors is not None or request.rerank:
         return None
     from app.jobs.models import UpgradeJob
@@ -302,14 +305,25 @@ def bridged_warning(session: Session, tenant_id: str, request: SearchQuery) -> s
     if row.kind != BACKBONE or row.upgrade_id is None:
         return None
     report = session.scalar(select(UpgradeJob.report).where(UpgradeJob.id == row.upgrade_id))
-    action = ((report or {}).get("recommendation") or {}).get("action")
+    verdict = (report or {}).get("recommendation") or {}
+    action = verdict.get("action")
+    send_old = (
+        "Send the old model's query vectors too (old_vectors, the CLI's --old-queries: a "
+        "transition search, exactly the old model's own while nothing is re-embedded), or "
+        "rerank (a two-stage search)"
+    )
+    if action == "bridge" and (verdict.get("metric") or {}).get("view") == "class":
+        return (
+            f"model {row.id}'s upgrade verdict 'bridge' was judged on class search (an item's "
+            "neighbours sharing its label); query → document search through the bridge was not "
+            f"measured. For queries that look for their own documents: {send_old}"
+        )
     if action in (None, "bridge"):
         return None
     return (
         f"model {row.id}'s upgrade verdict is {action!r}, not 'bridge': on its held-out data "
-        "searching the old gallery through the bridge was not shown to beat the old model. "
-        "Send the old model's query vectors too (old_vectors: a transition search, exactly the "
-        "old model's own while nothing is re-embedded), or rerank (a two-stage search)"
+        f"searching the old gallery through the bridge was not shown to beat the old model. "
+        f"{send_old}"
     )
 
 

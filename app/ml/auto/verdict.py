@@ -82,6 +82,16 @@ def _fmt(value: float | None) -> str:
     return "n/a" if value is None or not math.isfinite(value) else f"{value:.3f}"
 
 
+CLASS_ONLY = (
+    "This was judged on class search (an item's neighbours sharing its label): query → "
+    "document search through the bridge is not measured. For queries that look for their own "
+    "documents, send the old model's vectors of the same queries too (old_vectors, the CLI's "
+    "--old-queries: a transition search, exactly the old model's own hits while nothing is "
+    "re-embedded) until a query log (queries, both models' vectors, relevant items) shows the "
+    "bridge beats it."
+)
+
+
 def _worse_than_stay(metrics: dict[str, dict[str, Any]], served: str, view: str) -> str:
     """The view's other metrics on which the old model beats the served bridge, as a sentence
     ('' when none): the verdict follows one metric, and a bridge can win it and lose another
@@ -284,7 +294,11 @@ def recommend(
                 else "Without the old model's vectors of the same queries, staying is not "
                 "measured. "
             )
-            + f"The bridge ({served}) is served meanwhile. Upload {missing}, then train again."
+            + f"Meanwhile a search with new features alone goes through the bridge ({served}), "
+            "which is not shown to beat the old model: send the old model's vectors of the same "
+            "queries too (old_vectors, the CLI's --old-queries: a transition search, exactly the "
+            f"old model's own hits while nothing is re-embedded), or keep the old model. Upload "
+            f"{missing}, then train again."
         )
         out["missing"] = [missing]
         next_step = (
@@ -404,6 +418,12 @@ def recommend(
             )
         next_step = "keep searching with the old model"
         curl = None
+    if action == "bridge" and view == "class":
+        # Labels, no query log: the evidence is class search alone. Through a bridge that wins
+        # it, queries can still find their own documents less often than the old model's (the
+        # public nouns' lemma → gloss search does), so query search is named as unmeasured.
+        why += " " + CLASS_ONLY
+        out["unmeasured"] = ["query"]
     below = below_old_model(metrics, served)
     if action != "bridge":  # a bridge's own shortfalls are named by ``_worse_than_stay``
         why += _below_sentence(below, served)
