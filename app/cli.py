@@ -3,7 +3,8 @@ datasets, upgrades, backfill, search, export, reports, keys) against a running s
 
 Client commands talk HTTP only: they import neither torch nor the service, so they start fast.
 The server is --url (or NOBACKFILL_URL; by default the URL `nobackfill serve` recorded in
-$NOBACKFILL_DATA_DIR/server_url, else http://127.0.0.1:8000), the API key --key (or
+$NOBACKFILL_DATA_DIR/server_url, ./data/server_url; with none of them the command says how to
+name one instead of guessing a port), the API key --key (or
 NOBACKFILL_KEY; for a server on this machine, by default the key `nobackfill serve` stored in
 $NOBACKFILL_DATA_DIR/api_key, ./data/api_key)."""
 

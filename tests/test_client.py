@@ -13,7 +13,7 @@ import httpx
 import numpy as np
 import pytest
 
-from app.client import ApiError, Client, InputError, UploadInterrupted
+from app.client import ApiError, Client, InputError, NoServerError, UploadInterrupted
 from app.client.uploads import BatchLimits, RowParts
 from bench.common.service import BENCH_KEY, RunningService, start_service
 
@@ -339,11 +339,12 @@ def test_the_local_key_file_is_used_for_a_server_on_this_machine_only(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     (tmp_path / "api_key").write_text("nbk_local_key_from_the_data_dir\n")
+    (tmp_path / "server_url").write_text("http://127.0.0.1:8123\n")
     monkeypatch.setenv("NOBACKFILL_DATA_DIR", str(tmp_path))
     monkeypatch.delenv("NOBACKFILL_KEY", raising=False)
     monkeypatch.delenv("NOBACKFILL_URL", raising=False)
     with Client() as local:
-        assert local.url == "http://127.0.0.1:8000"
+        assert local.url == "http://127.0.0.1:8123"
         assert local.key == "nbk_local_key_from_the_data_dir"
     with Client("https://nobackfill.example.com") as remote:
         assert remote.key is None and "Authorization" not in remote.http.headers
@@ -442,3 +443,26 @@ def test_skipped_ids_of_every_batch_are_reported_and_not_counted_as_upserted(
     text = upload_summary(result, "re-embedded items")
     assert "498 re-embedded items upserted" in text
     assert "2 skipped" in text and "item-3" in text and "item-7" in text
+
+
+def test_with_no_server_named_the_client_does_not_guess_a_port(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 44 item 6: outside the folder make serve ran in, the client tried 127.0.0.1:8000
+    (another service's port here) and answered 401. With no --url, NOBACKFILL_URL or recorded
+    server_url it now refuses, naming each way to give one, and the CLI exits 1 with that
+    message before any request."""
+    from app.cli import main
+
+    monkeypatch.chdir(tmp_path)  # no data/server_url here
+    monkeypatch.delenv("NOBACKFILL_URL", raising=False)
+    monkeypatch.delenv("NOBACKFILL_DATA_DIR", raising=False)
+    with pytest.raises(NoServerError, match="NOBACKFILL_URL") as refused:
+        Client()
+    assert "--url" in str(refused.value) and "NOBACKFILL_DATA_DIR" in str(refused.value)
+    assert main(["gallery", "list"]) == 1
+    err = capsys.readouterr().err
+    assert "no server named" in err and "NOBACKFILL_URL" in err
+    monkeypatch.setenv("NOBACKFILL_URL", "http://127.0.0.1:9001")
+    with Client() as named:
+        assert named.url == "http://127.0.0.1:9001"

@@ -9,6 +9,14 @@ with Client() as nb:  # $NOBACKFILL_URL, $NOBACKFILL_KEY
 from app.client.client import Client
 from app.client.errors import ApiError, UploadInterrupted
 from app.client.results import SearchResults
+from app.client.transport import NoServerError
 from app.client.uploads import InputError
 
-__all__ = ["ApiError", "Client", "InputError", "SearchResults", "UploadInterrupted"]
+__all__ = [
+    "ApiError",
+    "Client",
+    "InputError",
+    "NoServerError",
+    "SearchResults",
+    "UploadInterrupted",
+]

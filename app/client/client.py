@@ -36,7 +36,9 @@ TERMINAL = ("succeeded", "failed", "cancelled")
 
 class Client(Transport):
     """A nobackfill server. ``url`` defaults to ``$NOBACKFILL_URL`` (else the URL ``nobackfill
-    serve`` recorded in ``$NOBACKFILL_DATA_DIR/server_url``, else http://127.0.0.1:8000), ``key`` to ``$NOBACKFILL_KEY`` (else, for a server on this machine,
+    serve`` recorded in ``$NOBACKFILL_DATA_DIR/server_url``; with neither, ``NoServerError``
+    says how to name one: no port is guessed), ``key`` to ``$NOBACKFILL_KEY`` (else, for a
+    server on this machine,
     ``$NOBACKFILL_DATA_DIR/api_key`` as ``nobackfill serve`` writes it).
 
     Uploads are cut into batches of at most ``batch_rows`` rows and ``batch_bytes`` bytes (below

@@ -19,6 +19,7 @@ import numpy as np
 from app.client.client import Client
 from app.client.errors import ApiError, UploadInterrupted
 from app.client.results import SearchResults
+from app.client.transport import NoServerError
 from app.client.uploads import InputError
 
 EXIT_FAILED = 1
@@ -719,7 +720,7 @@ def run(
                 return fail(f"{exc}{notes}{hint}")
             except httpx.TransportError as exc:
                 return fail(f"cannot reach {client.url}: {exc}")
-    except (CommandError, InputError, UploadInterrupted) as exc:
+    except (CommandError, InputError, UploadInterrupted, NoServerError) as exc:
         return fail(str(exc))
     except TimeoutError as exc:
         return fail(str(exc))

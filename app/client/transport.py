@@ -27,12 +27,19 @@ from app.client.uploads import (
     string_array,
 )
 
-DEFAULT_URL = "http://127.0.0.1:8000"
+# Where `make serve` listens unless NOBACKFILL_PORT says otherwise: named in the message of a
+# client that finds no server, never tried silently (another service may hold that port).
+SERVE_DEFAULT_URL = "http://127.0.0.1:8000"
 # Answers that a retry of the same request may well not get (a proxy or a restarting server).
 RETRY_STATUSES = (502, 503, 504)
 LOOPBACK = ("127.0.0.1", "localhost", "::1", "[::1]")
 
 Progress = Callable[[int, int], None]
+
+
+class NoServerError(ValueError):
+    """No URL given, in the environment or recorded by a local ``nobackfill serve``: the client
+    does not guess one (a default port may be another service's, and would get the key)."""
 
 
 def _local_dir() -> Path:
@@ -81,9 +88,15 @@ class Transport:
         checkpoint_dir: str | Path | None = None,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
-        self.url = (url or os.environ.get("NOBACKFILL_URL") or _local_url() or DEFAULT_URL).rstrip(
-            "/"
-        )
+        found = url or os.environ.get("NOBACKFILL_URL") or _local_url()
+        if not found:
+            raise NoServerError(
+                "no server named: give --url or set NOBACKFILL_URL (make serve listens on "
+                f"{SERVE_DEFAULT_URL} unless NOBACKFILL_PORT says otherwise), or run from the "
+                "folder make serve ran in, or set NOBACKFILL_DATA_DIR to its data folder (it "
+                f"records its URL in server_url there; none in {_local_dir().resolve()})"
+            )
+        self.url = found.rstrip("/")
         self.key = key or os.environ.get("NOBACKFILL_KEY") or _local_key(self.url)
         self.retries = retries
         self.retry_backoff_s = retry_backoff_s
