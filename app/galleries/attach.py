@@ -161,6 +161,7 @@ def _attach_pgvector(
         distance=given.distance,
         password_env=given.password_env,
         text_field=given.text_field,
+        migration_hnsw=given.migration_hnsw,
     )
     allowed_dsn(settings, source.dsn)
     claim = _claim(session, settings, tenant_id, source.as_dict())

@@ -142,6 +142,12 @@ class PgvectorSourceIn(StrictModel):
         pattern=PG_NAME,
         description="a text column holding each item's document text (checked on attach)",
     )
+    migration_hnsw: bool = Field(
+        default=False,
+        description="an in-place migration adds a vector(D) column per model to the table; "
+        "true: each such column also gets an HNSW index with the operator class of `distance` "
+        "(for your own searches of it: the service's are exact and use no index)",
+    )
 
 
 class GalleryCreate(StrictModel):

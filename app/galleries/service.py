@@ -31,6 +31,7 @@ from app.models.service import ModelCache, embed_features, get_model, resolve_mo
 from app.vectors.engine import (
     ATTACHED,
     ATTACHED_MILVUS,
+    ATTACHED_PGVECTOR,
     MILVUS,
     QDRANT,
     SEARCHED_IN_ENGINE,
@@ -546,6 +547,11 @@ def _forget_in_collection(
         from app.vectors.milvus.source import MilvusSource
 
         milvus_sibling.forget_models(settings, gallery_id, MilvusSource.of(source), model_ids)
+    elif kind == ATTACHED_PGVECTOR:
+        from app.vectors.pgvector import migration as pgvector_migration
+        from app.vectors.pgvector.source import PgvectorSource
+
+        pgvector_migration.forget_models(settings, gallery_id, PgvectorSource.of(source), model_ids)
 
 
 def index_for(

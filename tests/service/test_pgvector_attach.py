@@ -393,19 +393,21 @@ def test_each_upgrade_rechecks_the_table_and_reports_a_changed_count(
     assert client.get(f"/v1/galleries/{gallery['id']}").json()["count"] == N - 5
 
 
-def test_two_stage_search_and_reembed_jobs_answer_409_until_in_place_is_built(
+def test_two_stage_search_and_reembed_jobs_need_a_text_column(
     client: TestClient, nouns: dict
 ) -> None:
-    """A pgvector table has no in-place migration yet: what would write re-embedded vectors into
-    it is refused, saying so, and changes nothing; a text column is still checked and kept."""
-    gallery = attach(client, {**nouns["source"], "text_field": "title"})
-    assert gallery["source"]["text_field"] == "title"
+    """What embeds items' texts (a two-stage search, a re-embed job) needs the text column the
+    attach names: without one it answers 409 with the hint and changes nothing; a named one is
+    checked and kept (the in-place writes themselves: tests/service/test_pgvector_in_place.py)."""
+    gallery = attach(client, nouns["source"])
     body = {"model_id": "mdl_x", "features": [[0.1] * 768], "k": 3, "rerank": {}}
     before = snapshot(client)
     tables = table_state(nouns["dsn"])
     refused = problem(client.post(f"/v1/galleries/{gallery['id']}/search", json=body), 409)
-    assert "no in-place migration yet" in refused["detail"], refused
+    assert "source.text_field" in refused["detail"], refused
     job = client.post(f"/v1/galleries/{gallery['id']}/reembed", json={"model_id": "mdl_x"})
-    assert "no in-place migration yet" in problem(job, 409)["detail"]
+    assert "source.text_field" in problem(job, 409)["detail"]
     assert snapshot(client) == before
     assert table_state(nouns["dsn"]) == tables
+    named = attach(client, {**nouns["source"], "text_field": "title"}, name="titled")
+    assert named["source"]["text_field"] == "title"

@@ -2,13 +2,14 @@
 vectors written into the owner's deployment, beside the old ones, counted by the service's rows.
 
 One module per engine — ``qdrant`` (a named vector of the user's own points), ``milvus`` (a
-sibling collection keyed by the same primary keys) — over what they share (``rows``: the ids
+sibling collection keyed by the same primary keys), ``pgvector`` (a ``vector(D)`` column per model
+added to the owner's table) — over what they share (``rows``: the ids
 refused, the counting under the upload's locks); ``texts`` reads the items' document texts for a
 two-stage search or a re-embed job through ``read_texts`` and ``read_vectors`` here. This module
 is the one that picks the engine, by the gallery's ``vector_storage``, as ``app.vectors.storage``
 does for storages; the engine modules never import each other ([tool.importlinter] in
 pyproject.toml). pymilvus is an optional dependency: the Milvus module loads only when a Milvus
-gallery needs it. A pgvector table has no in-place migration yet (``refuse_pgvector``).
+gallery needs it.
 """
 
 from __future__ import annotations
@@ -19,27 +20,14 @@ from typing import Any
 import numpy as np
 from sqlalchemy.orm import Session
 
-from app.core.errors import conflict
 from app.core.settings import Settings
 from app.galleries.models import Gallery
-from app.migration.in_place import qdrant
+from app.migration.in_place import pgvector, qdrant
 from app.migration.mixed_search import Lists
 from app.models.models import TrainedModel
 from app.vectors.engine import ATTACHED_MILVUS, ATTACHED_PGVECTOR, QDRANT
 from app.vectors.faiss.index_store import IndexStore
 from app.vectors.storage import session_settings
-
-
-def refuse_pgvector(gallery: Gallery, what: str) -> None:
-    """409 for ``what`` on an attached pgvector table: the service writes nothing into it yet
-    (an in-place migration's ``vector(D)`` column per model is not built), so neither
-    re-embedded items nor the searches that embed texts into them have a place."""
-    if gallery.vector_storage == ATTACHED_PGVECTOR:
-        raise conflict(
-            f"{what} stores re-embedded vectors in the attached collection, and gallery "
-            f"{gallery.id} is a pgvector table, which has no in-place migration yet: search it "
-            "old→old or through a trained model's bridge (a transition search)"
-        )
 
 
 def store_in_place(
@@ -51,9 +39,11 @@ def store_in_place(
 ) -> dict[str, Any]:
     """Write an upload (ids and features, as ``reembed.checked_features`` returns them) into the
     attached collection as the model's vectors (Qdrant: a named vector of those points, Milvus:
-    a sibling collection), and count them. Ids that cannot name a point answer 422 (nothing
-    written); points no longer in the collection are skipped and listed under ``skipped``."""
-    refuse_pgvector(gallery, "an upload of re-embedded items")
+    a sibling collection, pgvector: a column of the table), and count them. Ids that cannot name
+    a point answer 422 (nothing written); points no longer in the collection are skipped and
+    listed under ``skipped``."""
+    if gallery.vector_storage == ATTACHED_PGVECTOR:
+        return pgvector.store_in_place(session, store, gallery, row, upload)
     if gallery.vector_storage == ATTACHED_MILVUS:
         from app.migration.in_place import milvus
 
@@ -78,14 +68,14 @@ def search_lists(
 
         return milvus.search_lists(session, gallery, row, features, query_points, k)
     if gallery.vector_storage == ATTACHED_PGVECTOR:
-        return None  # nothing re-embedded in place (``refuse_pgvector``): the old list alone
+        return pgvector.search_lists(session, gallery, row, features, query_points, k)
     return qdrant.search_lists(session, gallery, row, features, query_points, k)
 
 
 def forget_model(session: Session, gallery_ids: Iterable[str], model_id: str) -> None:
     """After a model's re-embedded items were deleted (committed): take what the service wrote
     for it out of the attached collections among ``gallery_ids`` (Qdrant: its named vector and
-    provenance; Milvus: its sibling collection). Best effort: what stays, no search reads any
+    provenance; Milvus: its sibling collection; pgvector: its column). Best effort: what stays, no search reads any
     more."""
     settings = session_settings(session)
     for gallery_id in gallery_ids:
@@ -98,6 +88,8 @@ def forget_model(session: Session, gallery_ids: Iterable[str], model_id: str) ->
             from app.migration.in_place import milvus
 
             milvus.forget(settings, gallery, [model_id])
+        elif gallery.vector_storage == ATTACHED_PGVECTOR:
+            pgvector.forget(settings, gallery, [model_id])
 
 
 def read_texts(
@@ -107,6 +99,8 @@ def read_texts(
     one in ``field`` (``texts.texts_of``)."""
     if gallery.vector_storage == QDRANT:
         return qdrant.read_texts(settings, gallery, field, items)
+    if gallery.vector_storage == ATTACHED_PGVECTOR:
+        return pgvector.read_texts(settings, gallery, field, items)
     from app.migration.in_place import milvus
 
     return milvus.read_texts(settings, gallery, field, items)
@@ -116,9 +110,12 @@ def read_vectors(
     settings: Settings, gallery: Gallery, model_id: str, items: list[str]
 ) -> tuple[list[str], np.ndarray]:
     """(item ids, rows) of the model's vectors the attached collection holds for the items:
-    Qdrant's named vector, Milvus's sibling rows (``texts.in_place_vectors``)."""
+    Qdrant's named vector, Milvus's sibling rows, pgvector's column
+    (``texts.in_place_vectors``)."""
     if gallery.vector_storage == QDRANT:
         return qdrant.read_vectors(settings, gallery, model_id, items)
+    if gallery.vector_storage == ATTACHED_PGVECTOR:
+        return pgvector.read_vectors(settings, gallery, model_id, items)
     from app.migration.in_place import milvus
 
     return milvus.read_vectors(settings, gallery, model_id, items)

@@ -1,15 +1,17 @@
 """Document texts of an attached collection's items, and the new vectors embedded from them
 written in place (issue 43, item 2): what lets a two-stage search (``app.search.two_stage``) and
-a re-embed job (``app.migration.reembed_job``) run on an attached Qdrant or Milvus collection.
+a re-embed job (``app.migration.reembed_job``) run on an attached Qdrant or Milvus collection or
+pgvector table.
 
-The texts are read from the collection itself, in the payload key (Qdrant) or VARCHAR field
-(Milvus) the attach named (``source.text_field``; ``app.vectors.qdrant.texts``,
-``app.vectors.milvus.texts``, through ``app.migration.in_place.read_texts``), batched; an item
-whose text is missing, empty or not a string is left out (the callers skip and count it). The
-vectors embedded from them are written exactly as uploaded re-embedded vectors of an attached
-collection are (``in_place.store_in_place``: the model's named vector in Qdrant, its sibling
-collection in Milvus, and the service's counting rows), so plan, progress, mixed and transition
-searches see them as any in-place migration's.
+The texts are read from the collection itself, in the payload key (Qdrant), VARCHAR field
+(Milvus) or text column (pgvector) the attach named (``source.text_field``;
+``app.vectors.qdrant.texts``, ``app.vectors.milvus.texts``, ``app.vectors.pgvector.texts``,
+through ``app.migration.in_place.read_texts``), batched; an item whose text is missing, empty or
+not a string is left out (the callers skip and count it). The vectors embedded from them are
+written exactly as uploaded re-embedded vectors of an attached collection are
+(``in_place.store_in_place``: the model's named vector in Qdrant, its sibling collection in
+Milvus, its column in pgvector, and the service's counting rows), so plan, progress, mixed and
+transition searches see them as any in-place migration's.
 A stored gallery's texts are its ``GalleryText`` rows (``app.galleries.service.item_texts``).
 """
 
@@ -39,16 +41,13 @@ def text_field(gallery: Gallery) -> str | None:
 
 def refuse_without_texts(gallery: Gallery, what: str) -> None:
     """409 for ``what`` (a two-stage search, a re-embed job) on an attached gallery whose
-    source names no text field: the service has no texts of its items to embed; and for any
-    ``what`` on a pgvector table, which has no in-place migration yet
-    (``in_place.refuse_pgvector``)."""
-    in_place.refuse_pgvector(gallery, what)
+    source names no text field: the service has no texts of its items to embed."""
     if gallery.vector_storage in ATTACHED and text_field(gallery) is None:
         raise conflict(
             f"{what} embeds items' document texts, and attached gallery {gallery.id} names no "
             "field holding them: attach the collection again with `source.text_field` (the "
-            "payload key, or Milvus VARCHAR field, of each item's text), or use a transition "
-            "search"
+            "payload key, Milvus VARCHAR field or pgvector text column of each item's text), or "
+            "use a transition search"
         )
 
 
@@ -69,7 +68,8 @@ def in_place_vectors(
     session: Session, gallery: Gallery, model_id: str, names: dict[int, str]
 ) -> tuple[np.ndarray, np.ndarray]:
     """(internal ids, unit rows) of the model's vectors the attached collection holds for the
-    items ``names`` (internal id → item id): Qdrant's named vector, Milvus's sibling rows."""
+    items ``names`` (internal id → item id): Qdrant's named vector, Milvus's sibling rows,
+    pgvector's column."""
     settings = session_settings(session)
     items, rows = in_place.read_vectors(settings, gallery, model_id, list(names.values()))
     internal = {item: v for v, item in names.items()}

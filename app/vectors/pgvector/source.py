@@ -5,7 +5,9 @@ A gallery with ``vector_storage = "pgvector"`` keeps no vector of its own: its
 ``source`` (a JSON column) names a database (``dsn``), a table (``table`` or ``schema.table``),
 its id column (an integer or text primary key / unique column: the item ids) and its vector
 column (``vector(D)`` or ``halfvec(D)``). The service only reads it: every connection opens
-with ``default_transaction_read_only`` on.
+with ``default_transaction_read_only`` on, except those of an in-place migration
+(``connected(writes=True)``, ``app.vectors.pgvector.migration``), which add, fill and drop the
+service's own ``nobackfill_<model id>`` columns and never write any other.
 
 Multi-tenant rules (``app.vectors.source_rules``), checked on attach and again on every
 connect:
@@ -55,6 +57,8 @@ IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_$]{0,62}")
 RETRY_AFTER_S = 5
 # How far from 1 a row's norm may be for inner_product / l2 to rank as cosine.
 UNIT_TOLERANCE = 1e-3
+# The columns an in-place migration adds are named with this prefix (``migration``).
+MIGRATION_PREFIX = "nobackfill_"
 
 
 @dataclass(frozen=True)
@@ -66,6 +70,9 @@ class PgvectorSource:
     distance: str = "cosine"
     password_env: str | None = None
     text_field: str | None = None
+    # The owner's choice on attach: an HNSW index (the operator class of ``distance``) on each
+    # column an in-place migration adds, for the owner's own searches of it.
+    migration_hnsw: bool = False
     # Learnt on attach: "int" or "text" ids, "vector" or "halfvec" column.
     id_type: str | None = None
     column_type: str | None = None
@@ -80,6 +87,7 @@ class PgvectorSource:
             distance=source.get("distance", "cosine"),
             password_env=source.get("password_env"),
             text_field=source.get("text_field"),
+            migration_hnsw=bool(source.get("migration_hnsw", False)),
             id_type=source.get("id_type"),
             column_type=source.get("column_type"),
         )
@@ -100,6 +108,8 @@ class PgvectorSource:
             "column_type": self.column_type,
         }
         out.update({key: value for key, value in optional.items() if value is not None})
+        if self.migration_hnsw:
+            out["migration_hnsw"] = True
         return out
 
     @property
@@ -137,6 +147,15 @@ def check_names(source: PgvectorSource) -> None:
             raise invalid(field, "a PostgreSQL name: a letter or _, then letters, digits, _ or $")
     if source.distance not in DISTANCES:
         raise invalid("source.distance", f"one of {', '.join(DISTANCES)}")
+    if source.vector_column.startswith(MIGRATION_PREFIX):
+        # A migration's column holds only the re-embedded rows, in the new model's space:
+        # searched alone it would answer for half the gallery, unmerged.
+        raise invalid(
+            "source.vector_column",
+            f"{source.vector_column!r} holds the service's re-embedded vectors of an in-place "
+            "migration; attach the table's own vector column and search the re-embedded ones "
+            "through the model (a transition or mixed search)",
+        )
 
 
 def allowed_dsn(settings: Settings, dsn: str) -> dict[str, str]:
@@ -204,18 +223,26 @@ def _changed(exc: BaseException) -> bool:
 
 
 @contextlib.contextmanager
-def connected(settings: Settings, source: PgvectorSource) -> Iterator[psycopg.Connection]:
+def connected(
+    settings: Settings, source: PgvectorSource, writes: bool = False
+) -> Iterator[psycopg.Connection]:
     """A read-only connection to the source's database, checked against the rules first,
-    closed after. While it is used: the server out of reach answers 503 with Retry-After, the
-    table or a column gone (its owner dropped it) 409; nothing is written either way."""
+    closed after (committed when the block ends without an error, rolled back otherwise).
+    While it is used: the server out of reach answers 503 with Retry-After, the table or a
+    column gone (its owner dropped it) 409; nothing is written either way. ``writes``: an
+    in-place migration's connection, the one kind that may write (the service's own columns
+    only, ``app.vectors.pgvector.migration``), under the same rules, and waiting for a table
+    lock no longer than a statement may run (``lock_timeout``: an owner's long transaction
+    makes the migration answer 503, it does not queue the owner's other sessions behind it)."""
     parts = allowed_dsn(settings, source.dsn)
     secret = password(settings, source.password_env)
     timeout_ms = int(settings.pgvector_timeout_s * 1000)
+    mode = f"-c lock_timeout={timeout_ms}" if writes else "-c default_transaction_read_only=on"
     params: dict[str, Any] = {
         **parts,
         "connect_timeout": max(1, int(settings.pgvector_timeout_s)),
         "application_name": "nobackfill",
-        "options": f"-c default_transaction_read_only=on -c statement_timeout={timeout_ms}",
+        "options": f"{mode} -c statement_timeout={timeout_ms}",
     }
     if secret is not None:
         params["password"] = secret

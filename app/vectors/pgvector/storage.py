@@ -2,8 +2,9 @@
 search — the pgvector twin of ``app.vectors.milvus.attached``.
 
 The gallery's vectors are the table's rows with a vector (``app.vectors.pgvector.source`` says
-where); the service never writes to the table: ``upsert`` and ``delete`` refuse (the galleries
-service refuses before them, with the same answer), and every connection is read-only. Reads go
+where); the service never writes the owner's rows: ``upsert`` and ``delete`` refuse (the galleries
+service refuses before them, with the same answer), and every connection here is read-only (an
+in-place migration's own columns are written by ``app.vectors.pgvector.migration``). Reads go
 to PostgreSQL on every call, so the API process holds nothing per gallery and a row the owner
 adds or removes is seen at once. Item ids are the id column's values as strings (an integer in
 decimal, a text id itself); internal ids come from ``app.vectors.attached_ids``, whose mapping and
@@ -173,11 +174,17 @@ class PgvectorStorage(KeyedStorage[PgvectorSource]):
             return int(conn.execute(statement).fetchone()[0])  # type: ignore[index]
 
     def search_rows(
-        self, gallery: StoredGallery, queries: np.ndarray, limit: int, without: Sequence[Any] = ()
+        self,
+        gallery: StoredGallery,
+        queries: np.ndarray,
+        limit: int,
+        without: Sequence[Any] = (),
+        lacking: str | None = None,
     ) -> list[list[tuple[Any, np.ndarray]]]:
         """Per query the ``limit`` rows nearest by cosine distance, (id, float4 vector), nearest
         first, ties by id; exact (a sequential scan: index scans off for the transaction).
-        ``without``: ids left out."""
+        ``without``: ids left out; ``lacking``: only the rows whose column of that name is NULL
+        (an in-place migration's old list: the rows without the model's vector)."""
         source = self.source(gallery)
         names = _Table(source)
         skip = (
@@ -185,6 +192,8 @@ class PgvectorStorage(KeyedStorage[PgvectorSource]):
             if len(without)
             else sql.SQL("")
         )
+        if lacking is not None:
+            skip = sql.SQL("{} AND {} IS NULL").format(skip, sql.Identifier(lacking))
         statement = sql.SQL(
             "SELECT {id}, {floats} FROM {table} WHERE {vector} IS NOT NULL{skip} "
             "ORDER BY {vector} <=> %(query)s::real[]::{qtype}, {id} LIMIT %(limit)s"
@@ -221,16 +230,18 @@ class PgvectorSearcher(AttachedSearcher[PgvectorStorage]):
         overfetch: int = 4,
         min_candidates: int = 64,
         without: Sequence[int | str] = (),
+        lacking: str | None = None,
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(internal ids, float64 distances, float32 points) per query, nearest first, −1 / inf
         / NaN padded, as ``LorentzIndex.search_with_points``. The candidate sizes of the FAISS
-        path do not apply: the exact cosine top k is the answer. ``without``: ids left out."""
+        path do not apply: the exact cosine top k is the answer. ``without``: ids left out;
+        ``lacking``: rows whose column of that name is set left out (``search_rows``)."""
         gallery = self._gallery
         queries = np.asarray(queries, dtype=np.float64).reshape(-1, self.dim)
         ids, distances, points = no_hits(len(queries), k, self.dim)
         # Past the k-th place: a tie across it (duplicate documents) is then ordered by id
         # whole, as every engine orders ties (``lorentz_rows.nearest_first``).
-        answers = self._storage.search_rows(gallery, queries, k + TIE_ROOM, without)
+        answers = self._storage.search_rows(gallery, queries, k + TIE_ROOM, without, lacking)
         for row, hits in enumerate(answers):
             if not hits:
                 continue
