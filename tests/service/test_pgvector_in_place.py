@@ -19,6 +19,7 @@ their own); FAISS only, as tests/service/test_pgvector_attach.py.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 
 import numpy as np
 import psycopg
@@ -44,6 +45,14 @@ from tests.service.test_qdrant_migrate import (
     transition,
 )
 from tests.service.test_queries_api import NEW, OLD
+from tests.service.test_two_stage_search import (  # noqa: F401  (embedder: the fixture)
+    TEXTS,
+    calls,
+    control,
+    embedder,
+    reembedded_rows,
+    top_ids,
+)
 
 pytestmark = pytest.mark.faiss_only("attached galleries keep no vector in the service's engine")
 ON_SQLITE = pytest.mark.sqlite_only("an in-place write's own checks; PostgreSQL: the migration")
@@ -365,3 +374,81 @@ def test_server_down_is_a_503_with_retry_after_and_writes_nothing(
         pgvector_server.start()
     assert new_column(dsn, migration["column"]).keys() == written.keys()
     assert hits(transition(client, attached, model_id, wordnet_small)) == answer
+
+
+@ON_SQLITE
+def test_two_stage_search_and_the_reembed_job_read_texts_and_write_in_place(
+    make_client: Callable[..., TestClient],
+    embedder: str,  # noqa: F811  (the imported fixture)
+    pgvector_database: str,
+    wordnet_small: dict,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``text_field`` names a text column: a two-stage search embeds its candidates' texts and
+    writes them into the model's column (the next search embeds nothing, the copied gallery's
+    top 10); a re-embed job then fills the column with every row whose text is usable (a NULL
+    and a blank text skipped)."""
+    client = make_client(embedder_allowed_urls=[embedder], embedder_max_batch=1024)
+    dsn, old = pgvector_database, wordnet_small[f"gloss.{OLD}"][:N]
+    build_table(dsn, old)
+    texts = [None if i == 5 else "" if i == 6 else TEXTS[i]["gloss"] for i in range(N)]
+    with psycopg.connect(dsn, autocommit=True) as conn, conn.cursor() as cur:
+        cur.execute("ALTER TABLE nouns ADD COLUMN gloss text")
+        cur.executemany(
+            "UPDATE nouns SET gloss = %s WHERE doc_id = %s", list(zip(texts, range(N), strict=True))
+        )
+    source = {**SOURCE, "dsn": dsn, "text_field": "gloss"}
+    state = attached_and_upgraded(client, source, old, wordnet_small, monkeypatch)
+    copied_texts = [t or None for t in texts]
+    upload = client.post(
+        f"/v1/galleries/{state['copied']}/vectors",
+        json={"ids": state["ids"], "vectors": old.tolist(), "texts": copied_texts},
+    )
+    assert upload.status_code == 200, upload.text
+    body = {"name": "mpnet", "url": embedder, "model": NEW, "dimension": 768, "max_batch": 1024}
+    created = client.post("/v1/embedders", json=body)
+    assert created.status_code == 201, created.text
+    patched = client.patch(
+        f"/v1/models/{state['model_id']}", json={"embedder_id": created.json()["id"]}
+    )
+    assert patched.status_code == 200, patched.text
+    control(embedder, "ok")
+    column = f"nobackfill_{state['model_id']}"
+    rows = np.arange(40)
+    query = {
+        "model_id": state["model_id"],
+        "features": wordnet_small[f"lemma.{NEW}"][rows].tolist(),
+        "old_vectors": wordnet_small[f"lemma.{OLD}"][rows].tolist(),
+        "k": 10,
+        "rerank": {"depth": 20},
+    }
+
+    def search(gallery: str):
+        return client.post(f"/v1/galleries/{state[gallery]}/search", json=query)
+
+    first = search("attached")
+    info = first.json()["rerank"]
+    assert first.status_code == 200 and "degraded" not in info, first.text
+    written = set(new_column(dsn, column))
+    assert len(written) == info["embedded"] == info["scored_new"] == reembedded_rows(client) > 20
+    assert not written & {5, 6}
+    again = search("attached")
+    assert again.json()["rerank"]["embedded"] == 0 and calls(embedder) == 1
+    assert top_ids(again) == top_ids(first) == top_ids(search("copied"))
+
+    job = client.post(
+        f"/v1/galleries/{state['attached']}/reembed",
+        json={"model_id": state["model_id"], "order": "gallery"},
+    )
+    assert job.status_code == 202, job.text
+    done = client.get(f"/v1/upgrades/{job.json()['id']}").json()
+    assert done["status"] == "succeeded", done["error"]
+    report = done["report"]["reembed"]
+    assert (report["skipped"], report["reembedded"]) == (2, N - 2), report
+    filled = new_column(dsn, column)
+    assert set(filled) == set(range(N)) - {5, 6}
+    progress = client.get(f"/v1/galleries/{state['attached']}").json()["reembedded"]
+    assert progress[0]["reembedded"] == len(filled)
+    # What the job wrote is what the embedder answered for the row's text (the recorded mpnet
+    # gloss vector of that synset).
+    np.testing.assert_allclose(filled[7], wordnet_small[f"gloss.{NEW}"][7], rtol=1e-5, atol=1e-6)
