@@ -46,8 +46,9 @@ TIE_ROOM = 16
 
 def read_only(gallery_id: str) -> Exception:
     return conflict(
-        f"gallery {gallery_id} is an attached pgvector table: the service never writes to it; "
-        "change its rows in PostgreSQL itself"
+        f"gallery {gallery_id} is an attached pgvector table: the service never writes its "
+        "rows' own columns (only an in-place migration fills a column of its own); change its "
+        "rows in PostgreSQL itself"
     )
 
 
