@@ -133,7 +133,8 @@ def _add_client_commands(sub: argparse._SubParsersAction) -> None:
     queries.add_argument("--old-vectors", help=".npy float Q×d, the same queries' old vectors")
     queries.add_argument(
         "--relevant",
-        help="JSON: a list (one list of gallery ids per query) or an object {query id: [ids]}",
+        help="a JSON file: a list (one list of gallery ids per query, in order) or an object "
+        "{query id: [ids]}",
     )
     _add_upload_options(queries)
     queries.set_defaults(handler="dataset_queries")

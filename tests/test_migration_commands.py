@@ -105,3 +105,37 @@ def test_json_output_and_the_ids_file(tmp_path: Path, capsys: pytest.CaptureFixt
 
     write_ids(str(target), [])
     assert np.load(target, allow_pickle=False).shape == (0,)
+
+
+def test_methods_are_listed_once_each_under_their_kind(capsys: pytest.CaptureFixture) -> None:
+    """``nobackfill methods`` printed the answer's name lists and then the described entries:
+    every method twice."""
+    from app.client.commands import methods
+
+    class FakeClient:
+        def methods(self) -> dict[str, Any]:
+            return {
+                "backbone": ["procrustes", "hbct"],
+                "continual": ["hmcl-ca"],
+                "methods": [
+                    {"name": "procrustes", "kind": "backbone", "description": "an orthogonal map"},
+                    {
+                        "name": "hbct",
+                        "kind": "backbone",
+                        "description": "cones",
+                        "needs_labels": True,
+                    },
+                    {"name": "hmcl-ca", "kind": "continual", "description": "admissible updates"},
+                ],
+            }
+
+    assert methods(FakeClient(), argparse.Namespace(json=False)) == 0  # type: ignore[arg-type]
+    out = capsys.readouterr().out
+    assert [out.count(name) for name in ("procrustes", "hbct", "hmcl-ca")] == [1, 1, 1]
+    assert out.splitlines() == [
+        "backbone:",
+        "  procrustes  an orthogonal map",
+        "  hbct (needs labels)  cones",
+        "continual:",
+        "  hmcl-ca  admissible updates",
+    ]

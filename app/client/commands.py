@@ -522,19 +522,17 @@ def metric_lines(metrics: dict[str, Any], prefix: str = "") -> Iterator[tuple[st
 
 
 def methods(client: Client, args: argparse.Namespace) -> int:
+    """Each method once, under its kind, with what it does (the answer's name-only lists per
+    kind repeat the described entries: printing both listed every method twice)."""
     catalogue = client.methods()
-    lines = []
-    for kind, entries in catalogue.items():
-        if not isinstance(entries, list):
-            continue
-        lines.append(f"{kind}:")
-        for entry in entries:
-            if isinstance(entry, dict):
-                name = entry.get("name", "?")
-                about = entry.get("description") or ""
-                lines.append(f"  {name}" + (f"  {about}" if about else ""))
-            else:
-                lines.append(f"  {entry}")
+    by_kind: dict[str, list[str]] = {}
+    for entry in catalogue.get("methods", []):
+        about = entry.get("description") or ""
+        labels = " (needs labels)" if entry.get("needs_labels") else ""
+        by_kind.setdefault(entry.get("kind", "other"), []).append(
+            f"  {entry.get('name', '?')}{labels}" + (f"  {about}" if about else "")
+        )
+    lines = [line for kind, rows in by_kind.items() for line in (f"{kind}:", *rows)]
     emit(args, catalogue, "\n".join(lines))
     return 0
 
