@@ -1,325 +1,56 @@
 """The client commands of ``nobackfill`` (parsed in ``app.cli``): thin wrappers over ``Client``
-that read ``.npy`` files, draw progress on stderr and print results (``--json``: on stdout)."""
+that read ``.npy`` files, draw progress on stderr and print results (``--json``: on stdout).
+
+The upgrades' commands are here, with ``HANDLERS`` (every command) and ``run``; the others are
+kept by resource beside it (``gallery_commands``, ``search_commands``, ``key_commands``,
+``migration_commands``), and what they share is in ``command_io``."""
 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
 import httpx
-import numpy as np
 
 from app.client.client import Client
+from app.client.command_io import (
+    CommandError,
+    emit,
+    load_json_option,
+    load_npy,
+    row_progress,
+    stderr_console,
+    upload_summary,
+)
 from app.client.errors import ApiError, UploadInterrupted
-from app.client.results import SearchResults
+from app.client.gallery_commands import (
+    access_upload,
+    dataset_create,
+    dataset_get,
+    dataset_list,
+    dataset_queries,
+    dataset_upload,
+    describe_gallery,
+    gallery_create,
+    gallery_get,
+    gallery_list,
+    gallery_upload,
+    model_list,
+)
+from app.client.key_commands import key_create, key_list, key_revoke
+from app.client.search_commands import export, report, search
 from app.client.transport import NoServerError
 from app.client.uploads import InputError
 
+# Re-exported: ``migration_commands`` and the tests import these from here.
+__all__ = ["CommandError", "describe_gallery", "emit", "load_npy", "row_progress", "upload_summary"]
+
 EXIT_FAILED = 1
 EXIT_INTERRUPTED = 130
-
-
-class CommandError(Exception):
-    """A failure the command explains in one message (bad file, bad option)."""
-
-
-def load_npy(path: str | None, option: str) -> np.ndarray | None:
-    """A ``.npy`` file, memory-mapped (never unpickled); None when the option was not given."""
-    if path is None:
-        return None
-    try:
-        with open(path, "rb") as fh:
-            magic = fh.read(6)
-    except FileNotFoundError as exc:
-        raise CommandError(f"{option} {path}: no such file") from exc
-    except OSError as exc:
-        raise CommandError(f"{option} {path}: {exc.strerror or exc}") from exc
-    if magic != b"\x93NUMPY":
-        # np.load reads any other file as a pickle, and then says only that pickles are
-        # refused: name what the file is not (a .csv gave "pickled (object) data…").
-        raise CommandError(
-            f"{option} {path}: not a .npy file (save the array with numpy.save; CSV, text "
-            "and pickle files are not read)"
-        )
-    try:
-        return np.load(path, mmap_mode="r", allow_pickle=False)
-    except FileNotFoundError as exc:
-        raise CommandError(f"{option} {path}: no such file") from exc
-    except (OSError, ValueError) as exc:
-        raise CommandError(f"{option} {path}: not a readable .npy array ({exc})") from exc
-
-
-def load_json_option(text: str | None, option: str) -> Any:
-    """JSON given inline or, as ``@file.json``, in a file."""
-    if text is None:
-        return None
-    source = text
-    if text.startswith("@"):
-        try:
-            source = Path(text[1:]).read_text()
-        except OSError as exc:
-            raise CommandError(f"{option} {text[1:]}: {exc.strerror or exc}") from exc
-    try:
-        return json.loads(source)
-    except ValueError as exc:
-        raise CommandError(f"{option}: not valid JSON ({exc})") from exc
-
-
-def load_relevant(path: str | None, query_ids: np.ndarray) -> list[list[str]] | None:
-    """``--relevant``: a list of id lists in query order, or ``{query id: [ids]}``."""
-    if path is None:
-        return None
-    try:
-        value = json.loads(Path(path).read_text())
-    except FileNotFoundError as exc:
-        raise CommandError(f"--relevant {path}: no such file") from exc
-    except (OSError, ValueError) as exc:
-        raise CommandError(f"--relevant {path}: not readable JSON ({exc})") from exc
-    if isinstance(value, dict):
-        missing = [q for q in query_ids.tolist() if q not in value]
-        if missing:
-            raise CommandError(f"--relevant {path}: no entry for queries {missing[:5]}")
-        value = [value[q] for q in query_ids.tolist()]
-    if not isinstance(value, list) or not all(
-        isinstance(row, list) and all(isinstance(i, str) for i in row) for row in value
-    ):
-        raise CommandError(
-            f"--relevant {path}: expected a list of lists of gallery ids (strings), one per query, "
-            "or an object {query id: [gallery ids]}"
-        )
-    return value
-
-
-def emit(args: argparse.Namespace, result: Any, text: str) -> None:
-    """``result`` as JSON with ``--json``; ``text`` for people otherwise."""
-    if getattr(args, "json", False):
-        sys.stdout.write(json.dumps(result, indent=2, default=str) + "\n")
-    else:
-        sys.stdout.write(text.rstrip("\n") + "\n")
-
-
-def stderr_console() -> Any:
-    from rich.console import Console
-
-    return Console(stderr=True)
-
-
-@contextmanager
-def row_progress(label: str) -> Iterator[Callable[[int, int], None]]:
-    """A progress bar of acknowledged rows on stderr, drawn from the first report on: input
-    refused before anything is sent shows only its error."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
-
-    bar = Progress(
-        "[progress.description]{task.description}",
-        BarColumn(),
-        MofNCompleteColumn(),
-        "rows",
-        TimeRemainingColumn(),
-        console=stderr_console(),
-    )
-    task = bar.add_task(label, total=None)
-    started = False
-
-    def update(done: int, total: int) -> None:
-        nonlocal started
-        if not started:
-            bar.start()
-            started = True
-        bar.update(task, completed=done, total=total)
-
-    try:
-        yield update
-    finally:
-        if started:
-            bar.stop()
-
-
-def upload_summary(result: dict[str, Any], what: str) -> str:
-    text = f"{result['upserted']} {what} upserted in {result['batches']} batches"
-    if result["resumed_from"]:
-        text += f" (resumed: the first {result['resumed_from']} were already acknowledged)"
-    if result.get("count") is not None:
-        text += f"; it now holds {result['count']}"
-    if skipped := result.get("skipped"):
-        shown = ", ".join(skipped[:10]) + (", …" if len(skipped) > 10 else "")
-        text += f"; {len(skipped)} skipped (no longer in the collection, nothing written): {shown}"
-    return text
-
-
-# -- galleries and datasets -----------------------------------------------------------------------
-def gallery_create(client: Client, args: argparse.Namespace) -> int:
-    gallery = client.create_gallery(
-        args.name,
-        dim=args.dim,
-        model_name=args.model_name,
-        metric=args.metric,
-        model_id=args.model_id,
-        modality=args.modality,
-        index=args.index,
-        idempotency_key=args.idempotency_key,
-    )
-    emit(args, gallery, f"{gallery['id']}\t{describe_gallery(gallery)}")
-    return 0
-
-
-def describe_gallery(gallery: dict[str, Any]) -> str:
-    space = (
-        f"model {gallery['model_id']}"
-        if gallery["kind"] == "model"
-        else f"{gallery['model_name']}, {gallery['metric']}"
-    )
-    text = f"gallery {gallery['name']!r}: dim {gallery['dim']} ({space}), {gallery['count']} items"
-    # A migration's progress, per model: how far the re-embedding has got.
-    for progress in gallery.get("reembedded") or []:
-        text += (
-            f"; re-embedded for {progress['model_id']}: {progress['reembedded']}/"
-            f"{progress['total']} ({progress['fraction']:.0%})"
-        )
-        if progress.get("traffic_covered") is not None:
-            text += f", {progress['traffic_covered']:.0%} of counted traffic"
-        expected = progress.get("expected")
-        if expected:
-            step = expected["next"]
-            later = (
-                ""
-                if step["value"] is None
-                else (f", {step['value']:.3f} at {step['fraction']:.0%}")
-            )
-            text += (
-                f", {expected['search']} search {expected['metric']} now "
-                f"{expected['now']:.3f}{later}"
-            )
-    return text
-
-
-def gallery_get(client: Client, args: argparse.Namespace) -> int:
-    gallery = client.get_gallery(args.gallery)
-    emit(args, gallery, f"{gallery['id']}\t{describe_gallery(gallery)}")
-    return 0
-
-
-def gallery_upload(client: Client, args: argparse.Namespace) -> int:
-    ids = load_npy(args.ids, "--ids")
-    if args.features is not None or args.model is not None:
-        if args.features is None or args.model is None or args.labels is not None:
-            raise CommandError("re-embedded items: give --features and --model (no --labels)")
-        features = load_npy(args.features, "--features")
-        with row_progress(f"gallery {args.gallery} (re-embedded)") as progress:
-            result = client.upload_reembedded(
-                args.gallery,
-                ids,
-                features,
-                args.model,
-                batch_size=args.batch_size,
-                resume=args.resume,
-                progress=progress,
-            )
-        emit(args, result, upload_summary(result, "re-embedded items"))
-        return 0
-    vectors = load_npy(args.vectors, "--vectors")
-    labels = load_npy(args.labels, "--labels")
-    texts = load_npy(args.texts, "--texts")
-    with row_progress(f"gallery {args.gallery}") as progress:
-        result = client.upload_vectors(
-            args.gallery,
-            ids,
-            vectors,
-            labels,
-            texts=texts,
-            batch_size=args.batch_size,
-            resume=args.resume,
-            progress=progress,
-        )
-    emit(args, result, upload_summary(result, "vectors"))
-    return 0
-
-
-def access_upload(client: Client, args: argparse.Namespace) -> int:
-    """``access upload``: add counts from the team's logs; never resumed or retried (a batch
-    counted twice would double its counts), so a failure says how far it got."""
-    ids = load_npy(args.ids, "--ids")
-    counts = load_npy(args.counts, "--counts")
-    with row_progress(f"gallery {args.gallery} (access counts)") as progress:
-        result = client.upload_access(
-            args.gallery, ids, counts, batch_size=args.batch_size, progress=progress
-        )
-    text = (
-        f"added {result['added']} accesses over {result['rows']} rows in {result['batches']} "
-        f"batches; the gallery counts {result['total']} over {result['counted_items']} items"
-    )
-    emit(args, result, text)
-    return 0
-
-
-def dataset_create(client: Client, args: argparse.Namespace) -> int:
-    dataset = client.create_dataset(
-        args.name,
-        gallery_id=args.gallery,
-        modalities=args.modalities,
-        idempotency_key=args.idempotency_key,
-    )
-    emit(args, dataset, f"{dataset['id']}\t{describe_dataset(dataset)}")
-    return 0
-
-
-def describe_dataset(dataset: dict[str, Any]) -> str:
-    gallery = f" for gallery {dataset['gallery_id']}" if dataset.get("gallery_id") else ""
-    return f"dataset {dataset['name']!r}{gallery}: {dataset['count']} items"
-
-
-def dataset_get(client: Client, args: argparse.Namespace) -> int:
-    dataset = client.get_dataset(args.dataset)
-    emit(args, dataset, f"{dataset['id']}\t{describe_dataset(dataset)}")
-    return 0
-
-
-def dataset_upload(client: Client, args: argparse.Namespace) -> int:
-    ids = load_npy(args.ids, "--ids")
-    features = load_npy(args.features, "--features")
-    labels = load_npy(args.labels, "--labels")
-    with row_progress(f"dataset {args.dataset}") as progress:
-        result = client.upload_items(
-            args.dataset,
-            ids,
-            features,
-            labels,
-            batch_size=args.batch_size,
-            resume=args.resume,
-            progress=progress,
-        )
-    emit(args, result, upload_summary(result, "items"))
-    return 0
-
-
-def dataset_queries(client: Client, args: argparse.Namespace) -> int:
-    ids = load_npy(args.ids, "--ids")
-    features = load_npy(args.features, "--features")
-    old_vectors = load_npy(args.old_vectors, "--old-vectors")
-    if old_vectors is None and args.relevant is None:
-        raise CommandError("give --old-vectors, --relevant, or both")
-    assert ids is not None and features is not None
-    relevant = load_relevant(args.relevant, np.asarray(ids).astype(str))
-    with row_progress(f"queries {args.dataset}") as progress:
-        result = client.upload_queries(
-            args.dataset,
-            ids,
-            features,
-            old_vectors=old_vectors,
-            relevant_ids=relevant,
-            batch_size=args.batch_size,
-            resume=args.resume,
-            progress=progress,
-        )
-    emit(args, result, upload_summary(result, "queries"))
-    return 0
 
 
 # -- upgrades -------------------------------------------------------------------------------------
@@ -534,138 +265,6 @@ def methods(client: Client, args: argparse.Namespace) -> int:
         )
     lines = [line for kind, rows in by_kind.items() for line in (f"{kind}:", *rows)]
     emit(args, catalogue, "\n".join(lines))
-    return 0
-
-
-# -- search and downloads -------------------------------------------------------------------------
-def search(client: Client, args: argparse.Namespace) -> int:
-    queries = load_npy(args.queries, "--queries")
-    assert queries is not None
-    if queries.ndim == 1:
-        queries = queries[None, :]
-    output = Path(args.output) if args.output else None
-    if output is not None and output.suffix not in (".json", ".npz"):
-        raise CommandError(f"-o {output}: write .json or .npz")
-    old_queries = load_npy(args.old_queries, "--old-queries")
-    if old_queries is not None:
-        if args.model is None:
-            raise CommandError("--old-queries: a transition search needs --model too")
-        if old_queries.ndim == 1:
-            old_queries = old_queries[None, :]
-        if len(old_queries) != len(queries):
-            raise CommandError(
-                f"--old-queries has {len(old_queries)} rows, --queries {len(queries)}"
-            )
-    rerank = args.rerank or args.rerank_depth is not None
-    if rerank and args.model is None:
-        raise CommandError("--rerank: a two-stage search needs --model too")
-    if args.rerank_depth is not None and args.rerank_depth < 1:
-        raise CommandError("--rerank-depth: at least 1")
-    found = client.search(
-        args.gallery,
-        queries,
-        args.k,
-        model_id=args.model,
-        modality=args.modality,
-        old_queries=old_queries,
-        rerank_depth=args.rerank_depth,
-        rerank=rerank,
-    )
-    for warning in found.warnings:
-        print(f"warning: {warning}", file=sys.stderr)
-    for report in found.reranks:
-        if report.get("degraded"):
-            print(
-                f"warning: two-stage search degraded ({report['degraded']}): these results are "
-                "the single-stage search",
-                file=sys.stderr,
-            )
-    if output is not None:
-        write_results(found, output)
-    text = "\n".join(
-        f"{i}\t" + "  ".join(f"{hit['id']} ({hit['distance']:.4f})" for hit in row)
-        for i, row in enumerate(found.rows)
-    )
-    emit(args, found.to_dict(), text if output is None else f"wrote {output}")
-    return 0
-
-
-def write_results(found: SearchResults, path: Path) -> None:
-    if path.suffix == ".json":
-        path.write_text(json.dumps(found.to_dict()))
-        return
-    arrays = {"ids": found.ids, "distances": found.distances, "labels": found.labels}
-    if found.scores is not None:
-        arrays["scores"] = found.scores
-    np.savez(path, **arrays)
-
-
-def export(client: Client, args: argparse.Namespace) -> int:
-    path = client.export_model(args.model, args.format, args.output)
-    sys.stdout.write(f"wrote {path} ({Path(path).stat().st_size} bytes)\n")
-    return 0
-
-
-def report(client: Client, args: argparse.Namespace) -> int:
-    path = client.report_html(args.upgrade, args.output)
-    sys.stdout.write(f"wrote {path} ({Path(path).stat().st_size} bytes)\n")
-    return 0
-
-
-# -- keys -----------------------------------------------------------------------------------------
-def key_create(client: Client, args: argparse.Namespace) -> int:
-    created = client.create_key(args.name, admin=args.admin)
-    kind = "admin key" if created["admin"] else "key"
-    name = f" {created['name']!r}" if created["name"] else ""
-    # The key on a line of its own, once: it is shown by no other command, ever.
-    text = f"{created['id']}\t{kind}{name} created\nAPI key: {created['key']}\n"
-    text += "(shown only now: store it, the server keeps only its digest)"
-    emit(args, created, text)
-    return 0
-
-
-def describe_key(key: dict[str, Any]) -> str:
-    fields = [key["id"], f"{key['prefix']}…", "admin" if key["admin"] else "-"]
-    fields.append(repr(key["name"]) if key["name"] else "-")
-    fields.append(f"created {key['created_at']}")
-    if key.get("revoked_at"):
-        fields.append(f"revoked {key['revoked_at']}")
-    return "\t".join(fields)
-
-
-def _listing(args: argparse.Namespace, items: list[dict[str, Any]], what: str) -> int:
-    """One line per item: its id, name (or method) and what it holds."""
-    lines = []
-    for item in items:
-        name = item.get("name") or item.get("method") or ""
-        size = item.get("count")
-        lines.append(f"{item['id']}\t{name}" + (f"\t{size}" if size is not None else ""))
-    emit(args, {"items": items}, "\n".join(lines) or f"no {what}")
-    return 0
-
-
-def gallery_list(client: Client, args: argparse.Namespace) -> int:
-    return _listing(args, client.galleries(), "galleries")
-
-
-def dataset_list(client: Client, args: argparse.Namespace) -> int:
-    return _listing(args, client.datasets(), "datasets")
-
-
-def model_list(client: Client, args: argparse.Namespace) -> int:
-    return _listing(args, client.models(), "models")
-
-
-def key_list(client: Client, args: argparse.Namespace) -> int:
-    keys = client.keys(include_revoked=args.include_revoked)
-    text = "\n".join(describe_key(k) for k in keys) or "no keys"
-    emit(args, {"items": keys}, text)
-    return 0
-
-
-def key_revoke(client: Client, args: argparse.Namespace) -> int:
-    client.revoke_key(args.key_id)
-    emit(args, {"id": args.key_id, "revoked": True}, f"{args.key_id}\trevoked")
     return 0
 
 

@@ -15,7 +15,8 @@ from typing import Any
 import numpy as np
 
 from app.client.client import Client
-from app.client.commands import CommandError, emit, load_npy, row_progress, upload_summary
+from app.client.commands import CommandError, emit, load_npy, upload_summary
+from app.client.gallery_commands import upload_reembedded_rows
 
 
 # -- backfill plan --------------------------------------------------------------------------------
@@ -147,16 +148,7 @@ def backfill_upload(client: Client, args: argparse.Namespace) -> int:
             f"{len(features)} rows: they must be the same items, in the same order "
             "(nothing was sent)"
         )
-    with row_progress(f"gallery {args.gallery} (re-embedded)") as progress:
-        result = client.upload_reembedded(
-            args.gallery,
-            ids,
-            features,
-            args.model,
-            batch_size=args.batch_size,
-            resume=args.resume,
-            progress=progress,
-        )
+    result = upload_reembedded_rows(client, args, ids, features)
     progress_now = next(
         (
             p

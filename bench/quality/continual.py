@@ -48,34 +48,23 @@ markdown is printed (``bench.quality.continual_report``) for BENCHMARKS.md.
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
-import multiprocessing
 import os
 import platform
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import Executor, Future, ProcessPoolExecutor
-from dataclasses import dataclass, field
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
-from app.ml.hmcl import METHODS, map_query_to_ancestor, run_continual_task
-from app.ml.hmcl.metrics import (
-    DRIFT_MEASURES,
-    drift_measures,
-    nearest_class_accuracy,
-    paired_recall_at_k,
-    symmetric_recall_at_k,
-)
+from app.ml.hmcl import METHODS
 from bench.common.machine import source_state
 from bench.common.report import command_line, replace_section
 from bench.common.wordnet import NEW_MODEL, REPO_ROOT, quick_data_dir
-from bench.common.workers import exit_with_parent
+from bench.quality.continual_config import Config, full_config, quick_config
 from bench.quality.continual_report import (
     SECTION,
     SECTION_TITLE,
@@ -84,6 +73,12 @@ from bench.quality.continual_report import (
     summarise,
     targets,
     timing_lines,
+)
+from bench.quality.continual_selection import (
+    selection_result,
+    selection_score,
+    submit_selection,
+    trainer_pool,
 )
 from bench.quality.continual_stream import (
     CLASS_DEPTH,
@@ -95,353 +90,35 @@ from bench.quality.continual_stream import (
     HELD_BACK_SEED,
     HELD_BACK_SHA256,
     INTERLEAVED,
-    KINDS,
     MIN_CLASS_ITEMS,
-    MODALITIES,
-    RETRIEVAL,
     RETRIEVAL_GROUPS,
     STREAMS,
-    TEXT,
     VALIDATION_FRACTION,
     Corpus,
     Task,
     build_tasks,
-    carve_validation,
     held_back_digest,
     load_corpus,
 )
 from bench.quality.continual_timing import time_steps
+from bench.quality.continual_training import kind_figures, run_method
 
-__all__ = ["Corpus", "Task", "build_tasks", "load_corpus", "run_method", "time_steps"]
+# Re-exported: the tests and ``bench.perf.training`` import these from here.
+__all__ = [
+    "Config",
+    "Corpus",
+    "Task",
+    "build_tasks",
+    "full_config",
+    "kind_figures",
+    "load_corpus",
+    "quick_config",
+    "run_method",
+    "selection_score",
+    "time_steps",
+]
 
 RESULTS = REPO_ROOT / "bench/results"
-DRIFT_ANCHORS = 300  # test rows per old task used for the drift measures
-HMCL_ENERGIES = (0.3, 0.4, 0.5, 0.6)  # ρ; how the grid got here: ``full_config``
-
-
-@dataclass
-class Config:
-    quick: bool
-    seeds: tuple[int, ...]
-    retrieval_items: int
-    per_class: int
-    methods: tuple[str, ...]
-    base_params: dict[str, Any]
-    grid: dict[str, tuple[Any, ...]]  # the axes every method is tried on
-    timing_repeats: int
-    timing_dims: tuple[int, ...] = field(default=(384, 768))
-    stream: str = INTERLEAVED
-    final: bool = False  # also score the held-back split (once per release)
-    # Worker processes for the trainings (selection trials, then every seed × method); the
-    # results do not depend on it: each training is seeded by its seed and task alone.
-    jobs: int = 1
-    threads: int = 1  # torch threads per worker process
-    # Each method's own axis, crossed with ``grid``: the setting the method itself reads (ρ for
-    # HMCL, λ for EWC, the learning rate for fine-tuning), so that every trial of every method
-    # is a distinct training; ``check_equal_budgets`` holds every method to the same count.
-    method_grid: dict[str, dict[str, tuple[Any, ...]]] = field(default_factory=dict)
-
-    def settings(self, method: str) -> list[dict[str, Any]]:
-        """The trials of ``method``: its own axes (first) × the shared ``grid``."""
-        axes = {**self.method_grid.get(method, {}), **self.grid}
-        return [
-            dict(zip(axes, values, strict=True)) for values in itertools.product(*axes.values())
-        ]
-
-    def check_equal_budgets(self) -> dict[str, int]:
-        """The number of distinct trials of every method; a ValueError unless they are equal
-        (issue 42 item 2: the same trial budget for every method)."""
-        counts = {
-            m: len({json.dumps(s, sort_keys=True) for s in self.settings(m)}) for m in self.methods
-        }
-        if len(set(counts.values())) > 1:
-            raise ValueError(f"unequal trial budgets per method: {counts}")
-        return counts
-
-
-def quick_config(seeds: Sequence[int] | None = None) -> Config:
-    return Config(
-        quick=True,
-        seeds=tuple(seeds or (0,)),
-        retrieval_items=400,
-        per_class=15,
-        methods=tuple(METHODS),
-        base_params={"epochs": 5},
-        grid={"min_steps": (60,)},
-        timing_repeats=10,
-        timing_dims=(384,),
-        method_grid={
-            "hmcl-ca": {"energy": (0.6, 0.8)},
-            "hmcl-mr": {"energy": (0.6, 0.8)},
-            "finetune": {"lr": (5e-4, 1e-3)},
-            "ewc": {"ewc_lambda": (0.1, 1.0)},
-        },
-    )
-
-
-def full_config(seeds: Sequence[int] | None = None) -> Config:
-    return Config(
-        quick=False,
-        seeds=tuple(seeds or (0, 1, 2, 3, 4)),
-        retrieval_items=1500,
-        per_class=60,
-        methods=tuple(METHODS),
-        base_params={"epochs": 20, "lr": 5e-4},
-        # 600 steps was measured on the way (hmcl-ca, validation): no better than 200 and 3× the
-        # time on this 2-core machine. lr 2e-3 lost to 5e-4 on validation for every method
-        # (2026-12-01 run); ρ (energy) took its place. The paper's range for ρ is 0.6–0.8. The
-        # grid follows validation away from its edges (issue 26 item 3's rule, as for the compat
-        # grids): with {0.6, 0.8} × {100, 200} steps every method chose ρ 0.6 and 100 steps on
-        # both streams (2026-12-03), with {0.4, 0.5, 0.6, 0.8} × {50, 100, 200} every method but
-        # one chose ρ 0.4 and every method 50 steps (2026-12-04; hmcl-ca on the reordered
-        # stream chose ρ 0.5), so the grid moves down once more: min_steps 0 is its natural end
-        # (the ``epochs`` floor alone). Fine-tuning and EWC ignore ρ: until issue 42 their
-        # twelve trials were three distinct ones. Each method now crosses min_steps with four
-        # values of the setting it reads itself (``method_grid``): twelve distinct trials each.
-        grid={"min_steps": (0, 50, 100)},
-        timing_repeats=40,
-        method_grid={
-            "hmcl-ca": {"energy": HMCL_ENERGIES},
-            "hmcl-mr": {"energy": HMCL_ENERGIES},
-            # Fine-tuning's only stability knob is its step size: factor-2 steps around the
-            # paper's 5e-4 (the base), two below and one above, chosen before any run with them
-            # (2e-3 had lost to 5e-4 on validation for every method, 2026-12-01).
-            "finetune": {"lr": (1.25e-4, 2.5e-4, 5e-4, 1e-3)},
-            # EWC's λ scales an unnormalised Fisher, so only its order of magnitude is known a
-            # priori: decades around the default 1.0, down to 0.01 (near fine-tuning, λ → 0) and
-            # up to 10 (a stiffer anchor), chosen before any run with them.
-            "ewc": {"ewc_lambda": (0.01, 0.1, 1.0, 10.0)},
-        },
-    )
-
-
-def evaluate(model, task: Task) -> float:
-    """Retrieval: symmetric recall@5 text↔gloss on the test pairs. Classification: accuracy of
-    the test glosses' nearest class-name text among the task's classes."""
-    if task.kind == RETRIEVAL:
-        emb = {m: model.embed(task.test[m], m) for m in MODALITIES}
-        return symmetric_recall_at_k(emb, model.curv, k=5)
-    glosses = model.embed(task.test[GLOSS], GLOSS)
-    names = model.embed(task.class_names, TEXT)
-    return nearest_class_accuracy(glosses, names, task.test_labels, model.curv)
-
-
-def kind_figures(matrix: np.ndarray, kinds: Sequence[str]) -> dict[str, dict[str, float]]:
-    """matrix[t, i] = performance on task i after task t (i ≤ t). Per kind of task: task-end
-    (mean of matrix[i, i]), final (mean of the last row), BWT (mean over tasks before the last of
-    final − task-end) and Overall (mean over t of the mean over that kind's tasks i ≤ t)."""
-    n = len(matrix)
-    out = {}
-    for kind in sorted(set(kinds)):
-        cols = [i for i, k in enumerate(kinds) if k == kind]
-        old = [i for i in cols if i < n - 1]
-        per_t = [np.mean([matrix[t, i] for i in cols if i <= t]) for t in range(n) if cols[0] <= t]
-        out[kind] = {
-            "task_end": float(np.mean([matrix[i, i] for i in cols])),
-            "final": float(np.mean([matrix[-1, i] for i in cols])),
-            "bwt": float(np.mean([matrix[-1, i] - matrix[i, i] for i in old])) if old else 0.0,
-            "overall": float(np.mean(per_t)),
-        }
-    return out
-
-
-def no_backfill(task: Task, version, final, rotations: Sequence[np.ndarray]) -> dict[str, float]:
-    """An old task searched without re-embedding its stored side (glosses by ``version``).
-
-    Retrieval: the final model's lemma queries → the stored glosses, recall@5. Classification:
-    each stored gloss's nearest class-name text, the names embedded by the final model. Each
-    as a fraction of the same figure at the task's end; ``recorded_rotation`` maps the final
-    model's text embeddings back through the recorded rotations, ``backfilled`` re-embeds the
-    glosses with the final model (what the product avoids)."""
-    curv = final.curv
-    stored = version.embed(task.test[GLOSS], GLOSS)
-    refreshed = final.embed(task.test[GLOSS], GLOSS)
-    if task.kind == RETRIEVAL:
-        texts = task.test[TEXT]
-
-        def score(queries: np.ndarray, gallery: np.ndarray) -> float:
-            return paired_recall_at_k(queries, gallery, curv)
-
-    else:
-        texts = task.class_names
-
-        def score(queries: np.ndarray, gallery: np.ndarray) -> float:
-            return nearest_class_accuracy(gallery, queries, task.test_labels, curv)
-
-    task_end = score(version.embed(texts, TEXT), stored)
-    query = final.embed(texts, TEXT)
-    values = {
-        "plain": score(query, stored),
-        "recorded_rotation": score(map_query_to_ancestor(query, rotations), stored),
-        "backfilled": score(query, refreshed),
-    }
-    out = {"task_end": task_end}
-    for name, v in values.items():
-        out[name] = v / task_end if task_end > 0 else float("nan")
-    return out
-
-
-def old_task_figures(
-    tasks: Sequence[Task], versions: Sequence[Any], rotations: Sequence[np.ndarray]
-) -> dict[str, Any]:
-    """The drift and no-backfill figures of every task before the last, on ``tasks``' test
-    rows, ``versions[i]`` being the model at task i's end and ``versions[-1]`` the final one."""
-    final = versions[-1]
-    drift: dict[str, list[float]] = {k: [] for k in DRIFT_MEASURES}
-    kept: dict[str, dict[str, list[float]]] = {k: {} for k in KINDS}
-    for i in range(len(tasks) - 1):
-        test = {m: tasks[i].test[m][:DRIFT_ANCHORS] for m in MODALITIES}
-        before = {m: versions[i].embed(test[m], m) for m in MODALITIES}
-        after = {m: final.embed(test[m], m) for m in MODALITIES}
-        for k, v in drift_measures(before, after, final.curv).items():
-            drift[k].append(v)
-        for k, v in no_backfill(tasks[i], versions[i], final, rotations[i + 1 :]).items():
-            kept[tasks[i].kind].setdefault(k, []).append(v)
-    return {
-        "drift": {k: float(np.mean(v)) for k, v in drift.items()},
-        "no_backfill": {
-            kind: {k: float(np.mean(v)) for k, v in figures.items()}
-            for kind, figures in kept.items()
-            if figures
-        },
-    }
-
-
-def run_method(
-    method: str,
-    tasks: Sequence[Task],
-    params: Mapping[str, Any],
-    seed: int,
-    full: bool = True,
-    held_back: Sequence[Task] | None = None,
-) -> dict[str, Any]:
-    """Train the stream with one method and score it; ``full=False`` (settings selection) skips
-    the drift and no-backfill figures. ``held_back`` (the same tasks with held-back test rows):
-    the same trained versions also scored on those, under ``"held_back"``."""
-    n = len(tasks)
-    kinds = [t.kind for t in tasks]
-    matrix = np.full((n, n), np.nan)
-    state, versions, rotations, warnings = None, [], [], []
-    steps = 0
-    tic = time.perf_counter()
-    for t, task in enumerate(tasks):
-        result = run_continual_task(
-            method, state, task.train, task.train_labels, params=params, seed=seed * 1000 + t
-        )
-        state = result.state
-        versions.append(result.model)
-        rotations.append(result.rotation)
-        steps += result.report["steps"]
-        warnings += [f"task {t + 1}: {w}" for w in result.report["warnings"]]
-        for i in range(t + 1):
-            matrix[t, i] = evaluate(result.model, tasks[i])
-    out: dict[str, Any] = {
-        "by_kind": kind_figures(matrix, kinds),
-        "matrix": matrix.tolist(),
-        "steps": steps,
-        "train_seconds": time.perf_counter() - tic,
-        "warnings": warnings,
-    }
-    if not full:
-        return out
-    out.update(old_task_figures(tasks, versions, rotations))
-    if held_back is not None:
-        held = np.full((n, n), np.nan)
-        for t in range(n):
-            for i in range(t + 1):
-                held[t, i] = evaluate(versions[t], held_back[i])
-        out["held_back"] = {
-            "by_kind": kind_figures(held, kinds),
-            "matrix": held.tolist(),
-            "steps": steps,
-            "warnings": warnings,
-            **old_task_figures(held_back, versions, rotations),
-        }
-    return out
-
-
-def selection_score(run: Mapping[str, Any]) -> float:
-    """Validation Overall, averaged over the kinds of task."""
-    return float(np.mean([run["by_kind"][k]["overall"] for k in run["by_kind"]]))
-
-
-def _start_worker(parent_pid: int, threads: int) -> None:
-    exit_with_parent(parent_pid)
-    torch.set_num_threads(threads)
-
-
-class _InProcess(Executor):
-    """``Executor`` that runs every call at submit time, in this process (``jobs`` 1)."""
-
-    def submit(self, fn, /, *args, **kwargs) -> Future:  # type: ignore[override]
-        future: Future = Future()
-        future.set_result(fn(*args, **kwargs))
-        return future
-
-
-def trainer_pool(config: Config) -> Executor:
-    """Where the trainings run: this process (``jobs`` 1), or ``jobs`` spawned workers that end
-    with this process (``bench.common.workers``)."""
-    if config.jobs <= 1:
-        return _InProcess()
-    return ProcessPoolExecutor(
-        max_workers=config.jobs,
-        mp_context=multiprocessing.get_context("spawn"),
-        initializer=_start_worker,
-        initargs=(os.getpid(), config.threads),
-    )
-
-
-def _selection_trial(
-    method: str, carved: Sequence[Task], params: Mapping[str, Any], seed: int
-) -> dict[str, Any]:
-    run = run_method(method, carved, params, seed, full=False)
-    return {
-        "score": selection_score(run),
-        "by_kind": run["by_kind"],
-        "steps": run["steps"],
-        "seconds": run["train_seconds"],
-    }
-
-
-def select_settings(
-    method: str, tasks: Sequence[Task], config: Config, seed: int, pool: Executor | None = None
-) -> dict[str, Any]:
-    """Every setting of the grid trained on the tasks' training rows minus a validation carve,
-    scored on that carve; the best by ``selection_score`` (the first on a tie). ``pool``: where
-    the trials run; in this process without one."""
-    return selection_result(submit_selection(method, tasks, config, seed, pool or _InProcess()))
-
-
-def submit_selection(
-    method: str, tasks: Sequence[Task], config: Config, seed: int, pool: Executor
-) -> dict[str, Any]:
-    """``select_settings``'s trials submitted to ``pool``, not waited for."""
-    carved = [carve_validation(t, seed) for t in tasks]
-    settings = config.settings(method)
-    futures = [
-        pool.submit(_selection_trial, method, carved, {**config.base_params, **s}, seed)
-        for s in settings
-    ]
-    return {"futures": futures, "settings": settings, "method": method, "seed": seed}
-
-
-def selection_result(pending: Mapping[str, Any]) -> dict[str, Any]:
-    """The chosen setting of ``select_settings``'s trials, once they have run."""
-    trials = []
-    for setting, future in zip(pending["settings"], pending["futures"], strict=True):
-        trials.append({"setting": setting, **future.result()})
-        print(
-            f"  seed {pending['seed']} select {pending['method']:9s} {setting}: validation Overall "
-            f"{trials[-1]['score']:.4f} "
-            + " ".join(
-                f"{k} task-end {v['task_end']:.3f} bwt {v['bwt']:+.3f}"
-                for k, v in trials[-1]["by_kind"].items()
-            ),
-            flush=True,
-        )
-    best = max(range(len(trials)), key=lambda j: (trials[j]["score"], -j))
-    return {"seed": pending["seed"], "chosen": trials[best]["setting"], "trials": trials}
 
 
 def stream_constants() -> dict[str, Any]:
