@@ -4,6 +4,7 @@ bench's smoke run."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -378,3 +379,21 @@ def test_gain_prediction_is_the_ridge_model_over_its_features(wordnet_small) -> 
     model = GainModel(rng.standard_normal(points.shape[1] + 2), mean_direction)
     expected = gain_features(points, mean_direction).astype(np.float64) @ model.weights
     np.testing.assert_allclose(model.predict(points, block=128), expected, rtol=1e-4, atol=1e-5)
+
+
+def test_the_backfill_section_names_the_calibration_its_run_merged_on() -> None:
+    """Issue 42 (stale figures): the section said the lists were merged on the tail calibration
+    whatever the run used; the runs record theirs, and an older record without it was tail."""
+    import json
+
+    from bench.quality import backfill_report
+
+    payload = json.loads((Path(__file__).parent.parent / "bench/results/backfill.json").read_text())
+    relevance = backfill_report.render_markdown(payload)
+    calibration = payload["runs"][0]["calibration"]
+    assert f"merged on the {calibration} calibration" in relevance
+    older = {
+        **payload,
+        "runs": [{k: v for k, v in r.items() if k != "calibration"} for r in payload["runs"]],
+    }
+    assert "merged on the per-query tail calibration" in backfill_report.render_markdown(older)

@@ -158,13 +158,17 @@ def render_markdown(payload: dict, validation: dict | None = None) -> str:
     s = payload["summary"]
     chosen = sorted({r["planner"]["estimator"] for r in payload["runs"]})
     methods = ", ".join(payload.get("chosen_methods", [payload["method"]]))
+    # Runs recorded before the calibration was a setting merged on the tail calibration.
+    calibration = payload["runs"][0].get("calibration", "tail")
+    how = {"tail": "the per-query tail calibration", "relevance": "the relevance calibration"}
     lines = [
         "WordNet lemma → gloss; the upgrade never sees the 40 % evaluation synsets; the gallery is "
         "every synset's old gloss. The bridge is what the service serves by default (POST "
         "/v1/upgrades's default method, trained with a query log of the 60 % training lemmas; its "
         "default held-out share is the planner's data). A mixed gallery is searched as the service "
-        "does: re-embedded items by native cosine, the rest bridged, merged on the per-query tail "
-        f"calibration (`app/ml/backfill/mixed.py`, merge rule `{payload.get('rules', ['native'])[0]}`). "
+        "does: re-embedded items by native cosine, the rest bridged, merged on "
+        f"{how.get(calibration, calibration)} (`app/ml/backfill/mixed.py`, merge rule "
+        f"`{payload.get('rules', ['native'])[0]}`). "
         "Orders: the plan (chosen by cross-fitting on the upgrade's held-out data), the learned "
         "gain itself, kNN-label uncertainty (HBCT's calibrated uncertainty), random, and an "
         "oracle (true gains on the evaluation queries). Plot: `bench/results/backfill.png`.",
