@@ -162,12 +162,19 @@ def _attach_pgvector(
         password_env=given.password_env,
         text_field=given.text_field,
         migration_hnsw=given.migration_hnsw,
+        search=given.search,
+        ef_search=given.ef_search,
     )
     allowed_dsn(settings, source.dsn)
     claim = _claim(session, settings, tenant_id, source.as_dict())
     shape = describe_pgvector(settings, source)
     source = PgvectorSource.of(
-        {**source.as_dict(), "id_type": shape.id_type, "column_type": shape.column_type}
+        {
+            **source.as_dict(),
+            "id_type": shape.id_type,
+            "column_type": shape.column_type,
+            "pgvector_version": shape.pgvector_version,
+        }
     )
     gallery = _gallery(session, settings, tenant_id, request, shape.dim, shape.count)
     gallery.vector_storage, gallery.source = ATTACHED_PGVECTOR, source.as_dict()

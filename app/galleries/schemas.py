@@ -8,6 +8,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, Field, model_validator
 
 from app.core.schemas import Matrix, ModalityName, Name, Page, StrictModel, Text
+from app.vectors.pgvector.source import DEFAULT_EF_SEARCH
 
 
 class QdrantSourceIn(StrictModel):
@@ -147,6 +148,20 @@ class PgvectorSourceIn(StrictModel):
         description="an in-place migration adds a vector(D) column per model to the table; "
         "true: each such column also gets an HNSW index with the operator class of `distance` "
         "(for your own searches of it: the service's are exact and use no index)",
+    )
+    search: Literal["exact", "hnsw"] = Field(
+        default="exact",
+        description="exact: every search scans the table (the exact top k, whatever index the "
+        "table has); hnsw: searches of the vector column go through its HNSW index with the "
+        "operator class of `distance` (checked on attach), approximate as your own index "
+        "searches are, re-ranked exactly among what the index returns",
+    )
+    ef_search: int = Field(
+        default=DEFAULT_EF_SEARCH,
+        ge=1,
+        le=1000,
+        description="hnsw: the index's hnsw.ef_search for the service's searches (default: "
+        "pgvector's own; raised to k plus room for ties when smaller)",
     )
 
 

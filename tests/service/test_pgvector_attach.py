@@ -135,6 +135,7 @@ def test_attach_reads_the_table_and_never_writes_to_it(client: TestClient, nouns
         "table": "public.nouns",
         "id_type": "int",
         "column_type": "vector",
+        "pgvector_version": "0.8.2",  # the server's pgvector (``make venv`` builds 0.8.2)
     }
     found = client.get(f"/v1/galleries/{gallery['id']}/vectors", params={"ids": ["7", "3"]})
     assert found.status_code == 200, found.text

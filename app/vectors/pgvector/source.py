@@ -27,6 +27,12 @@ search orders by pgvector's cosine distance ``<=>`` whatever ``distance`` names.
 records how the owner searches the table; ``inner_product`` and ``l2`` rank as cosine only on
 unit-length rows, so those are attached only when every row is unit length (checked on
 attach and by each job's recheck), refused rather than trusted otherwise.
+
+Search mode: ``search = "exact"`` (the default) scans the table; ``"hnsw"`` goes through the
+owner's HNSW index on the vector column, which must exist with the operator class of
+``distance`` (checked on attach: ``hnsw_opclasses``), ordered by that operator at ``ef_search``
+(``app.vectors.pgvector.storage``). pgvector's version is recorded on attach: iterative index
+scans (filtered searches through the index) need 0.8.
 """
 
 from __future__ import annotations
@@ -59,6 +65,18 @@ RETRY_AFTER_S = 5
 UNIT_TOLERANCE = 1e-3
 # The columns an in-place migration adds are named with this prefix (``migration``).
 MIGRATION_PREFIX = "nobackfill_"
+# How the service searches the owner's vector column: "exact" (a sequential scan, the default)
+# or "hnsw" (the owner's HNSW index on it, ``storage.PgvectorStorage.search_rows``).
+SEARCH_MODES = ("exact", "hnsw")
+# pgvector's own default ``hnsw.ef_search``: what the owner's own searches of the index use
+# unless they set it, so the service's answers are the owner's unless asked otherwise.
+DEFAULT_EF_SEARCH = 40
+# pgvector's operator for each ``distance`` (its HNSW operator classes index one each).
+OPERATORS = {"cosine": "<=>", "inner_product": "<#>", "l2": "<->"}
+OPCLASS_SUFFIXES = {"cosine": "_cosine_ops", "inner_product": "_ip_ops", "l2": "_l2_ops"}
+# The first pgvector release with iterative index scans (``hnsw.iterative_scan``): a filtered
+# search (the old list of a transition search) then walks the index past what the filter drops.
+ITERATIVE_SCAN_SINCE = (0, 8, 0)
 
 
 @dataclass(frozen=True)
@@ -73,9 +91,13 @@ class PgvectorSource:
     # The owner's choice on attach: an HNSW index (the operator class of ``distance``) on each
     # column an in-place migration adds, for the owner's own searches of it.
     migration_hnsw: bool = False
-    # Learnt on attach: "int" or "text" ids, "vector" or "halfvec" column.
+    # "exact" or "hnsw" (``SEARCH_MODES``) and, for "hnsw", the index's ``hnsw.ef_search``.
+    search: str = "exact"
+    ef_search: int = DEFAULT_EF_SEARCH
+    # Learnt on attach: "int" or "text" ids, "vector" or "halfvec" column, pgvector's version.
     id_type: str | None = None
     column_type: str | None = None
+    pgvector_version: str | None = None
 
     @classmethod
     def of(cls, source: dict[str, Any]) -> PgvectorSource:
@@ -88,8 +110,11 @@ class PgvectorSource:
             password_env=source.get("password_env"),
             text_field=source.get("text_field"),
             migration_hnsw=bool(source.get("migration_hnsw", False)),
+            search=source.get("search", "exact"),
+            ef_search=int(source.get("ef_search", DEFAULT_EF_SEARCH)),
             id_type=source.get("id_type"),
             column_type=source.get("column_type"),
+            pgvector_version=source.get("pgvector_version"),
         )
 
     def as_dict(self) -> dict[str, Any]:
@@ -106,11 +131,24 @@ class PgvectorSource:
             "text_field": self.text_field,
             "id_type": self.id_type,
             "column_type": self.column_type,
+            "pgvector_version": self.pgvector_version,
         }
         out.update({key: value for key, value in optional.items() if value is not None})
         if self.migration_hnsw:
             out["migration_hnsw"] = True
+        if self.search != "exact":
+            out["search"], out["ef_search"] = self.search, self.ef_search
         return out
+
+    @property
+    def operator(self) -> str:
+        """pgvector's distance operator for ``distance`` (what the owner's index orders by)."""
+        return OPERATORS[self.distance]
+
+    @property
+    def iterative_scan(self) -> bool:
+        """Whether the server's pgvector walks an index past a filter (0.8 and later)."""
+        return version_tuple(self.pgvector_version) >= ITERATIVE_SCAN_SINCE
 
     @property
     def string_ids(self) -> bool:
@@ -125,12 +163,19 @@ class PgvectorSource:
         return sql.Identifier(*self.schema_table)
 
 
+def version_tuple(version: str | None) -> tuple[int, ...]:
+    """``"0.8.2"`` → (0, 8, 2); () when unknown or not numeric (so below every release)."""
+    parts = re.findall(r"\d+", version or "")
+    return tuple(int(part) for part in parts[:3])
+
+
 @dataclass(frozen=True)
 class TableShape:
     dim: int
     count: int
     id_type: str
     column_type: str
+    pgvector_version: str | None = None
 
 
 def check_names(source: PgvectorSource) -> None:
@@ -147,6 +192,8 @@ def check_names(source: PgvectorSource) -> None:
             raise invalid(field, "a PostgreSQL name: a letter or _, then letters, digits, _ or $")
     if source.distance not in DISTANCES:
         raise invalid("source.distance", f"one of {', '.join(DISTANCES)}")
+    if source.search not in SEARCH_MODES:
+        raise invalid("source.search", f"one of {', '.join(SEARCH_MODES)}")
     if source.vector_column.startswith(MIGRATION_PREFIX):
         # A migration's column holds only the re-embedded rows, in the new model's space:
         # searched alone it would answer for half the gallery, unmerged.
@@ -371,9 +418,47 @@ def _shape(conn: psycopg.Connection, source: PgvectorSource) -> TableShape:
                 "cosine, the attached galleries' metric: normalise the rows, or upload them as a "
                 "gallery of their own",
             )
+    if source.search == "hnsw":
+        _check_hnsw_index(conn, source, column_type)
+    version = conn.execute(
+        "SELECT extversion FROM pg_extension WHERE extname = 'vector'"
+    ).fetchone()
     return TableShape(
         dim=dim,
         count=count,
         id_type="int" if id_type in INTEGER_TYPES else "text",
         column_type=column_type,
+        pgvector_version=None if version is None else str(version[0]),
     )
+
+
+def hnsw_opclasses(conn: psycopg.Connection, source: PgvectorSource) -> list[str]:
+    """The operator classes of the table's HNSW indexes on the vector column alone (no
+    predicate: a partial index answers for some rows only)."""
+    schema, name = source.schema_table
+    rows = conn.execute(
+        "SELECT opc.opcname FROM pg_index i JOIN pg_class ic ON ic.oid = i.indexrelid "
+        "JOIN pg_am am ON am.oid = ic.relam JOIN pg_class c ON c.oid = i.indrelid "
+        "JOIN pg_namespace n ON n.oid = c.relnamespace "
+        "JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum = i.indkey[0] "
+        "JOIN pg_opclass opc ON opc.oid = i.indclass[0] "
+        "WHERE n.nspname = %s AND c.relname = %s AND a.attname = %s AND am.amname = 'hnsw' "
+        "AND i.indnatts = 1 AND i.indpred IS NULL AND i.indisvalid",
+        (schema, name, source.vector_column),
+    ).fetchall()
+    return [str(row[0]) for row in rows]
+
+
+def _check_hnsw_index(conn: psycopg.Connection, source: PgvectorSource, column_type: str) -> None:
+    """422 on ``source.search`` unless an HNSW index orders the vector column by ``distance``'s
+    operator: without one the planner would scan the whole table on every search."""
+    wanted = column_type + OPCLASS_SUFFIXES[source.distance]
+    found = hnsw_opclasses(conn, source)
+    if wanted not in found:
+        raise invalid(
+            "source.search",
+            f"'hnsw' searches through an HNSW index on {source.vector_column!r} with operator "
+            f"class {wanted} (the one of distance {source.distance!r}); found "
+            f"{', '.join(found) or 'none'}: create it (CREATE INDEX ON {source.table} USING hnsw "
+            f"({source.vector_column} {wanted})), or attach with search 'exact'",
+        )

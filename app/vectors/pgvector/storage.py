@@ -18,7 +18,9 @@ sequential scan, exact whatever index the owner built (an HNSW or IVFFlat index 
 approximately). The k best and ``TIE_ROOM`` more come back with their vectors, which, lifted as
 the service lifts them, give the float64 distances and the order, ties by internal id
 (``app.vectors.rerank.ranked_hits``, the re-rank every attached engine shares): the numbers and
-order a copied gallery's exact search gives.
+order a copied gallery's exact search gives. A source attached with ``search = "hnsw"`` is
+searched through the owner's HNSW index instead (``PgvectorStorage.search_rows``): approximate,
+as the owner's own searches, and re-ranked the same way.
 """
 
 from __future__ import annotations
@@ -42,6 +44,8 @@ from app.vectors.rerank import no_hits, ranked_hits
 READ_BATCH = 1024
 # Hits asked for past the k-th place (the re-rank keeps the k nearest, ties by id).
 TIE_ROOM = 16
+# pgvector's upper bound on ``hnsw.ef_search``.
+MAX_EF_SEARCH = 1000
 
 
 def read_only(gallery_id: str) -> Exception:
@@ -183,9 +187,17 @@ class PgvectorStorage(KeyedStorage[PgvectorSource]):
         lacking: str | None = None,
     ) -> list[list[tuple[Any, np.ndarray]]]:
         """Per query the ``limit`` rows nearest by cosine distance, (id, float4 vector), nearest
-        first, ties by id; exact (a sequential scan: index scans off for the transaction).
-        ``without``: ids left out; ``lacking``: only the rows whose column of that name is NULL
-        (an in-place migration's old list: the rows without the model's vector)."""
+        first. ``without``: ids left out; ``lacking``: only the rows whose column of that name is
+        NULL (an in-place migration's old list: the rows without the model's vector).
+
+        With ``search = "exact"`` (the default) a sequential scan, index scans off for the
+        transaction, ties by id: the exact answer. With ``"hnsw"`` the owner's HNSW index
+        (ordered by ``distance``'s operator, which ranks as cosine on the rows the attach
+        accepted) at ``hnsw.ef_search`` = max(``ef_search``, ``limit``): approximate, as the
+        owner's own index searches. A filtered search walks the index on past what the filter
+        drops (``hnsw.iterative_scan``, pgvector 0.8 and later) or, on an older pgvector, is
+        exact; a query the index answers with fewer than ``limit`` rows (a small table, a
+        filter that drops most rows) is answered again exactly, so an index never loses rows."""
         source = self.source(gallery)
         names = _Table(source)
         skip = (
@@ -195,29 +207,53 @@ class PgvectorStorage(KeyedStorage[PgvectorSource]):
         )
         if lacking is not None:
             skip = sql.SQL("{} AND {} IS NULL").format(skip, sql.Identifier(lacking))
-        statement = sql.SQL(
-            "SELECT {id}, {floats} FROM {table} WHERE {vector} IS NOT NULL{skip} "
-            "ORDER BY {vector} <=> %(query)s::real[]::{qtype}, {id} LIMIT %(limit)s"
+        filtered = bool(len(without)) or lacking is not None
+        indexed = source.search == "hnsw" and (not filtered or source.iterative_scan)
+        select = sql.SQL(
+            "SELECT {id}, {floats} FROM {table} WHERE {vector} IS NOT NULL{skip} ORDER BY "
         ).format(
             id=names.id,
             floats=names.as_floats,
             table=names.table,
             vector=names.vector,
             skip=skip,
-            qtype=names.query_type,
         )
-        answers: list[list[tuple[Any, np.ndarray]]] = []
+        distance = sql.SQL("{} {} %(query)s::real[]::{}").format(
+            names.vector, sql.SQL(source.operator), names.query_type
+        )
+        exact = select + sql.SQL(
+            "{vector} <=> %(query)s::real[]::{qtype}, {id} LIMIT %(limit)s"
+        ).format(vector=names.vector, qtype=names.query_type, id=names.id)
+        # No second key: an index scan returns rows in the operator's order only.
+        through_index = select + distance + sql.SQL(" LIMIT %(limit)s")
+        rows_of: list[list[Any] | None] = []
+        queries = np.asarray(queries, dtype=np.float32)
         with connected(self.settings, source) as conn, conn.cursor(binary=True) as cur:
-            # Whatever the owner's defaults for the database or role (``enable_seqscan`` off to
-            # force its index, say): a sequential scan, the only exact plan.
-            cur.execute("SET LOCAL enable_seqscan = on")
-            cur.execute("SET LOCAL enable_indexscan = off")
-            cur.execute("SET LOCAL enable_bitmapscan = off")
-            for query in np.asarray(queries, dtype=np.float32):
-                params = {"query": query.tolist(), "limit": limit, "without": list(without)}
-                rows = cur.execute(statement, params).fetchall()
-                answers.append([(key, np.asarray(vec, dtype=np.float32)) for key, vec in rows])
-        return answers
+            if indexed:
+                ef = min(max(source.ef_search, limit), MAX_EF_SEARCH)
+                cur.execute("SELECT set_config('hnsw.ef_search', %s, true)", (str(ef),))
+                if filtered:
+                    cur.execute("SELECT set_config('hnsw.iterative_scan', 'strict_order', true)")
+                for query in queries:
+                    params = {"query": query.tolist(), "limit": limit, "without": list(without)}
+                    rows = cur.execute(through_index, params).fetchall()
+                    rows_of.append(rows if len(rows) == limit else None)
+            else:
+                rows_of = [None] * len(queries)
+            if any(rows is None for rows in rows_of):
+                # Whatever the owner's defaults for the database or role (``enable_seqscan``
+                # off to force its index, say): a sequential scan, the only exact plan.
+                cur.execute("SET LOCAL enable_seqscan = on")
+                cur.execute("SET LOCAL enable_indexscan = off")
+                cur.execute("SET LOCAL enable_bitmapscan = off")
+                for at, query in enumerate(queries):
+                    if rows_of[at] is None:
+                        params = {"query": query.tolist(), "limit": limit, "without": list(without)}
+                        rows_of[at] = cur.execute(exact, params).fetchall()
+        return [
+            [(key, np.asarray(vec, dtype=np.float32)) for key, vec in rows or ()]
+            for rows in rows_of
+        ]
 
 
 class PgvectorSearcher(AttachedSearcher[PgvectorStorage]):
