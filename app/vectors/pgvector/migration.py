@@ -51,7 +51,7 @@ from app.vectors.pgvector.source import (
     PgvectorSource,
     connected,
 )
-from app.vectors.pgvector.storage import READ_BATCH, TIE_ROOM, PgvectorStorage
+from app.vectors.pgvector.storage import READ_BATCH, TIE_ROOM, PgvectorStorage, vector_text
 
 log = logging.getLogger(__name__)
 SERVICE = "nobackfill"
@@ -187,11 +187,6 @@ def ensure_column(settings: Settings, source: PgvectorSource, model_id: str, dim
             )
 
 
-def _text(row: np.ndarray) -> str:
-    # pgvector's text form; a float32's repr as a Python float reads back as the same float32.
-    return "[" + ",".join(repr(x) for x in row.astype(np.float32).tolist()) + "]"
-
-
 def write(
     settings: Settings,
     source: PgvectorSource,
@@ -217,7 +212,7 @@ def write(
     with _writing(settings, source) as conn:
         for start in range(0, len(keys), READ_BATCH):
             part = list(keys[start : start + READ_BATCH])
-            rows = [_text(r) for r in features[start : start + READ_BATCH]]
+            rows = [vector_text(r) for r in features[start : start + READ_BATCH]]
             written.update(row[0] for row in conn.execute(statement, (part, rows)))
     return written
 

@@ -48,6 +48,19 @@ TIE_ROOM = 16
 MAX_EF_SEARCH = 1000
 
 
+def vector_text(row: np.ndarray) -> str:
+    """pgvector's text form of a row, ``[x1,x2,…]``: a float32's repr as a Python float reads
+    back as the same float32 (and psycopg sends a string as it is, where a list of floats is
+    converted element by element)."""
+    return "[" + ",".join(repr(x) for x in np.asarray(row, dtype=np.float32).tolist()) + "]"
+
+
+def from_send(sent: bytes) -> np.ndarray:
+    """A ``vector``'s binary form (``vector_send``: its dimension and an unused int16, then
+    big-endian float4s) as float32."""
+    return np.frombuffer(sent, dtype=">f4", offset=4).astype(np.float32)
+
+
 def read_only(gallery_id: str) -> Exception:
     return conflict(
         f"gallery {gallery_id} is an attached pgvector table: the service never writes its "
@@ -209,21 +222,23 @@ class PgvectorStorage(KeyedStorage[PgvectorSource]):
             skip = sql.SQL("{} AND {} IS NULL").format(skip, sql.Identifier(lacking))
         filtered = bool(len(without)) or lacking is not None
         indexed = source.search == "hnsw" and (not filtered or source.iterative_scan)
+        # The hits' vectors in pgvector's binary form (``vector_send``), read by numpy: a float
+        # array converted row by row in Python cost more than the search itself.
         select = sql.SQL(
-            "SELECT {id}, {floats} FROM {table} WHERE {vector} IS NOT NULL{skip} ORDER BY "
+            "SELECT {id}, vector_send({vector}::vector) FROM {table} WHERE {vector} IS NOT NULL"
+            "{skip} ORDER BY "
         ).format(
             id=names.id,
-            floats=names.as_floats,
             table=names.table,
             vector=names.vector,
             skip=skip,
         )
-        distance = sql.SQL("{} {} %(query)s::real[]::{}").format(
+        distance = sql.SQL("{} {} %(query)s::{}").format(
             names.vector, sql.SQL(source.operator), names.query_type
         )
-        exact = select + sql.SQL(
-            "{vector} <=> %(query)s::real[]::{qtype}, {id} LIMIT %(limit)s"
-        ).format(vector=names.vector, qtype=names.query_type, id=names.id)
+        exact = select + sql.SQL("{vector} <=> %(query)s::{qtype}, {id} LIMIT %(limit)s").format(
+            vector=names.vector, qtype=names.query_type, id=names.id
+        )
         # No second key: an index scan returns rows in the operator's order only.
         through_index = select + distance + sql.SQL(" LIMIT %(limit)s")
         rows_of: list[list[Any] | None] = []
@@ -235,7 +250,7 @@ class PgvectorStorage(KeyedStorage[PgvectorSource]):
                 if filtered:
                     cur.execute("SELECT set_config('hnsw.iterative_scan', 'strict_order', true)")
                 for query in queries:
-                    params = {"query": query.tolist(), "limit": limit, "without": list(without)}
+                    params = {"query": vector_text(query), "limit": limit, "without": list(without)}
                     rows = cur.execute(through_index, params).fetchall()
                     rows_of.append(rows if len(rows) == limit else None)
             else:
@@ -248,12 +263,13 @@ class PgvectorStorage(KeyedStorage[PgvectorSource]):
                 cur.execute("SET LOCAL enable_bitmapscan = off")
                 for at, query in enumerate(queries):
                     if rows_of[at] is None:
-                        params = {"query": query.tolist(), "limit": limit, "without": list(without)}
+                        params = {
+                            "query": vector_text(query),
+                            "limit": limit,
+                            "without": list(without),
+                        }
                         rows_of[at] = cur.execute(exact, params).fetchall()
-        return [
-            [(key, np.asarray(vec, dtype=np.float32)) for key, vec in rows or ()]
-            for rows in rows_of
-        ]
+        return [[(key, from_send(sent)) for key, sent in rows or ()] for rows in rows_of]
 
 
 class PgvectorSearcher(AttachedSearcher[PgvectorStorage]):
