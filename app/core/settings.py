@@ -178,6 +178,14 @@ class Settings(BaseSettings):
         gt=0,
         description="connect and statement timeout of an attached pgvector table",
     )
+    pgvector_idle_connections: int = Field(
+        default=4,
+        ge=0,
+        le=64,
+        description="read-only connections to one attached pgvector database kept open between "
+        "searches, per API process (each is a backend on the owner's server, closed once idle "
+        "for a minute); 0: a connection per request",
+    )
 
     # Embedders and two-stage search (issue 43).
     embedder_allowed_urls: Annotated[list[str], NoDecode] = Field(

@@ -15,6 +15,7 @@ than asked (a filter that keeps only a few), is answered exactly: no row is lost
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -44,6 +45,14 @@ from tests.service.test_queries_api import NEW, OLD
 pytestmark = pytest.mark.faiss_only("attached galleries keep no vector in the service's engine")
 
 HNSW = {"search": "hnsw", "ef_search": 64}
+
+
+@pytest.fixture
+def client(make_client: Callable[..., TestClient]) -> TestClient:
+    """A connection per request (none kept idle): a backend reports its index scans when it
+    exits, so the counts below are read as soon as the searches end (a kept backend may report
+    seconds later)."""
+    return make_client(pgvector_idle_connections=0)
 
 
 def index_scans(dsn: str, wanted: int, timeout: float = 10.0) -> int:

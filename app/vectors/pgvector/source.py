@@ -49,6 +49,7 @@ from psycopg import conninfo, errors, sql
 from app.core.errors import Problem, conflict, invalid, unavailable
 from app.core.settings import Settings
 from app.vectors import source_rules
+from app.vectors.pgvector.connections import pooled
 from app.vectors.source_rules import dsn_allowed, dsn_parts, dsn_place, env_secret
 
 ENGINE = "pgvector"
@@ -294,8 +295,14 @@ def connected(
     if secret is not None:
         params["password"] = secret
     try:
-        with psycopg.connect(**params) as conn:
-            yield conn
+        if writes:
+            with psycopg.connect(**params) as conn:
+                yield conn
+        else:
+            # Read-only: kept for the next search (``connections``: a connection per request
+            # cost ten times an indexed search).
+            with pooled(params, settings.pgvector_idle_connections) as conn:
+                yield conn
     except Problem:
         raise
     except Exception as exc:
