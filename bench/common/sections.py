@@ -50,6 +50,40 @@ def _section(name: str, title: str, renderer: str, *results: str, as_list: bool 
     return Section(name, title, tuple(f"bench/results/{r}" for r in results), renderer, as_list)
 
 
+# Issue 46 item 4: the Milvus parts of bench.perf on a real Milvus server (``python -m
+# bench.perf.milvus_server STAGE``) and a pgvector table at scale (``bench.perf.pgvector_scale``),
+# each of which appends its section to BENCHMARKS.md on its first run.
+# Each is registered once its run has written its results file (the first named): before that
+# neither the file nor the section exists, and there is nothing to check; after it, the section
+# is held to its render like any other (a section gone, or its file gone, fails the check).
+SERVER_SECTIONS: tuple[Section, ...] = (
+    _section(
+        "bench.perf.milvus_server.engines",
+        "Milvus engine on a real Milvus server (bench.perf.milvus_server engines)",
+        "bench.perf.milvus_server_report:render_engines",
+        "milvus_server_engines.json",
+    ),
+    _section(
+        "bench.perf.milvus_server.api_memory",
+        "API process memory on a real Milvus server (bench.perf.milvus_server api-memory)",
+        "bench.perf.milvus_server_report:render_api_memory",
+        "milvus_server_api_memory.json",
+        "api_memory.json",
+    ),
+    _section(
+        "bench.perf.milvus_server.attach",
+        "Attached collection on a real Milvus server (bench.perf.milvus_server attach)",
+        "bench.perf.milvus_server_report:render_attach",
+        "milvus_server_attach.json",
+    ),
+    _section(
+        "bench.perf.pgvector_scale",
+        "Attached pgvector table at 1M rows (bench.perf.pgvector_scale)",
+        "bench.perf.pgvector_scale:render",
+        "pgvector_scale.json",
+    ),
+)
+
 # In the order the sections appear in BENCHMARKS.md. Each entry is what the module's ``main`` (or
 # its ``--render`` / ``--publish`` mode) passes to ``publish`` / ``replace_section``.
 REGISTRY: tuple[Section, ...] = (
@@ -250,6 +284,7 @@ REGISTRY: tuple[Section, ...] = (
         "bench.perf.two_stage:render_markdown",
         "two_stage_perf.json",
     ),
+    *(s for s in SERVER_SECTIONS if (REPO_ROOT / s.results[0]).exists()),
 )
 SECTIONS: dict[str, Section] = {s.name: s for s in REGISTRY}
 

@@ -31,8 +31,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager, suppress
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -200,13 +200,25 @@ def growth_of(steps: Sequence[dict[str, Any]]) -> dict[str, float | None]:
     return growth
 
 
+# Where the Milvus engine's server comes from: a context manager of a data folder giving (its
+# URI, its process, or None where it runs elsewhere: its memory is then not measured).
+MilvusAt = Callable[[Path], AbstractContextManager[tuple[str, subprocess.Popen | None]]]
+
+
 def engine_run(
-    engine: str, vectors: np.ndarray, queries: np.ndarray, sizes: Sequence[int], batch: int
+    engine: str,
+    vectors: np.ndarray,
+    queries: np.ndarray,
+    sizes: Sequence[int],
+    batch: int,
+    milvus_at: MilvusAt | None = None,
 ) -> dict[str, Any]:
+    """``milvus_at``: the Milvus engine's server (default: a milvus-lite gRPC server process,
+    ``milvus_server``; ``bench.perf.milvus_server`` passes a real one)."""
     root = Path(tempfile.mkdtemp(prefix=f"bench-api-memory-{engine}-"))
     env = {"NOBACKFILL_JOB_RUNNER": "thread", "OMP_NUM_THREADS": "1"}
     try:
-        with _maybe_milvus(engine, root) as (uri, milvus):
+        with _maybe_milvus(engine, root, milvus_at or milvus_server) as (uri, milvus):
             if uri is not None:
                 env.update(NOBACKFILL_VECTOR_ENGINE="milvus", NOBACKFILL_MILVUS_URI=uri)
             service = start_service(root / "data", env)
@@ -219,11 +231,13 @@ def engine_run(
 
 
 @contextmanager
-def _maybe_milvus(engine: str, root: Path) -> Iterator[tuple[str | None, subprocess.Popen | None]]:
+def _maybe_milvus(
+    engine: str, root: Path, milvus_at: MilvusAt
+) -> Iterator[tuple[str | None, subprocess.Popen | None]]:
     if engine == "faiss":
         yield None, None
         return
-    with milvus_server(root / "milvus") as (uri, process):
+    with milvus_at(root / "milvus") as (uri, process):
         yield uri, process
 
 
@@ -366,6 +380,17 @@ def _plus_minus(growth: dict[str, float | None], process: str) -> str:
     return f"{slope:+.1f}" + ("" if error is None else f" ± {error:.1f} (standard error)")
 
 
+def workload(sizes: Sequence[int], seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """The rows up to the largest size (WordNet MiniLM rows tiled with noise) and the searches'
+    queries (noisy copies of rows within the first size, there at every step)."""
+    base = wordnet_rows(with_new=False).old
+    vectors = tiled(base, max(sizes), seed=seed)
+    rng = np.random.default_rng(seed + 1)
+    picks = rng.integers(0, min(sizes), SEARCHES * SEARCH_BATCH)
+    noise = 0.05 * rng.standard_normal((len(picks), base.shape[1]))
+    return vectors, (vectors[picks] + noise).astype(np.float32)
+
+
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=list(SIZES))
@@ -389,13 +414,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     batch = min(args.batch, 1_000) if args.quick else args.batch
     load_start = load_average()
     tic = time.perf_counter()
-    base = wordnet_rows(with_new=False).old
-    vectors = tiled(base, sizes[-1], seed=args.seed)
-    rng = np.random.default_rng(args.seed + 1)
-    picks = rng.integers(0, sizes[0], SEARCHES * SEARCH_BATCH)
-    queries = (vectors[picks] + 0.05 * rng.standard_normal((len(picks), base.shape[1]))).astype(
-        np.float32
-    )
+    vectors, queries = workload(sizes, args.seed)
     engines = {}
     for engine in args.engines:
         print(f"{engine}:", flush=True)

@@ -82,11 +82,13 @@ class RowCounter:
             setattr(AttachedCollection, name, method)
 
 
-def fill_store(file: Path, vectors: np.ndarray) -> float:
-    """The collection of ``vectors``, key i = row i (closed: the service opens it next)."""
+def fill_store(where: Path | str, vectors: np.ndarray) -> float:
+    """The collection of ``vectors``, key i = row i (closed: the service opens it next), in a
+    milvus-lite file, or on the Milvus server a URI names (``bench.perf.milvus_server``)."""
     tic = time.perf_counter()
-    file.parent.mkdir(parents=True, exist_ok=True)
-    client = MilvusClient(str(file))
+    if isinstance(where, Path):
+        where.parent.mkdir(parents=True, exist_ok=True)
+    client = MilvusClient(str(where))
     schema = client.create_schema(auto_id=False)
     schema.add_field("doc_id", DataType.INT64, is_primary=True)
     schema.add_field("embedding", DataType.FLOAT_VECTOR, dim=vectors.shape[1])
