@@ -222,25 +222,28 @@ class PgvectorStorage(KeyedStorage[PgvectorSource]):
             skip = sql.SQL("{} AND {} IS NULL").format(skip, sql.Identifier(lacking))
         filtered = bool(len(without)) or lacking is not None
         indexed = source.search == "hnsw" and (not filtered or source.iterative_scan)
-        # The hits' vectors in pgvector's binary form (``vector_send``), read by numpy: a float
-        # array converted row by row in Python cost more than the search itself.
-        select = sql.SQL(
-            "SELECT {id}, vector_send({vector}::vector) FROM {table} WHERE {vector} IS NOT NULL"
-            "{skip} ORDER BY "
-        ).format(
-            id=names.id,
-            table=names.table,
-            vector=names.vector,
-            skip=skip,
+        # The best rows first (ids and vectors only), then their vectors in pgvector's binary
+        # form (``vector_send``, read by numpy: a float array converted element by element in
+        # Python cost more than the search itself): computed for the hits alone, where a
+        # projection in the scan itself would compute it for every row of the table.
+        ordered = sql.SQL(
+            "SELECT key, vector_send(vec::vector) FROM (SELECT {id} AS key, {vector} AS vec, "
+            "{order} AS distance FROM {table} WHERE {vector} IS NOT NULL{skip} ORDER BY {by} "
+            "LIMIT %(limit)s) AS hits ORDER BY distance, key"
         )
-        distance = sql.SQL("{} {} %(query)s::{}").format(
-            names.vector, sql.SQL(source.operator), names.query_type
-        )
-        exact = select + sql.SQL("{vector} <=> %(query)s::{qtype}, {id} LIMIT %(limit)s").format(
-            vector=names.vector, qtype=names.query_type, id=names.id
-        )
+
+        def statement(operator: str, by_id: bool) -> sql.Composed:
+            order = sql.SQL("{} {} %(query)s::{}").format(
+                names.vector, sql.SQL(operator), names.query_type
+            )
+            by = sql.SQL("{}, {}").format(order, names.id) if by_id else order
+            return ordered.format(
+                id=names.id, vector=names.vector, order=order, table=names.table, skip=skip, by=by
+            )
+
+        exact = statement("<=>", by_id=True)
         # No second key: an index scan returns rows in the operator's order only.
-        through_index = select + distance + sql.SQL(" LIMIT %(limit)s")
+        through_index = statement(source.operator, by_id=False)
         rows_of: list[list[Any] | None] = []
         queries = np.asarray(queries, dtype=np.float32)
         with connected(self.settings, source) as conn, conn.cursor(binary=True) as cur:
