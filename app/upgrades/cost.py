@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from app.ml.auto import halving
 from app.ml.auto.candidates import METHOD_OF, AutoParams
 from app.ml.hmcl import ContinualParams
 from app.ml.methods.compat import CompatParams
@@ -37,6 +38,24 @@ def training_steps(method: str, params: CompatParams, items: int) -> int:
     return params.epochs * max(1, items // batch)
 
 
+def _candidate_steps(
+    method: str, trials: list[dict[str, Any]], items: int, halving_on: bool
+) -> int:
+    """One ``auto`` candidate's trials as ``app.ml.upgrade.tuning`` trains them: with successive
+    halving (``app.ml.auto.halving``) every trial a short screening run, then the finalists at
+    full length (the longest trials counted: an upper estimate), else every trial in full."""
+    full = [training_steps(method, CompatParams.from_dict(values), items) for values in trials]
+    epochs = CompatParams.from_dict(trials[0]).epochs if trials else 0
+    screen = halving.screen_epochs(epochs, len(trials), halving_on)
+    if screen is None:
+        return sum(full)
+    screened = sum(
+        training_steps(method, CompatParams.from_dict({**values, "epochs": screen}), items)
+        for values in trials
+    )
+    return screened + sum(sorted(full, reverse=True)[: min(halving.FINALISTS, len(trials))])
+
+
 def _backbone_steps(method: str, knobs: dict[str, Any], items: int) -> int:
     if method == "auto":
         auto = AutoParams.from_dict(knobs)
@@ -44,8 +63,7 @@ def _backbone_steps(method: str, knobs: dict[str, Any], items: int) -> int:
         for name in auto.applicable(labelled=True):
             trials = auto.settings(name, labelled=True)
             trials += trials[:1] * auto.extra_for(name, labelled=True)
-            for values in trials:
-                steps += training_steps(METHOD_OF[name], CompatParams.from_dict(values), items)
+            steps += _candidate_steps(METHOD_OF[name], trials, items, auto.halving)
         reference = CompatParams.from_dict(auto.shared)
         return steps + training_steps(REFERENCE, reference, items)
     params = CompatParams.for_method(method, knobs)
