@@ -12,14 +12,18 @@ import numpy as np
 import pytest
 
 from bench.common.sections import SERVER_SECTIONS
+from bench.common.stats import t_interval
 from bench.perf import milvus_server as bench
 from bench.perf.milvus_server_report import (
     SECTIONS,
     at_least,
     at_most,
+    paired_difference,
     render_api_memory,
+    render_bridged,
     slope_interval,
     wilson,
+    within,
 )
 from tests.service.milvus_server import milvus_server_uri  # noqa: F401  (the fixture)
 
@@ -43,6 +47,20 @@ def test_an_interval_decides_the_verdict() -> None:
     assert at_most(*slope_interval(growth, 3), 24.6) == NOT_SHOWN
 
 
+MACHINE = {
+    "cpu": "cpu",
+    "cores": 2,
+    "gpu": None,
+    "python": "3.11",
+    "torch": "2",
+    "torch_threads": 1,
+    "faiss": "1",
+    "faiss_threads": 1,
+    "numpy": "2",
+    "date": "today",
+}
+
+
 def test_the_api_memory_section_states_its_verdict() -> None:
     steps = [
         {"rows": r, "api_mib": 600 + a, "ingest_s": 1.0, "search_ms": 5.0}
@@ -52,18 +70,7 @@ def test_the_api_memory_section_states_its_verdict() -> None:
     result = {
         "command": "python -m bench.perf.milvus_server api-memory",
         "seconds": 60.0,
-        "machine": {
-            "cpu": "cpu",
-            "cores": 2,
-            "gpu": None,
-            "python": "3.11",
-            "torch": "2",
-            "torch_threads": 1,
-            "faiss": "1",
-            "faiss_threads": 1,
-            "numpy": "2",
-            "date": "today",
-        },
+        "machine": MACHINE,
         "load_start": [0, 0, 0],
         "load_end": [0, 0, 0],
         "server": {"version": "v2.3.5-lite", "started_here": True, "config": []},
@@ -84,6 +91,80 @@ def test_the_api_memory_section_states_its_verdict() -> None:
     )
     growth["api_mib_per_100k"] = 20.0
     assert "missed by 5 MiB per 100k rows." in render_api_memory(result, faiss)
+
+
+def test_the_bridged_difference_is_judged_on_its_paired_interval() -> None:
+    # From the discordant pairs alone: the same as a t interval over the per-query differences.
+    n, only_milvus, only_faiss = 9_600, 30, 12
+    per_query = [1.0] * only_milvus + [-1.0] * only_faiss + [0.0] * (n - only_milvus - only_faiss)
+    assert paired_difference(only_milvus, only_faiss, n) == pytest.approx(t_interval(per_query))
+    assert within(*paired_difference(only_milvus, only_faiss, n), 0.005) == "met"
+    # No discordant query: ± the Wilson bound of 0 of n, not a point (met on 9,600, not on 320).
+    assert paired_difference(0, 0, n) == (0.0, -wilson(0, n)[2], wilson(0, n)[2])
+    assert within(*paired_difference(0, 0, n), 0.005) == "met"
+    assert within(*paired_difference(0, 0, 320), 0.005) == NOT_SHOWN
+    # Outside on either side: missed by the difference's excess over the margin.
+    assert within(*paired_difference(200, 10, n), 0.005) == f"missed by {190 / n - 0.005:.4g}"
+    assert within(*paired_difference(10, 200, n), 0.005) == f"missed by {190 / n - 0.005:.4g}"
+    # An interval straddling the margin: not shown.
+    assert within(*paired_difference(70, 10, n), 0.005) == NOT_SHOWN
+
+
+def test_the_bridged_section_states_each_milvus_index_verdict() -> None:
+    n = 9_600
+
+    def searched(hits: int, only_here: int, only_faiss: int, identical: int) -> dict:
+        return {
+            "hits": hits,
+            "only_here": only_here,
+            "only_faiss": only_faiss,
+            "identical": identical,
+        }
+
+    gallery = {"upload_s": 9.0, "upgrade_s": 3.0, "search_s": {"bridged": 20.0, "old": 18.0}}
+    result = {
+        "command": "python -m bench.perf.milvus_server bridged",
+        "seconds": 600.0,
+        "machine": MACHINE,
+        "load_start": [0, 0, 0],
+        "load_end": [0, 0, 0],
+        "server": {"version": "v2.3.5-lite", "started_here": True, "config": []},
+        "synsets": 24_000,
+        "trained": 14_400,
+        "train_share": 0.6,
+        "queries": n,
+        "k": 10,
+        "reference": "faiss_flat",
+        "candidates": 10,
+        "ef": 300,
+        "hnsw": {"m": 32, "ef_construction": 200},
+        "settle_s": 20.0,
+        "galleries": {
+            "faiss_flat": gallery | {"engine": "faiss", "index": "flat", "server_mib": None},
+            "milvus_flat": gallery | {"engine": "milvus", "index": "flat", "ready_s": 12.0},
+            "milvus_hnsw": gallery | {"engine": "milvus", "index": "hnsw", "ready_s": 14.0},
+        },
+        "searches": {
+            "bridged": {
+                "faiss_flat": searched(4_800, 0, 0, n),
+                "milvus_flat": searched(4_800, 0, 0, n),
+                "milvus_hnsw": searched(4_610, 10, 200, 9_000),
+            },
+            "old": {
+                "faiss_flat": searched(4_000, 0, 0, n),
+                "milvus_flat": searched(4_001, 3, 2, 9_590),
+                "milvus_hnsw": searched(3_990, 5, 15, 9_100),
+            },
+        },
+    }
+    text = render_bridged(result)
+    assert "- Milvus flat − FAISS: +0.0000, 95 % interval -0.0004 to +0.0004" in text
+    assert "(target inside ±0.005): met." in text
+    assert "- Milvus hnsw − FAISS: -0.0198" in text and f"missed by {190 / n - 0.005:.4g}." in text
+    assert "| bridged (MPNet → model) | FAISS engine, flat | 0.5000 | – | – | – |" in text
+    assert "| 10 / 200 | 93.75% |" in text
+    # The table's interval is the verdict's.
+    assert "| old→old (MiniLM) | Milvus engine, flat (COSINE FLAT) | 0.4168 | +0.0001" in text
 
 
 def test_the_registry_names_the_sections_as_the_benchmark_publishes_them() -> None:
@@ -134,3 +215,18 @@ def test_each_stage_runs_on_the_real_server(
     assert run["count"] == bench.QUICK_ROWS
     assert run["rows_read"].get("attach.vectors", 0) == 0
     assert "(target under 1 %; a byte count, no interval): met." in bench.render_attach(result)
+
+    out = tmp_path / "bridged.json"
+    # One Milvus index (hnsw; flat differs only in the gallery's ``index``): about 9 s, not 16.
+    result = bench.main(
+        ["bridged", *common, "--milvus-index", "hnsw", "--out", str(out)], arrays=arrays
+    )
+    held = len(arrays[f"gloss.{OLD}"]) - round(bench.TRAIN_SHARE * len(arrays[f"gloss.{OLD}"]))
+    assert result["queries"] == held
+    assert list(result["galleries"]) == ["faiss_flat", "milvus_hnsw"]
+    assert result["galleries"]["milvus_hnsw"]["ready_s"] >= 0
+    for searched in result["searches"].values():
+        faiss = searched["faiss_flat"]
+        assert faiss["only_here"] == faiss["only_faiss"] == 0 and faiss["identical"] == held
+        assert all(0 < s["hits"] <= held for s in searched.values())
+    assert "- Milvus hnsw − FAISS:" in bench.render_bridged(result)

@@ -77,6 +77,12 @@ SERVER_SECTIONS: tuple[Section, ...] = (
         "milvus_server_attach.json",
     ),
     _section(
+        "bench.perf.milvus_server.bridged",
+        "Bridged search on a real Milvus server against FAISS (bench.perf.milvus_server bridged)",
+        "bench.perf.milvus_server_report:render_bridged",
+        "milvus_server_bridged.json",
+    ),
+    _section(
         "bench.perf.pgvector_scale",
         "Attached pgvector table at 1M rows (bench.perf.pgvector_scale)",
         "bench.perf.pgvector_scale:render",

@@ -3,6 +3,7 @@
     python -m bench.perf.milvus_server engines --rows 1000000    # bench/results/milvus_server_engines.json
     python -m bench.perf.milvus_server api-memory                # …_api_memory.json (100k … 1M rows)
     python -m bench.perf.milvus_server attach --points 1000000   # …_attach.json
+    python -m bench.perf.milvus_server bridged                   # …_bridged.json (24k synsets)
     python -m bench.perf.milvus_server STAGE --quick             # a few thousand rows, no section
     python -m bench.perf.milvus_server STAGE --uri http://127.0.0.1:19530   # a running server
 
@@ -21,6 +22,14 @@ the tests' 20 ms tick), runs an existing benchmark's Milvus part against it, and
   is judged against is ``bench/results/api_memory.json``'s (``bench.perf.api_memory``).
 - ``attach``: ``bench.perf.milvus_attach``'s scale run (``qdrant_attach.scale_run``) with the
   collection on the server.
+- ``bridged``: the WordNet nouns' MiniLM glosses as an external cosine gallery in two services in
+  process (``create_app`` + ``TestClient``, SQLite, inline jobs), one on the FAISS engine, one on
+  the Milvus engine with the server; the same procrustes upgrade on a seeded ``--train-share`` of
+  the synsets in each; then the held-out synsets' lemmas searched in both, bridged (MPNet
+  ``features`` + the model) and old→old (MiniLM ``vectors``): R@10 (the query's own gloss in
+  the top 10) per engine, paired by query. The service never seals a Milvus gallery after an
+  upload; before searching, this stage seals it (``MilvusGallery.seal``) and waits as
+  ``engines`` does (``served``, then ``SETTLE_S``), so the figures are the sealed index's.
 
 The sections and their targets: ``bench.perf.milvus_server_report``.
 """
@@ -40,38 +49,46 @@ from typing import Any
 
 import numpy as np
 import torch
+from fastapi.testclient import TestClient
 from pymilvus import MilvusClient
 
+from app.main import create_app
 from app.ml.geometry.space import EuclideanLift
 from app.vectors.lorentz_rows import exact_distances
 from app.vectors.milvus.engine import MilvusGallery
 from app.vectors.milvus.layouts import DEFAULT_HNSW
-from app.vectors.milvus.search import SearchHits, search_defaults
+from app.vectors.milvus.search import COSINE_MARGIN, MAX_TOPK, SearchHits, search_defaults
+from app.vectors.milvus.storage import collection_name, engine_for
 from app.vectors.rerank import exact_top_k
 from bench.common.machine import load_average, run_record
 from bench.common.milvus_standalone import standalone_process
 from bench.common.report import command_line, publish
+from bench.common.service import BENCH_KEY
 from bench.common.tiled import lift_points
-from bench.common.wordnet import REPO_ROOT, quick_data_dir
+from bench.common.wordnet import NEW_MODEL, OLD_MODEL, REPO_ROOT, quick_data_dir
 from bench.perf import api_memory, engines, milvus_attach
 from bench.perf.backfill_plan import wordnet_arrays
 from bench.perf.engine_workload import QUERIES, Data, K
 from bench.perf.milvus_server_report import (
+    BRIDGED_MARGIN,
     EQUAL_TARGET,
     MEMORY_FRACTION,
     SECTIONS,
     SPEED_TARGET,
     render_api_memory,
     render_attach,
+    render_bridged,
     render_engines,
 )
-from bench.perf.qdrant_attach import scale_run, service_settings
+from bench.perf.mixed_search import _ok, _part
+from bench.perf.qdrant_attach import scale_run, service_settings, top_ids
 
 RESULTS = REPO_ROOT / "bench/results"
 FILES = {
     "engines": "milvus_server_engines.json",
     "api-memory": "milvus_server_api_memory.json",
     "attach": "milvus_server_attach.json",
+    "bridged": "milvus_server_bridged.json",
 }
 # The FAISS engine's growth the API-memory target is a fraction of (``bench.perf.api_memory``).
 FAISS_MEMORY = RESULTS / "api_memory.json"
@@ -81,6 +98,10 @@ QUICK_ROWS = 3_000
 QUICK_EQUAL_QUERIES = 256
 # Four sizes: three after the warm-up, the fewest a slope's standard error needs.
 QUICK_SIZES = (1_000, 2_000, 3_000, 4_000)
+# bridged: the synsets a quick run keeps (the tests pass the 800-synset fixture: all of them).
+QUICK_SYNSETS = 1_000
+TRAIN_SHARE = 0.6
+MILVUS_INDEXES = ("flat", "hnsw")
 # Truth in blocks of queries: ``exact_top_k`` holds queries × LIFT_BLOCK float64 scores.
 TRUTH_QUERIES = 256
 
@@ -244,6 +265,152 @@ def run_attach(
     return {"run": run}
 
 
+# -- bridged --------------------------------------------------------------------------------------
+@contextmanager
+def service(workdir: Path, engine: str, uri: str) -> Iterator[TestClient]:
+    """The service in process on the FAISS engine, or on the Milvus engine with the server."""
+    settings = service_settings(workdir)
+    if engine == "milvus":
+        settings = settings.model_copy(update={"vector_engine": "milvus", "milvus_uri": uri})
+    with TestClient(create_app(settings), raise_server_exceptions=True) as client:
+        client.headers["Authorization"] = f"Bearer {BENCH_KEY}"
+        yield client
+
+
+def upload(client: TestClient, index: str, ids: np.ndarray, old: np.ndarray) -> str:
+    """An external cosine gallery of ``old`` under ``ids`` (multipart ``.npy`` chunks); its id."""
+    body = {"name": f"nouns-{index}", "dim": old.shape[1], "model_name": OLD_MODEL}
+    gallery = _ok(
+        client.post("/v1/galleries", json=body | {"metric": "cosine", "index": index}), 201
+    )
+    chunk = client.app.state.service.settings.max_vectors_per_request
+    for start in range(0, len(ids), chunk):
+        part = slice(start, start + chunk)
+        files = {"ids": _part(ids[part]), "vectors": _part(old[part])}
+        _ok(client.post(f"/v1/galleries/{gallery['id']}/vectors", files=files))
+    return gallery["id"]
+
+
+def serve_sealed(client: TestClient, gallery_id: str, rows: int) -> float:
+    """A Milvus gallery sealed (flush, its index built: ``MilvusGallery.seal``; the service does
+    not seal after an upload), then the waits of ``bench.perf.engines``: until the query node
+    serves the sealed segments (``served``), then ``SETTLE_S`` untimed. Seconds to served."""
+    gallery = engine_for(client.app.state.service.settings).open_gallery(
+        collection_name(gallery_id)
+    )
+    tic = time.perf_counter()
+    gallery.seal()
+    engines.served(gallery.client, gallery.name, rows)
+    ready = time.perf_counter() - tic
+    time.sleep(engines.SETTLE_S)
+    return ready
+
+
+def procrustes(client: TestClient, gallery_id: str, ids: np.ndarray, new: np.ndarray, seed: int):
+    """A dataset pairing the gallery's items ``ids`` with their ``new`` rows, and a procrustes
+    upgrade on it (inline: done when the POST answers); the model's id."""
+    dataset = _ok(
+        client.post("/v1/datasets", json={"name": f"mpnet-{gallery_id}", "gallery_id": gallery_id}),
+        201,
+    )
+    chunk = client.app.state.service.settings.max_vectors_per_request
+    for start in range(0, len(ids), chunk):
+        part = slice(start, start + chunk)
+        files = {"ids": _part(ids[part]), "features": _part(new[part])}
+        _ok(client.post(f"/v1/datasets/{dataset['id']}/items", files=files))
+    body = {"dataset_id": dataset["id"], "method": "procrustes", "seed": seed}
+    created = _ok(client.post("/v1/upgrades", json=body), 202)
+    job = _ok(client.get(f"/v1/upgrades/{created['id']}"))
+    if job["status"] != "succeeded":
+        raise RuntimeError(f"upgrade {job['status']}: {job.get('error')}")
+    return job["model_id"]
+
+
+def own_hits(top: list[list[str]], own: np.ndarray) -> np.ndarray:
+    """Per query, whether its own synset's gloss (item id ``own[q]``) is among its hits."""
+    return np.array([str(o) in row for row, o in zip(top, own, strict=True)])
+
+
+def paired(top: list[list[str]], ref: list[list[str]], own: np.ndarray) -> dict[str, int]:
+    """One gallery's hits against the reference's (FAISS), query by query: hits, the queries
+    only one of them finds (the paired difference's discordant pairs), identical ordered top-k."""
+    hits, ref_hits = own_hits(top, own), own_hits(ref, own)
+    return {
+        "hits": int(hits.sum()),
+        "only_here": int((hits & ~ref_hits).sum()),
+        "only_faiss": int((ref_hits & ~hits).sum()),
+        "identical": int(sum(a == b for a, b in zip(top, ref, strict=True))),
+    }
+
+
+def run_bridged(
+    args: argparse.Namespace, at: Server, arrays: dict[str, np.ndarray] | None
+) -> dict[str, Any]:
+    arrays = arrays if arrays is not None else wordnet_arrays()
+    keep = QUICK_SYNSETS if args.quick else None
+    old, new = arrays[f"gloss.{OLD_MODEL}"][:keep], arrays[f"gloss.{NEW_MODEL}"][:keep]
+    synsets = len(old)
+    ids = np.array([str(i) for i in range(synsets)])
+    order = np.random.default_rng(args.seed).permutation(synsets)
+    trained = round(args.train_share * synsets)
+    train, held = np.sort(order[:trained]), np.sort(order[trained:])
+    queries = {
+        "bridged": {"features": arrays[f"lemma.{NEW_MODEL}"][held]},
+        "old": {"vectors": arrays[f"lemma.{OLD_MODEL}"][held]},
+    }
+    galleries: dict[str, dict[str, Any]] = {}
+    tops: dict[str, dict[str, list[list[str]]]] = {kind: {} for kind in queries}
+    workdir = Path(tempfile.mkdtemp(prefix="bench-milvus-server-bridged-"))
+    try:
+        for engine, indexes in (("faiss", ("flat",)), ("milvus", tuple(args.milvus_index))):
+            with service(workdir / engine, engine, at.uri) as client:
+                for index in indexes:
+                    name, entry = f"{engine}_{index}", {"engine": engine, "index": index}
+                    tic = time.perf_counter()
+                    gallery_id = upload(client, index, ids, old)
+                    entry["upload_s"] = time.perf_counter() - tic
+                    if engine == "milvus":
+                        entry["ready_s"] = serve_sealed(client, gallery_id, synsets)
+                    tic = time.perf_counter()
+                    model_id = procrustes(client, gallery_id, ids[train], new[train], args.seed)
+                    entry["upgrade_s"] = time.perf_counter() - tic
+                    entry["search_s"] = {}
+                    for kind, body in queries.items():
+                        body = body | ({"model_id": model_id} if kind == "bridged" else {})
+                        tic = time.perf_counter()
+                        tops[kind][name] = top_ids(client, gallery_id, body, len(held))
+                        entry["search_s"][kind] = time.perf_counter() - tic
+                    entry["server_mib"] = at.mib() if engine == "milvus" else None
+                    galleries[name] = entry
+                    print(f"  {name}: {entry}", flush=True)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    ref = "faiss_flat"
+    searches = {
+        kind: {name: paired(top, found[ref], held) for name, top in found.items()}
+        for kind, found in tops.items()
+    }
+    # The engine's search of a cosine gallery (``app.vectors.milvus.search.search``): its top
+    # ``candidates`` re-ranked in float64, an HNSW walked at ef = k′ (factor 1 on this layout).
+    overfetch, _ = search_defaults("cosine")
+    fetched = min(max(K, overfetch), MAX_TOPK)
+    candidates = min(fetched, K + COSINE_MARGIN)
+    return {
+        "synsets": synsets,
+        "trained": trained,
+        "train_share": args.train_share,
+        "queries": len(held),
+        "k": K,
+        "reference": ref,
+        "candidates": candidates,
+        "ef": max(fetched, candidates),
+        "hnsw": DEFAULT_HNSW,
+        "settle_s": engines.SETTLE_S,
+        "galleries": galleries,
+        "searches": searches,
+    }
+
+
 # -- command line ---------------------------------------------------------------------------------
 def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -276,14 +443,25 @@ def parser() -> argparse.ArgumentParser:
     memory_stage.add_argument("--batch", type=int, default=5_000, help="rows per upload")
     attach_stage = stages.add_parser("attach", parents=[common])
     attach_stage.add_argument("--points", type=int, default=1_000_000)
+    bridged_stage = stages.add_parser("bridged", parents=[common])
+    bridged_stage.add_argument(
+        "--train-share", type=float, default=TRAIN_SHARE, help="synsets paired for the upgrade"
+    )
+    bridged_stage.add_argument(
+        "--milvus-index",
+        nargs="+",
+        choices=MILVUS_INDEXES,
+        default=list(MILVUS_INDEXES),
+        help="the Milvus galleries' index (flat: the service's default; FAISS stays flat)",
+    )
     return parser
 
 
 def main(
     argv: Sequence[str] | None = None, arrays: dict[str, np.ndarray] | None = None
 ) -> dict[str, Any]:
-    """``arrays``: the attach stage's gloss/lemma rows by both models (default: the WordNet-noun
-    data); the tests pass the small fixture's."""
+    """``arrays``: the attach and bridged stages' gloss/lemma rows by both models (default: the
+    WordNet-noun data); the tests pass the small fixture's."""
     args = parser().parse_args(argv)
     if args.stage == "api-memory" and not args.quick and len(args.sizes) < 4:
         parser().error("--sizes: at least four (a warm-up, then three for the slope's interval)")
@@ -299,8 +477,10 @@ def main(
             measured = run_engines(args, at)
         elif args.stage == "api-memory":
             measured = run_api_memory(args, at)
-        else:
+        elif args.stage == "attach":
             measured = run_attach(args, at, arrays)
+        else:
+            measured = run_bridged(args, at, arrays)
     result = {
         **run_record(command_line("bench.perf.milvus_server", argv), tic, load_start),
         "server": at.record(),
@@ -308,6 +488,7 @@ def main(
             "equal_top_10": EQUAL_TARGET,
             "speed_ratio": SPEED_TARGET,
             "memory_fraction": MEMORY_FRACTION,
+            "bridged_r10_within": BRIDGED_MARGIN,
         },
         **measured,
     }
@@ -318,8 +499,10 @@ def main(
         markdown = render_engines(result)
     elif args.stage == "api-memory":
         markdown = render_api_memory(result, json.loads(FAISS_MEMORY.read_text()))
-    else:
+    elif args.stage == "attach":
         markdown = render_attach(result)
+    else:
+        markdown = render_bridged(result)
     publish(result, out, markdown, None if args.no_markdown or args.quick else section, title)
     return result
 
