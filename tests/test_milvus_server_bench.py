@@ -25,6 +25,7 @@ from bench.perf.milvus_server_report import (
     wilson,
     within,
 )
+from tests.bench_facts import MACHINE
 from tests.service.milvus_server import milvus_server_uri  # noqa: F401  (the fixture)
 
 OLD, NEW = "all-MiniLM-L6-v2", "all-mpnet-base-v2"
@@ -45,20 +46,6 @@ def test_an_interval_decides_the_verdict() -> None:
     # No interval (too few sizes): never met.
     growth = {"api_mib_per_100k": 1.0, "api_error_per_100k": None}
     assert at_most(*slope_interval(growth, 3), 24.6) == NOT_SHOWN
-
-
-MACHINE = {
-    "cpu": "cpu",
-    "cores": 2,
-    "gpu": None,
-    "python": "3.11",
-    "torch": "2",
-    "torch_threads": 1,
-    "faiss": "1",
-    "faiss_threads": 1,
-    "numpy": "2",
-    "date": "today",
-}
 
 
 def test_the_api_memory_section_states_its_verdict() -> None:

@@ -8,6 +8,7 @@ import numpy as np
 import psycopg
 
 from bench.perf import pgvector_scale as bench
+from tests.bench_facts import MACHINE
 from tests.service.pgvector_server import (  # noqa: F401  (the fixtures)
     pgvector_database_fixture,
     pgvector_server_fixture,
@@ -52,18 +53,7 @@ def test_the_section_states_each_target_met_or_missed() -> None:
     result = {
         "command": "python -m bench.perf.pgvector_scale",
         "seconds": 600.0,
-        "machine": {
-            "cpu": "cpu",
-            "cores": 2,
-            "gpu": None,
-            "python": "3.11",
-            "torch": "2",
-            "torch_threads": 1,
-            "faiss": "1",
-            "faiss_threads": 1,
-            "numpy": "2",
-            "date": "today",
-        },
+        "machine": MACHINE,
         "load_start": [0, 0, 0],
         "load_end": [0, 0, 0],
         "run": {
