@@ -4,12 +4,14 @@ scenario, the query→document part, and the targets — on the committed fixtur
 import json
 import math
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 from scipy import stats
 
 from bench.common.stats import t_interval
+from bench.common.wordnet import FIXTURE_DATA_DIR, REPO_ROOT, fine_labels, load_wordnet
 from bench.quality import (
     compat,
     compat_grid,
@@ -115,6 +117,44 @@ def test_every_seed_draws_its_own_split_and_never_the_held_back_items() -> None:
     assert not np.array_equal(parts[1]["validation"], parts[2]["validation"])
     again = compat_scenarios.split_items(n, 1)
     assert all(np.array_equal(again[k], parts[1][k]) for k in again)  # recorded seed: reproducible
+
+
+def test_the_frozen_held_back_items_are_the_ones_a_final_run_scores(monkeypatch, tmp_path) -> None:
+    """Issue 42 item 3: ``held_back_synsets`` lists the fine-class rows every seed's split holds
+    back, its digest is what ``HELD_BACK_SHA256`` freezes, another draw changes it, and a
+    ``--final`` run whose items are not the frozen ones is refused before any training."""
+    meta = load_wordnet(FIXTURE_DATA_DIR, fields=()).meta
+    keep, _ = fine_labels(meta)
+    held = compat_scenarios.split_items(keep.size, seed=2)["held_back"]
+    listed = compat_scenarios.held_back_synsets(meta)
+    assert listed == sorted(meta[int(keep[i])]["synset_id"] for i in held) and listed
+    digest = compat_scenarios.held_back_digest(meta)
+    with pytest.raises(SystemExit, match="not the frozen"):
+        compat_scenarios.check_frozen_held_back(meta)  # the fixture is not the public nouns
+    monkeypatch.setattr(compat_scenarios, "HELD_BACK_SHA256", digest)
+    compat_scenarios.check_frozen_held_back(meta)
+    monkeypatch.setattr(compat_scenarios, "HELD_BACK_SEED", compat_scenarios.HELD_BACK_SEED + 1)
+    assert compat_scenarios.held_back_digest(meta) != digest
+    # A --final run on data whose draw is not the frozen one stops before it trains anything.
+    monkeypatch.setattr(compat_scenarios, "load_wordnet", lambda **_: SimpleNamespace(meta=meta))
+    trained = []
+    monkeypatch.setattr(compat, "run_seeds", lambda *a, **k: trained.append(a) or [])
+    out = tmp_path / "final.json"
+    with pytest.raises(SystemExit, match="not the frozen"):
+        compat.main(["--final", "--scenarios", "external", "--no-markdown", "--out", str(out)])
+    assert not trained and not out.exists()
+
+
+def test_runs_under_different_held_back_draws_are_not_merged(tmp_path) -> None:
+    """One table holds one held-back set: merging a run under another draw is refused."""
+    quick = json.loads((REPO_ROOT / "bench/results/compat-quick.json").read_text())
+    other = {**quick, "held_back": {**quick["held_back"], "seed": quick["held_back"]["seed"] + 1}}
+    paths = [tmp_path / "a.json", tmp_path / "b.json"]
+    for path, payload in zip(paths, (quick, other), strict=True):
+        path.write_text(json.dumps(payload))
+    with pytest.raises(SystemExit, match="different held-back draws"):
+        compat_report.merge_runs(paths, tmp_path / "m.json", ["external"], markdown=False)
+    assert not (tmp_path / "m.json").exists()
 
 
 def test_old_head_items_follow_the_seed() -> None:

@@ -350,6 +350,8 @@ def _payload(
         "held_back": {
             "fraction": compat_scenarios.HELD_BACK_FRACTION,
             "seed": compat_scenarios.HELD_BACK_SEED,
+            # The frozen draw's digest (full data only; the fixture's draw is not frozen).
+            "sha256": None if quick else compat_scenarios.HELD_BACK_SHA256,
         },
         "n_classes": len(np.unique(split.labels)),
         "machine": f"{platform.machine()}, {torch.get_num_threads()} torch thread(s)",
@@ -509,6 +511,8 @@ def main(argv: list[str] | None = None) -> Path:
         )
         print(merged)
         return out
+    if args.final and not args.quick and not args.combine:
+        compat_scenarios.check_frozen_held_back()  # before any training: scores only those items
     torch.set_num_threads(args.threads)
     started = time.time()
     cfg = QUICK if args.quick else FULL

@@ -564,6 +564,10 @@ def merge_runs(
     first query→document part found), elapsed times summed, every command named; ``note``
     replaces the runs' notes (which describe what each run left out)."""
     payloads = [json.loads(p.read_text()) for p in paths]
+    draws = {json.dumps(p.get("held_back"), sort_keys=True) for p in payloads}
+    if len(draws) > 1:
+        # One table, one held-back set: runs under different draws are not comparable there.
+        raise SystemExit(f"the runs were made with different held-back draws: {sorted(draws)}")
     by_name = {sc["scenario"]["name"]: sc for p in payloads for sc in p["scenarios"]}
     merged = {
         **payloads[0],
