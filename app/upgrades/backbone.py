@@ -25,6 +25,7 @@ from app.ml.upgrade.run import (
     run_backbone_upgrade,
 )
 from app.upgrades.trained import TrainedOutput
+from app.vectors.engine import SEARCHED_IN_ENGINE
 from app.vectors.points import lift_of
 from app.vectors.storage import storage_for
 
@@ -37,6 +38,9 @@ OLD_MODEL_PARAM = "old_model_available"
 # The seed of the distractor sample of a gallery with more than ``MAX_DISTRACTORS`` unpaired
 # items: fixed, so the upgrade and the backfill fit that re-reads its inputs see one sample.
 DISTRACTOR_SEED = 44
+# Rows asked for by one fetch when the distractors are read by id: bounds one request to an engine
+# (a Milvus ``in`` filter, a pgvector ``ANY`` array, a Qdrant retrieve) and one answer's memory.
+FETCH_BATCH = 4096
 QUERY_SUMMARY = (
     "queries",
     "queries_with_old_vectors",
@@ -142,22 +146,50 @@ def _unpaired_vectors(
 ) -> tuple[np.ndarray, int]:
     """(old vectors of the gallery's items the dataset does not pair, how many there are),
     ascending internal id: all of them up to ``MAX_DISTRACTORS``, a seeded sample beyond.
-    Read by one scan of the gallery (its batches bound the memory), skipped when the dataset
-    pairs every item."""
+    Skipped when the dataset pairs every item. Read by one scan of the gallery (its batches
+    bound the memory), or by id (``_read_by_id``) where a scan would ship many more vectors
+    than are wanted across the network."""
     storage = storage_for(session, gallery)
-    others = np.setdiff1d(storage.all_ids(session, gallery), paired)
+    stored = storage.all_ids(session, gallery)
+    others = np.setdiff1d(stored, paired)
     total = int(others.size)
     if total == 0:
         return np.zeros((0, gallery.dim), dtype=np.float32), 0
     if total > MAX_DISTRACTORS:
         rng = np.random.default_rng(DISTRACTOR_SEED)
         others = np.sort(rng.choice(others, MAX_DISTRACTORS, replace=False))
+    if _read_by_id(gallery, others.size, stored.size):
+        return _vectors_by_id(session, gallery, others), total
     parts = [
         batch.vectors[keep]
         for batch in storage.scan(session, gallery)
         if (keep := np.isin(batch.ids, others)).any()
     ]
     return np.concatenate(parts).astype(np.float32, copy=False), total
+
+
+def _read_by_id(gallery: Gallery, wanted: int, stored: int) -> bool:
+    """Whether ``wanted`` of the ``stored`` vectors are fetched by id rather than scanned: where
+    the engine is across the network (Milvus, an attached collection or table) and a scan would
+    read more than twice the rows wanted. A scan of an attached million-row collection for a
+    sample of a tenth of it shipped every vector (issue 46); FAISS galleries are scanned from
+    local files, and near-whole reads are cheaper as one scan than as many lookups."""
+    return gallery.vector_storage in SEARCHED_IN_ENGINE and 2 * wanted < stored
+
+
+def _vectors_by_id(session: Session, gallery: Gallery, ids: np.ndarray) -> np.ndarray:
+    """The stored vectors of internal ``ids`` (ascending), fetched by item id in batches of
+    ``FETCH_BATCH``, ascending internal id; an id gone since it was listed is left out, as a
+    scan leaves it out."""
+    storage = storage_for(session, gallery)
+    parts = [np.zeros((0, gallery.dim), dtype=np.float32)]
+    for start in range(0, ids.size, FETCH_BATCH):
+        chunk = ids[start : start + FETCH_BATCH].tolist()
+        named = storage.names(session, gallery, chunk)
+        fetched = storage.fetch(session, gallery, [named[i][0] for i in chunk if i in named])
+        order = np.argsort(fetched.ids, kind="stable")
+        parts.append(np.asarray(fetched.vectors, dtype=np.float32)[order])
+    return np.concatenate(parts)
 
 
 def load_inputs(

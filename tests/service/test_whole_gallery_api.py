@@ -11,8 +11,10 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
+from app.galleries.models import Gallery
 from app.ml.upgrade.data import QueryLog, split_for_evaluation, split_queries
 from app.upgrades import backbone
+from app.vectors.engine import SEARCHED_IN_ENGINE
 from tests.service.test_datasets_api import make_dataset
 from tests.service.test_queries_api import NEW, OLD, counts, load, npy
 
@@ -157,3 +159,44 @@ def test_a_large_remainder_is_sampled_and_the_sample_is_stable(
     np.testing.assert_array_equal(sample.distractors, again.distractors)
     rows = [np.flatnonzero((data.distractors == v).all(axis=1))[0] for v in sample.distractors]
     assert rows == sorted(set(rows))  # a subset, in the gallery's order
+
+
+def test_an_engine_across_the_network_sends_the_sample_by_id_not_every_vector(
+    client: TestClient, wordnet_small, monkeypatch
+) -> None:
+    """Where the vectors live in an engine across the network, a scan ships every vector to draw
+    a sample of a few (issue 46: an upgrade of an attached million-point collection read all of
+    them for a tenth). The sample is fetched by id there: the same rows, in the same order, as
+    the scan reads, and no scan; FAISS galleries keep their local scan."""
+    setup = _setup(client, wordnet_small)
+    monkeypatch.setattr(backbone, "MAX_DISTRACTORS", 120)
+    monkeypatch.setattr(backbone, "FETCH_BATCH", 50)  # several batches
+    scanned_rows: list[int] = []
+    scan = backbone.storage_for
+
+    def counting_storage(session, gallery):
+        storage = scan(session, gallery)
+
+        class Counting(type(storage)):  # type: ignore[misc, valid-type]
+            def scan(self, *args, **kwargs):
+                for batch in super().scan(*args, **kwargs):
+                    scanned_rows.append(len(batch.ids))
+                    yield batch
+
+        storage.__class__ = Counting
+        return storage
+
+    monkeypatch.setattr(backbone, "storage_for", counting_storage)
+    sampled, _ = load(client, setup["dataset_id"])
+    with client.app.state.service.db.session() as session:
+        engine = session.get(Gallery, setup["gallery_id"]).vector_storage
+    n = len(wordnet_small["synset_id"])
+    # (A FAISS storage's own reads may scan too: at least one whole scan, counted.)
+    assert sum(scanned_rows) == 0 if engine in SEARCHED_IN_ENGINE else sum(scanned_rows) >= n
+
+    scanned_rows.clear()
+    monkeypatch.setattr(backbone, "_read_by_id", lambda *_: False)
+    by_scan, _ = load(client, setup["dataset_id"])
+    assert sum(scanned_rows) >= n
+    assert sampled.n_distractors == 120 and sampled.unpaired_total == 300
+    np.testing.assert_array_equal(sampled.distractors, by_scan.distractors)
