@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from app.ml.upgrade.data import MAX_DISTRACTORS
 from bench.common.sections import SERVER_SECTIONS
 from bench.common.stats import t_interval
 from bench.perf import milvus_server as bench
@@ -20,6 +21,7 @@ from bench.perf.milvus_server_report import (
     at_most,
     paired_difference,
     render_api_memory,
+    render_attach,
     render_bridged,
     slope_interval,
     wilson,
@@ -152,6 +154,18 @@ def test_the_bridged_section_states_each_milvus_index_verdict() -> None:
     assert "| 10 / 200 | 93.75% |" in text
     # The table's interval is the verdict's.
     assert "| old→old (MiniLM) | Milvus engine, flat (COSINE FLAT) | 0.4168 | +0.0001" in text
+
+
+def test_the_recorded_attach_upgrade_read_only_its_sample_of_vectors() -> None:
+    """The committed 1M attach run: the upgrade read the training items' vectors and at most
+    the distractor sample's, by id, not the whole collection (a scan read every vector before
+    05ab979), and the section says how many."""
+    result = json.loads((bench.RESULTS / bench.FILES["attach"]).read_text())
+    run = result["run"]
+    reads = run["rows_read"]
+    assert run["points"] > 2 * MAX_DISTRACTORS
+    assert run["paired"] <= reads["upgrade.vectors"] <= run["paired"] + MAX_DISTRACTORS
+    assert f"read {reads['upgrade.vectors']:,} stored vectors" in render_attach(result)
 
 
 def test_the_registry_names_the_sections_as_the_benchmark_publishes_them() -> None:

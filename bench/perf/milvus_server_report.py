@@ -15,6 +15,7 @@ import math
 from statistics import NormalDist
 from typing import Any
 
+from app.ml.upgrade.data import MAX_DISTRACTORS
 from bench.common.machine import facts_markdown
 from bench.common.stats import t_quantile
 from bench.perf.api_memory import SEARCH_BATCH, SEARCHES
@@ -344,8 +345,11 @@ def render_attach(result: dict[str, Any]) -> str:
         f"no interval): {'met' if no_copy else 'missed'}. Attach time {r['attach_s']:.1f} s "
         f"({r['count']:,} points; rows read {reads.get('attach.vectors', 0):,} with vectors / "
         f"{reads.get('attach.ids', 0):,} ids only). The upgrade wrote {upgrade_grew / mib:.1f} "
-        f"MiB (its dataset and the model) and sampled {sampled:,} vectors for "
-        f"{r['paired']:,} training items. Collection filled in {r['fill_s']:.0f} s, service "
+        f"MiB (its dataset and the model) and read {sampled:,} stored vectors and "
+        f"{reads.get('upgrade.ids', 0):,} ids only: the {r['paired']:,} training items' and the "
+        f"whole-gallery distractors' (a seeded sample of at most {MAX_DISTRACTORS:,} unpaired "
+        "points; `app.upgrades.backbone` fetches it by id from an engine across the network, "
+        f"after listing every id). Collection filled in {r['fill_s']:.0f} s, service "
         f"start {r['start_s']:.0f} s, upgrade {r['upgrade_s']:.0f} s. Milvus server RSS "
         f"{_mib(server['before'])} MiB before the fill, {_mib(server['after'])} MiB after the "
         "upgrade.",
