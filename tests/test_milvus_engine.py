@@ -28,6 +28,7 @@ from app.ml.geometry.space import EuclideanLift
 from app.vectors.engine import VectorStorage
 from app.vectors.faiss.index import LorentzIndex
 from app.vectors.lorentz_rows import cosine_lift, exact_distances
+from app.vectors.milvus import engine as engine_module
 from app.vectors.milvus import search as milvus_search
 from app.vectors.milvus.attach import AttachedCollection, AttachError
 from app.vectors.milvus.engine import CollectionFormat, MilvusEngine, MilvusGallery
@@ -637,6 +638,48 @@ def test_vector_storage_adapter_keeps_the_interface_contract(
 
     storage.drop("gal_external")
     assert not engine.has_gallery(collection_name("gal_external"))
+
+
+def test_an_upload_looks_its_ids_up_once_per_write_batch(
+    engine: MilvusEngine, rows: dict, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every lookup is a Strong-consistency query, which on a server waits for a time tick
+    (issue 46's ingest at 0.20 x pymilvus): an upload through the storage adapter asks once per
+    write batch of ids, not once in the adapter and again in the engine, and the second write
+    still keeps the internal ids the first gave."""
+    storage = MilvusVectorStorage(engine)
+    gallery = Gallery(
+        id="gal_lookups",
+        dim=384,
+        metric="cosine",
+        lift_curv=1.0,
+        lift_scale=2.0,
+        bound_model_id=None,
+        index_kind="hnsw",
+    )
+    n = len(rows["gallery"])
+    lookups: list[int] = []
+    query = type(engine.client).query
+
+    def counted(client, name, *args, **kwargs):
+        if kwargs.get("filter", "").startswith("item_id in"):
+            lookups.append(kwargs["filter"].count(","))
+        return query(client, name, *args, **kwargs)
+
+    monkeypatch.setattr(type(engine.client), "query", counted)
+    # One lookup query covers a write batch's ids; smaller batches so the fixture spans several.
+    assert engine_module.ID_BATCH >= engine_module.WRITE_BATCH
+    monkeypatch.setattr(engine_module, "WRITE_BATCH", 500)
+    monkeypatch.setattr(engine_module, "ID_BATCH", 500)
+    ids = item_ids(n)
+    first = storage.upsert(None, gallery, ids, rows["gallery"], [None] * n, [None] * n)
+    batches = -(-n // engine_module.WRITE_BATCH)
+    assert len(lookups) == batches and first.inserted == n
+    lookups.clear()
+    again = storage.upsert(None, gallery, ids[::-1], rows["gallery"][::-1], [None] * n, [None] * n)
+    assert len(lookups) == batches and again.inserted == 0
+    np.testing.assert_array_equal(again.ids, first.ids[::-1])
+    storage.drop(gallery.id)
 
 
 @pytest.mark.parametrize(

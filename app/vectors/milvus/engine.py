@@ -71,8 +71,10 @@ from app.vectors.milvus.search import SearchHits
 
 # Rows per insert request (pymilvus sends one gRPC message per request; Milvus limits its size).
 WRITE_BATCH = 2048
-# Ids per query/delete request (filter expressions grow with the list).
-ID_BATCH = 1024
+# Ids per query/delete request (filter expressions grow with the list). As many as a write
+# batch: on a server every query waits for the Strong consistency guarantee (a time tick, 200 ms
+# by default), so an upsert's lookup is one query per write batch, not two (issue 46's ingest).
+ID_BATCH = WRITE_BATCH
 # How often ``seal`` asks whether the index build has finished.
 SEAL_POLL_S = 0.2
 # Drops tried before a milvus-lite file race is reported (``drop_collection``).
@@ -367,9 +369,12 @@ class MilvusGallery:
         points: np.ndarray | None,
         labels: Sequence[str | None] | None = None,
         metadata: Sequence[dict[str, Any] | None] | None = None,
+        known: dict[str, tuple[int, str | None]] | None = None,
     ) -> np.ndarray:
         """Insert or replace items: an existing item id gets the new vector, label and metadata
-        and keeps its internal id; a new one gets the next free id.
+        and keeps its internal id; a new one gets the next free id. ``known``: the caller's
+        ``lookup`` of these ids, made under the same writer lock (each lookup is a consistent
+        read on a server, so it is not repeated); looked up here when None.
 
         ``vectors`` (n × dim) are stored as given; ``points`` (n × point_dim) are their space
         components, from which the search rows are computed (None under a ``lift_scale``
@@ -405,7 +410,7 @@ class MilvusGallery:
         )
         gap_field = self.layout.gap_field
         gaps = None if gap_field is None else boundary_gap(points, self.layout.curv)
-        known = self.lookup(ids)
+        known = self.lookup(ids) if known is None else known
         fresh = iter(self._reserve(n - len(known)))
         row_ids = np.array([known[i][0] if i in known else next(fresh) for i in ids], np.int64)
         for start in range(0, n, WRITE_BATCH):

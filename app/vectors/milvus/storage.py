@@ -147,7 +147,7 @@ class MilvusVectorStorage:
         before = store.lookup(item_ids)
         vectors = np.asarray(vectors, dtype=np.float32)
         points = None if store.layout.lift_scale is not None else _points(gallery, vectors)
-        ids = store.upsert(item_ids, vectors, points, labels, metadata)
+        ids = store.upsert(item_ids, vectors, points, labels, metadata, known=before)
         replaced = np.array([row_id for row_id, _ in before.values()], dtype=np.int64)
         return Upserted(ids=ids, replaced=np.sort(replaced), inserted=len(ids) - len(before))
 
