@@ -48,8 +48,11 @@ lint: $(STAMP)
 bench-check: $(STAMP)
 	$(BIN)/python -m bench.common.report --check
 
+# Two pytest-xdist workers (the CI machine has 2 cores; many tests wait on servers and
+# subprocesses): PYTEST_WORKERS=0 runs the suite in one process.
+PYTEST_WORKERS ?= 2
 test: $(STAMP) $(PGVECTOR_STAMP) lint bench-check
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile
 
 # Rebuild the WordNet benchmark data into data/wordnet from public sources (bench/README.md).
 data: $(STAMP)
