@@ -567,6 +567,19 @@ def test_attach_refuses_what_it_cannot_read_as_described(
     assert str(client.get_load_state("docs")["state"]).endswith("NotLoad")
 
 
+def external_gallery(gallery_id: str) -> Gallery:
+    """An external cosine gallery of MiniLM vectors, lifted at radius 2, searched by HNSW."""
+    return Gallery(
+        id=gallery_id,
+        dim=384,
+        metric="cosine",
+        lift_curv=1.0,
+        lift_scale=2.0,
+        bound_model_id=None,
+        index_kind="hnsw",
+    )
+
+
 # -- behind the vector-storage interface -----------------------------------------------------
 @ON_BOTH
 def test_vector_storage_adapter_keeps_the_interface_contract(
@@ -578,15 +591,7 @@ def test_vector_storage_adapter_keeps_the_interface_contract(
         if not name.startswith("_"):
             expected = list(inspect.signature(member).parameters)
             assert list(inspect.signature(getattr(storage, name)).parameters) == expected[1:]
-    external = Gallery(
-        id="gal_external",
-        dim=384,
-        metric="cosine",
-        lift_curv=1.0,
-        lift_scale=2.0,
-        bound_model_id=None,
-        index_kind="hnsw",
-    )
+    external = external_gallery("gal_external")
     bound, approximate = (
         Gallery(
             id=f"gal_bound_{kind}",
@@ -648,15 +653,7 @@ def test_an_upload_looks_its_ids_up_once_per_write_batch(
     write batch of ids, not once in the adapter and again in the engine, and the second write
     still keeps the internal ids the first gave."""
     storage = MilvusVectorStorage(engine)
-    gallery = Gallery(
-        id="gal_lookups",
-        dim=384,
-        metric="cosine",
-        lift_curv=1.0,
-        lift_scale=2.0,
-        bound_model_id=None,
-        index_kind="hnsw",
-    )
+    gallery = external_gallery("gal_lookups")
     n = len(rows["gallery"])
     lookups: list[int] = []
     query = type(engine.client).query
