@@ -3,6 +3,8 @@ scenario, the query→document part, and the targets — on the committed fixtur
 
 import json
 import math
+import subprocess
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -143,6 +145,35 @@ def test_the_frozen_held_back_items_are_the_ones_a_final_run_scores(monkeypatch,
     with pytest.raises(SystemExit, match="not the frozen"):
         compat.main(["--final", "--scenarios", "external", "--no-markdown", "--out", str(out)])
     assert not trained and not out.exists()
+
+
+def test_a_final_run_records_when_and_at_which_commit_each_scenario_looked(
+    monkeypatch, tmp_path
+) -> None:
+    """Issue 42 item 3: every look at the held-back items is stated with its day and commit,
+    per scenario (a merged table holds scenarios from separate runs); a run without --final
+    records no look, and a scenario whose run recorded none is named as such."""
+    head = subprocess.run(
+        ["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True, check=True
+    ).stdout.strip()
+    monkeypatch.setattr(compat, "run_seeds", lambda *a, **k: [])
+    monkeypatch.setattr(compat, "scenario_result", lambda sc, runs: {"scenario": {"name": sc.name}})
+    base = ["--quick", "--querydoc", "skip", "--no-markdown", "--scenarios", "external,both"]
+    final = json.loads(
+        compat.main([*base, "--final", "--out", str(tmp_path / "f.json")]).read_text()
+    )
+    for sc in final["scenarios"]:
+        assert sc["held_back_look"]["commit"] == head
+        assert sc["held_back_look"]["date"] == time.strftime("%Y-%m-%d")
+    plain = json.loads(compat.main([*base, "--out", str(tmp_path / "p.json")]).read_text())
+    assert all("held_back_look" not in sc for sc in plain["scenarios"])
+    looked = {sc["scenario"]["name"]: sc for sc in final["scenarios"]}
+    unlooked = {sc["scenario"]["name"]: sc for sc in plain["scenarios"]}
+    lines = compat_report.look_lines([looked["external"], unlooked["both"]])
+    assert lines[0].startswith("- external: held-back items looked at on ")
+    assert f"`{head[:10]}`" in lines[0]
+    assert lines[1] == "- both: its run recorded neither the day nor the commit."
+    assert lines[-1] == "" and compat_report.look_lines([]) == []
 
 
 def test_runs_under_different_held_back_draws_are_not_merged(tmp_path) -> None:

@@ -79,6 +79,7 @@ from app.ml.upgrade.alternatives import (
     measure_stay,
 )
 from app.ml.upgrade.pipeline import UpgradeContext, run_auto
+from bench.common.machine import source_state
 from bench.common.wordnet import (
     REPO_ROOT,
 )
@@ -542,10 +543,17 @@ def main(argv: list[str] | None = None) -> Path:
         if names and len(chosen) != len(names):
             parser.error(f"unknown scenario in {names}")
         seeds = list(range(args.seeds))
+        # The code measured, taken once at the start (a commit made while the run trains is not
+        # the one it measured), and the day: each scenario's look at the held-back items is
+        # stated with both (issue 42 item 3).
+        measured = {"date": time.strftime("%Y-%m-%d"), **source_state("app", "bench/quality")}
         scenarios = []
         for sc in chosen:
             _log(f"scenario {sc.name}")
-            scenarios.append(scenario_result(sc, run_seeds(sc, seeds, cfg, args)))
+            result = scenario_result(sc, run_seeds(sc, seeds, cfg, args))
+            if args.final:
+                result["held_back_look"] = measured
+            scenarios.append(result)
         payload = _payload(load_split(args.quick, 0), cfg, args.quick, seeds, scenarios)
         payload["elapsed_minutes"] = (time.time() - started) / 60
         payload["jobs"] = args.jobs

@@ -480,6 +480,26 @@ def _table(columns: list[str], rows: list[list[str]]) -> list[str]:
     ]
 
 
+def look_lines(scenarios: list[dict[str, Any]]) -> list[str]:
+    """When each scenario's run looked at the held-back items, at which commit (issue 42 item 3:
+    every look is stated), one line each and a blank line after; a scenario whose run did not
+    record it says so rather than being left out."""
+    lines = []
+    for sc in scenarios:
+        look = sc.get("held_back_look") or {}
+        name = sc["scenario"]["name"]
+        if not look.get("commit"):
+            lines.append(f"- {name}: its run recorded neither the day nor the commit.")
+            continue
+        changed = look.get("app_changed") or []
+        lines.append(
+            f"- {name}: held-back items looked at on {look['date']}, commit "
+            f"`{look['commit'][:10]}`"
+            + (f" with uncommitted changes to {len(changed)} files." if changed else ".")
+        )
+    return [*lines, ""] if lines else []
+
+
 def render_markdown(payload: dict[str, Any]) -> str:
     run = [sc["scenario"]["name"] for sc in payload["scenarios"]]
     extra = payload["extend_rounds"]
@@ -534,6 +554,7 @@ def render_markdown(payload: dict[str, Any]) -> str:
             "",
             *target_lines(payload, part="final_metrics"),
             "",
+            *look_lines(finals),
         ]
         for sc in finals:
             lines += scenario_markdown(sc, key="final_summary")
