@@ -174,6 +174,9 @@ def test_a_final_run_records_when_and_at_which_commit_each_scenario_looked(
     assert f"`{head[:10]}`" in lines[0]
     assert lines[1] == "- both: its run recorded neither the day nor the commit."
     assert lines[-1] == "" and compat_report.look_lines([]) == []
+    by_hand = {**looked["external"]["held_back_look"], "by_hand": "from its commit message"}
+    (line, _) = compat_report.look_lines([{**looked["external"], "held_back_look": by_hand}])
+    assert line.endswith(" (recorded by hand afterwards, from its commit message).")
 
 
 def test_runs_under_different_held_back_draws_are_not_merged(tmp_path) -> None:
