@@ -495,7 +495,11 @@ def look_lines(scenarios: list[dict[str, Any]]) -> list[str]:
         lines.append(
             f"- {name}: held-back items looked at on {look['date']}, commit "
             f"`{look['commit'][:10]}`"
-            + (f" with uncommitted changes to {len(changed)} files" if changed else "")
+            + (
+                f" with uncommitted changes to {len(changed)} file{'s' * (len(changed) > 1)}"
+                if changed
+                else ""
+            )
             + (
                 f" (recorded by hand afterwards, {look['by_hand']})."
                 if look.get("by_hand")

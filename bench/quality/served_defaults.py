@@ -47,14 +47,11 @@ from bench.quality.compat_scenarios import SCENARIOS, load_split
 
 RESULTS = REPO_ROOT / "bench/results"
 OUT = RESULTS / "served_defaults.json"
-# The per-seed runs whose validation trials the rule reads: external from the run that gave
-# auto its 3 + 2 trials, the four head scenarios from theirs (BENCHMARKS' compat section).
+# The per-seed runs whose validation trials the rule reads: the five runs under the frozen
+# held-back draw (issue 42 item 3), one per scenario (BENCHMARKS' compat section).
 SOURCES = {
-    "external": "compat-auto5.json",
-    "extended-data": "compat-heads-auto5.json",
-    "extended-class": "compat-heads-auto5.json",
-    "new-architecture": "compat-heads-auto5.json",
-    "both": "compat-heads-auto5.json",
+    name: f"compat-frozen-{name}.json"
+    for name in ("external", "extended-data", "extended-class", "new-architecture", "both")
 }
 METHODS = ("hbct", "l2", "procrustes")
 KNOBS = {"hbct": "old_proto_weight", "l2": "compat_weight", "procrustes": "centred"}
