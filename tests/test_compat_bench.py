@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
+from app.ml.auto import halving
 from bench.common.stats import t_interval
 from bench.common.wordnet import FIXTURE_DATA_DIR, REPO_ROOT, fine_labels, load_wordnet
 from bench.quality import (
@@ -636,3 +637,13 @@ def test_auto_row_states_its_trials_per_candidate() -> None:
     # Runs from before the record: the most any seed's chosen candidate tried.
     older = [{"auto": {"trials": 3, "tried": tried[:4]}}, {"auto": {"trials": 3, "tried": [{}]}}]
     assert compat_report.auto_trials_cell(older) == "4 per candidate"
+
+
+def test_the_section_says_how_autos_trials_were_trained_beside_the_single_methods() -> None:
+    """Issue 42 item 2: auto screens its trials by successive halving unless its params turn it
+    off, while the single methods train every trial in full; the section says which it was."""
+    screened = compat_report.halving_text({})
+    assert halving.RULE in screened and "more epochs than `auto`'s" in screened
+    assert compat_report.halving_text({"halving": True}) == screened
+    full = compat_report.halving_text({"halving": False})
+    assert "full length, as the single methods' do" in full and halving.RULE not in full

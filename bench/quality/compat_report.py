@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from app.ml.auto import widening
+from app.ml.auto import halving, widening
 from app.ml.auto.candidates import INSTANCE_FLOOR, NATURAL_BOUNDS
 from app.ml.evaluation.retrieval import json_safe
 from bench.common.report import replace_section
@@ -480,6 +480,18 @@ def _table(columns: list[str], rows: list[list[str]]) -> list[str]:
     ]
 
 
+def halving_text(auto_params: dict[str, Any]) -> str:
+    """How ``auto``'s trials were trained beside the single methods' (issue 42 item 2: every
+    difference in protocol is stated): screened by successive halving unless its params turned
+    that off. Ends the sentence."""
+    if auto_params.get("halving", True) is False:
+        return "; its trials train at full length, as the single methods' do."
+    return (
+        f"; {halving.RULE} (`app/ml/auto/halving.py`). The single methods here train every trial "
+        "at full length: the same number of trials, more epochs than `auto`'s."
+    )
+
+
 def look_lines(scenarios: list[dict[str, Any]]) -> list[str]:
     """When each scenario's run looked at the held-back items, at which commit (issue 42 item 3:
     every look is stated), one line each and a blank line after; a scenario whose run did not
@@ -538,7 +550,7 @@ def render_markdown(payload: dict[str, Any]) -> str:
         "old→old; a chosen value at an end of what was tried is marked as an edge. "
         "`auto` is the service's (`app/ml/auto/candidates.py`: its own candidates, grids and "
         f"trials, objective `class`, params {json.dumps(payload['auto_params'])}), trained on the "
-        "training part.",
+        "training part" + halving_text(payload["auto_params"]),
         "Class view on the evaluation set (query and gallery, self excluded): CMC@1 and mAP@100 "
         "divided by min(relevant, 100). Instance view: each evaluation item's new features "
         "against the whole old gallery (every item a distractor): own-item R@1, R@10, MRR@100. "
