@@ -13,6 +13,7 @@ import pytest
 from scipy import stats
 
 from app.ml.auto import halving
+from bench.common.machine import uncommitted_phrase
 from bench.common.stats import t_interval
 from bench.common.wordnet import FIXTURE_DATA_DIR, REPO_ROOT, fine_labels, load_wordnet
 from bench.quality import (
@@ -20,6 +21,7 @@ from bench.quality import (
     compat_grid,
     compat_report,
     compat_scenarios,
+    continual_report,
     querydoc,
 )
 
@@ -647,3 +649,16 @@ def test_the_section_says_how_autos_trials_were_trained_beside_the_single_method
     assert compat_report.halving_text({"halving": True}) == screened
     full = compat_report.halving_text({"halving": False})
     assert "full length, as the single methods' do" in full and halving.RULE not in full
+
+
+def test_a_look_names_its_uncommitted_files_in_good_count() -> None:
+    """Both held-back renderers (compat's and the continual benchmark's) state uncommitted
+    files the same way: nothing for a clean tree, one file, several files."""
+    assert uncommitted_phrase([]) == ""
+    assert uncommitted_phrase(["app/a.py"]) == " with uncommitted changes to 1 file"
+    assert uncommitted_phrase(["a", "b"]) == " with uncommitted changes to 2 files"
+    recorded = json.loads((REPO_ROOT / "bench/results/continual.json").read_text())
+    dirty = {**recorded, "source_state": {**recorded["source_state"], "app_changed": ["a"]}}
+    assert continual_report.look_line(dirty).endswith(" with uncommitted changes to 1 file.")
+    clean = {**recorded, "source_state": {**recorded["source_state"], "app_changed": []}}
+    assert continual_report.look_line(clean).endswith("`.")

@@ -134,3 +134,12 @@ def source_state(*watched: str) -> dict[str, Any]:
         line[3:] for line in git("status", "--porcelain", "--", *(watched or ("app",))).splitlines()
     ]
     return {"commit": git("rev-parse", "HEAD").strip(), "app_changed": changed}
+
+
+def uncommitted_phrase(changed: list[str]) -> str:
+    """`` with uncommitted changes to N file(s)`` for a ``source_state``'s ``app_changed``, or
+    nothing when the tree was clean: how a held-back look states what it measured besides its
+    commit."""
+    if not changed:
+        return ""
+    return f" with uncommitted changes to {len(changed)} file{'s' * (len(changed) > 1)}"

@@ -14,6 +14,7 @@ import numpy as np
 from app.ml.auto import halving, widening
 from app.ml.auto.candidates import INSTANCE_FLOOR, NATURAL_BOUNDS
 from app.ml.evaluation.retrieval import json_safe
+from bench.common.machine import uncommitted_phrase
 from bench.common.report import replace_section
 from bench.common.stats import t_interval
 from bench.quality import compat_grid, querydoc
@@ -507,11 +508,7 @@ def look_lines(scenarios: list[dict[str, Any]]) -> list[str]:
         lines.append(
             f"- {name}: held-back items looked at on {look['date']}, commit "
             f"`{look['commit'][:10]}`"
-            + (
-                f" with uncommitted changes to {len(changed)} file{'s' * (len(changed) > 1)}"
-                if changed
-                else ""
-            )
+            + uncommitted_phrase(changed)
             + (
                 f" (recorded by hand afterwards, {look['by_hand']})."
                 if look.get("by_hand")

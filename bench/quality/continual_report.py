@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from app.ml.hmcl.metrics import DRIFT_MEASURES
+from bench.common.machine import uncommitted_phrase
 from bench.common.stats import t_interval
 from bench.quality.continual_stream import HELD_BACK
 
@@ -387,8 +388,7 @@ def look_line(result: dict[str, Any]) -> str:
     return (
         f"Stream `{stream_order(result['config'])}`: the held-back split (seed "
         f"{result['config']['stream']['held_back_seed']}) looked at on {result['date']}, "
-        f"commit `{source['commit'][:10]}`"
-        + (f" with uncommitted changes to {len(changed)} files." if changed else ".")
+        f"commit `{source['commit'][:10]}`" + uncommitted_phrase(changed) + "."
     )
 
 
