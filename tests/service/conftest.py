@@ -28,6 +28,7 @@ import hashlib
 import os
 import secrets
 import sqlite3
+import time
 from collections.abc import Callable, Iterator
 from contextlib import closing
 from pathlib import Path
@@ -286,6 +287,20 @@ def milvus_contents(settings: Settings) -> dict[str, tuple[str, str]]:
                 )
         contents[name] = (str(properties.get(NEXT_ROW_ID)), digest.hexdigest())
     return contents
+
+
+def wait_until(
+    predicate: Callable[[], object], timeout: float, what: str, interval: float = 0.05
+) -> object:
+    """``predicate``'s first truthy value, asked every ``interval`` seconds; the test fails
+    naming ``what`` when none comes within ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    pytest.fail(f"timed out after {timeout}s waiting for {what}")
 
 
 def problem(response: Any, status: int) -> dict[str, Any]:

@@ -7,8 +7,7 @@ oldest last start (round-robin across tenants), a tenant runs at most
 from __future__ import annotations
 
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import timedelta
 
@@ -22,7 +21,7 @@ from app.core.settings import Settings
 from app.jobs.models import UpgradeJob
 from app.upgrades import backbone
 from app.upgrades.executor import Claim, claim, execute, fair_order, run_next
-from tests.service.conftest import problem
+from tests.service.conftest import problem, wait_until
 from tests.service.test_upgrades_api import RecordingRunner, paired_setup, quick_upgrade
 
 SCHEDULING = "scheduling reads and writes job rows only; the vector engine plays no part"
@@ -47,16 +46,6 @@ def job_row(client: TestClient, job_id: str) -> UpgradeJob:
 def set_job(client: TestClient, job_id: str, **values) -> None:
     with client.app.state.service.db.session() as session:
         session.execute(update(UpgradeJob).where(UpgradeJob.id == job_id).values(**values))
-
-
-def wait_until(predicate: Callable[[], object], timeout: float, what: str) -> object:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    pytest.fail(f"timed out after {timeout}s waiting for {what}")
 
 
 class TwoTenants:

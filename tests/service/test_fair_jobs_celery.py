@@ -14,7 +14,8 @@ from app.auth.service import create_key
 from app.core.db import as_utc
 from app.jobs.models import UpgradeJob
 from tests.service.celery_worker import celery_overrides, celery_worker, require_redis
-from tests.service.test_fair_jobs import as_tenant, wait_until
+from tests.service.conftest import wait_until
+from tests.service.test_fair_jobs import as_tenant
 from tests.service.test_upgrades_api import paired_setup, quick_upgrade
 
 # Longer than the test needs it (minutes on a loaded 2-core machine); the test cancels it.

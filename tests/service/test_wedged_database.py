@@ -38,9 +38,9 @@ from app.api.deps import get_session
 from app.core.errors import Problem
 from app.upgrades import backbone, executor
 from bench.common.fault_proxy import FreezableProxy
-from tests.service.conftest import TEST_KEY
+from tests.service.conftest import TEST_KEY, wait_until
 from tests.service.test_dependencies_fault import start, wedgeable_postgres  # noqa: F401
-from tests.service.test_fair_jobs import job_row, wait_until
+from tests.service.test_fair_jobs import job_row
 from tests.service.test_upgrades_api import paired_setup, quick_upgrade
 
 # Short waits: a wedge of a few seconds outlasts each of them.

@@ -9,7 +9,6 @@ import os
 import shutil
 import signal
 import subprocess
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -22,6 +21,7 @@ from app.core.files import sha256_hex
 from app.models.models import TrainedModel
 from bench.common.service import free_port
 from tests.service.celery_worker import celery_overrides, celery_worker, require_redis, wait_for_job
+from tests.service.conftest import wait_until
 from tests.service.test_upgrades_api import paired_setup, quick_upgrade
 
 # Fast failure detection, so that a dead worker's job is noticed within seconds.
@@ -39,16 +39,6 @@ TRAINING = {"epochs": 300, "hidden_dim": 16}
 def backend(request: pytest.FixtureRequest) -> str:
     """Workers are other processes on the compose mode's database."""
     return request.param
-
-
-def wait_until(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.2)
-    pytest.fail(f"timed out after {timeout}s waiting for {what}")
 
 
 def training(client: TestClient, job_id: str, attempt: int):
@@ -76,7 +66,9 @@ def artifacts_complete_or_absent(client: TestClient) -> int:
 
 
 def kill_mid_training(worker: subprocess.Popen, client: TestClient, job_id: str, attempt: int):
-    job = wait_until(lambda: training(client, job_id, attempt), 120, f"attempt {attempt} to train")
+    job = wait_until(
+        lambda: training(client, job_id, attempt), 120, f"attempt {attempt} to train", 0.2
+    )
     os.kill(worker.pid, signal.SIGKILL)
     worker.wait()
     return job
@@ -128,7 +120,7 @@ def private_redis(tmp_path: Path) -> Iterator[tuple[str, Callable[[], None]]]:
 
     def start() -> None:
         processes.append(subprocess.Popen(command, stdout=subprocess.DEVNULL))
-        wait_until(lambda: _pings(url), 20, "the private Redis")
+        wait_until(lambda: _pings(url), 20, "the private Redis", 0.2)
 
     def restart() -> None:
         os.kill(processes[-1].pid, signal.SIGKILL)
